@@ -1,0 +1,187 @@
+"""The one registry of MoE kernel backends the bundled runtime can run.
+
+Torch-free on purpose: the control plane's planner reads these capabilities to choose a backend
+for a GPU class, and the runtime reads the same entries to instantiate, self-test and fall back.
+No backend name is special-cased anywhere else.
+
+Weight formats are the *expert* weight formats (`bf16`, `fp8`, `nvfp4`, `mxfp4`); the mapping from a
+checkpoint format (e.g. `dsv4_fp4`) to its expert weight format lives in `expert_weight_format`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALL_NVIDIA = frozenset({"sm80", "sm89", "sm90", "sm100", "sm110", "sm120", "sm121"})
+ALL_AMD = frozenset({"gfx942", "gfx950"})
+CPU = "cpu"
+
+EXPERT_WEIGHT_FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
+
+# checkpoint format (planner vocabulary, tuning-rules.md section 6) -> expert weight format
+_EXPERT_FORMAT_OF = {
+    "bf16": "bf16",
+    "fp8": "fp8",
+    "modelopt_fp8": "fp8",
+    "dsv4_fp8": "fp8",
+    "nvfp4": "nvfp4",
+    "ct_nvfp4": "nvfp4",
+    "mixed": "nvfp4",
+    "mixed_w4a16": "nvfp4",
+    "dsv4_nvfp4": "nvfp4",
+    "mxfp4": "mxfp4",
+    "ct_mxfp4_pack": "mxfp4",
+    "dsv4_fp4": "mxfp4",
+}
+
+
+def expert_weight_format(checkpoint_format: str) -> str | None:
+    """Expert weight format of a checkpoint format, or None when the bundled kernels cannot load it."""
+    return _EXPERT_FORMAT_OF.get(checkpoint_format)
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in v.replace("-", ".").split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+        if not part.isdigit():  # "15rc1", "post1" etc: stop after the numeric prefix
+            break
+    return tuple(out)
+
+
+def version_at_least(have: str | None, need: str) -> bool:
+    return have is not None and _version_tuple(have) >= _version_tuple(need)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A package the backend needs in the image, optionally only on some GPU families."""
+
+    package: str  # distribution name, e.g. "flashinfer-python"
+    min_version: str
+    why: str
+    families: frozenset[str] | None = None  # None: every family the backend supports
+
+    def applies_to(self, family: str) -> bool:
+        return self.families is None or family in self.families
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    summary: str
+    families: frozenset[str]  # GPU families (`sm90`, ...) and/or "cpu"
+    weight_formats: frozenset[str]
+    deferred_finalize: bool  # can stop before finalize and hand over (gemm2_out, weights, perm)
+    priority: int  # higher is preferred when several backends fit
+    implementation: str  # "module:attr" the runtime imports (needs torch)
+    requirements: tuple[Requirement, ...] = field(default_factory=tuple)
+    a2a: frozenset[str] = frozenset({"none"})
+    activation: str = "bf16"  # compute precision of the activations (W4A16 = weight-only)
+
+    def supports(self, family: str, weight_format: str) -> bool:
+        return family in self.families and weight_format in self.weight_formats
+
+    def requirements_for(self, family: str) -> tuple[Requirement, ...]:
+        return tuple(r for r in self.requirements if r.applies_to(family))
+
+    def missing_requirements(self, family: str, installed: dict[str, str | None]) -> list[str]:
+        """Human-readable unmet requirements given {package: version or None}."""
+        missing = []
+        for r in self.requirements_for(family):
+            have = installed.get(r.package)
+            if not version_at_least(have, r.min_version):
+                got = f"found {have}" if have else "not installed"
+                missing.append(f"{r.package}>={r.min_version} ({got}): {r.why}")
+        return missing
+
+
+FLASHINFER = "flashinfer-python"
+
+BACKENDS: tuple[BackendSpec, ...] = (
+    BackendSpec(
+        name="flashinfer_trtllm",
+        summary="FlashInfer TRT-LLM-gen fused MoE (NVFP4 W4A4, FP8 block, BF16); SM100 only",
+        families=frozenset({"sm100"}),
+        weight_formats=frozenset({"nvfp4", "fp8", "bf16"}),
+        deferred_finalize=True,
+        priority=90,
+        implementation="moe_kernels.flashinfer_backends:FlashinferTrtllmExperts",
+        requirements=(
+            Requirement(FLASHINFER, "0.6.15", "expert_weights must be allocated as bf16 for deferred finalize (flashinfer#3644)"),
+        ),
+        activation="nvfp4/fp8/bf16",
+    ),
+    BackendSpec(
+        name="flashinfer_mxfp4",
+        summary="FlashInfer MXFP4 MoE (TRT-LLM on SM100, CUTLASS MXFP8xMXFP4 on SM120, CUTLASS W4A16 on SM90)",
+        families=frozenset({"sm90", "sm100", "sm120"}),
+        weight_formats=frozenset({"mxfp4"}),
+        deferred_finalize=False,
+        priority=85,
+        implementation="moe_kernels.flashinfer_backends:FlashinferMxfp4Experts",
+        requirements=(
+            Requirement(FLASHINFER, "0.6.11", "SM90 W4A16 interleave helpers (flashinfer#3084)", frozenset({"sm90"})),
+            Requirement(FLASHINFER, "0.6.15", "MXFP4 MoE launchers", frozenset({"sm100", "sm120"})),
+        ),
+    ),
+    BackendSpec(
+        name="flashinfer_cutlass",
+        summary="FlashInfer CUTLASS NVFP4 MoE; SM100/SM110/SM120 (trtllm-gen is SM100-only)",
+        families=frozenset({"sm100", "sm110", "sm120", "sm121"}),
+        weight_formats=frozenset({"nvfp4"}),
+        deferred_finalize=False,
+        priority=80,
+        implementation="moe_kernels.flashinfer_backends:FlashinferCutlassExperts",
+        requirements=(Requirement(FLASHINFER, "0.6.15", "CUTLASS NVFP4 fused MoE"),),
+        activation="nvfp4",
+    ),
+    BackendSpec(
+        name="triton",
+        summary="Our Triton grouped GEMM: weight-only FP4/FP8 dequantised in registers, bf16 math (W4A16/W8A16), fused SiLU and fused finalize",
+        families=ALL_NVIDIA,
+        weight_formats=frozenset(EXPERT_WEIGHT_FORMATS),
+        deferred_finalize=True,
+        priority=50,
+        implementation="moe_kernels.triton_moe:TritonExperts",
+        requirements=(Requirement("triton", "3.0", "Triton JIT kernels"),),
+    ),
+    BackendSpec(
+        name="torch",
+        summary="Torch reference experts (dequantise, bf16 matmul per expert); correct everywhere, slow",
+        families=ALL_NVIDIA | ALL_AMD | {CPU},
+        weight_formats=frozenset(EXPERT_WEIGHT_FORMATS),
+        deferred_finalize=True,
+        priority=10,
+        implementation="moe_kernels.reference:TorchExperts",
+    ),
+)
+
+_BY_NAME = {b.name: b for b in BACKENDS}
+
+
+def get(name: str) -> BackendSpec:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown MoE backend {name!r}; known: {', '.join(_BY_NAME)}") from None
+
+
+def names() -> list[str]:
+    return list(_BY_NAME)
+
+
+def candidates(family: str, weight_format: str, installed: dict[str, str | None] | None = None,
+               a2a: str = "none") -> list[BackendSpec]:
+    """Backends able to run `weight_format` on `family`, best first.
+
+    With `installed` given ({package: version or None}), backends whose requirements are not met
+    are left out; with None, requirements are not checked (the planner checks them against the image).
+    """
+    out = [b for b in BACKENDS if b.supports(family, weight_format) and a2a in b.a2a]
+    if installed is not None:
+        out = [b for b in out if not b.missing_requirements(family, installed)]
+    return sorted(out, key=lambda b: -b.priority)

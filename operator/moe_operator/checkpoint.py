@@ -1,0 +1,331 @@
+"""Checkpoint inspection: config.json (+ hf_quant_config.json) and safetensors *headers* -> CheckpointInfo.
+
+Torch-free and reads no weight data. The classification (`classify`) is a pure function of the
+parsed JSON and the tensor headers, so the operator can feed it from a local directory, from the
+Hugging Face hub (headers over HTTP range requests) or from an inspection Job's output alike.
+
+Format vocabulary and lookup order follow tuning-rules.md section 2 (sglang `_parse_quant_hf_config`):
+  1. config.json `quantization_config` (no `quant_method`, or `modelopt` -> ModelOpt parsing)
+  2. else config.json `compression_config` (old compressed-tensors)
+  3. else standalone `hf_quant_config.json` (ModelOpt nested `{"quantization": {...}}`)
+DeepSeek-V4 expert formats (`dsv4_fp4` / `dsv4_fp8` / `dsv4_nvfp4`) follow section 2.1 and
+formats-and-kernels.md section 4.6: `routed_experts_quant_method`, `moe_quant_algo`, `expert_dtype`,
+then the safetensors dtype probe of one routed-expert weight.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+# Formats (operator `fmt`, tuning-rules.md section 6). Kept as one tuple so the API enum and the
+# planner agree with the detector.
+FORMATS = (
+    "bf16", "fp8", "modelopt_fp8", "mxfp8", "nvfp4", "ct_nvfp4", "mixed", "mixed_w4a16", "w4afp8",
+    "mxfp4", "ct_int4_g32", "ct_mxfp4_pack", "dsv4_fp4", "dsv4_fp8", "dsv4_nvfp4", "other",
+)
+FP4_EXPERT_FORMATS = frozenset({
+    "nvfp4", "ct_nvfp4", "mixed", "mixed_w4a16", "mxfp4", "ct_mxfp4_pack", "dsv4_fp4", "dsv4_nvfp4",
+})
+
+DEEPSEEK_V4_ARCHS = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4DSparkForCausalLM"})
+
+# sglang's probe regex for a routed-expert weight (configs/deepseek_v4.py)
+_ROUTED_EXPERT_WEIGHT = re.compile(r"\.experts\.\d+\.(w[123]|down_proj|up_proj|gate_proj)\.weight$")
+_MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+
+# safetensors dtype -> bytes per element (F4 is packed two per byte)
+_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+    "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "F4": 0.5,
+}
+
+
+class InspectionError(Exception):
+    """A checkpoint that cannot be inspected; the message names the file and the problem."""
+
+    def __init__(self, path: str | Path, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class CheckpointInfo(BaseModel):
+    """What the planner and the runtime need to know about a checkpoint."""
+
+    architecture: str = Field(description="config.json architectures[0]")
+    modelType: str | None = None
+    format: str = Field(description="checkpoint format, tuning-rules.md section 6 vocabulary")
+    formatSource: str = Field(description="which file/key decided the format")
+    quantMethod: str | None = Field(None, description="raw quant_method / quant_algo as written in the checkpoint")
+    expertsFp4: bool = False
+    numExperts: int | None = None
+    expertsPerToken: int | None = None
+    numSharedExperts: int | None = None
+    hiddenSize: int | None = None
+    intermediateSize: int | None = None
+    moeIntermediateSize: int | None = None
+    numLayers: int | None = None
+    kvCacheFp8: bool = False
+    totalBytes: int = 0
+    numTensors: int = 0
+    numFiles: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.numExperts)
+
+
+# ---------------------------------------------------------------------------------------------
+# I/O edge: local files
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InspectionError(path, f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InspectionError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InspectionError(path, f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise InspectionError(path, f"expected a JSON object at the top level, found {type(data).__name__}")
+    return data
+
+
+def parse_safetensors_header(raw: bytes, file_size: int, where: str | Path) -> list[TensorMeta]:
+    """Parse a safetensors header given the first bytes of the file (at least 8 + header length)."""
+    if len(raw) < 8:
+        raise InspectionError(where, f"truncated safetensors file: {file_size} bytes, the 8-byte header length is missing")
+    (n,) = struct.unpack("<Q", raw[:8])
+    if n == 0 or n > _MAX_HEADER_BYTES:
+        raise InspectionError(where, f"invalid safetensors header length {n} (not a safetensors file?)")
+    if len(raw) < 8 + n or file_size < 8 + n:
+        raise InspectionError(where, f"truncated safetensors header: needs {n} bytes after the length, file has {max(file_size - 8, 0)}")
+    try:
+        header = json.loads(raw[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InspectionError(where, f"corrupt safetensors header (not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise InspectionError(where, "corrupt safetensors header (not a JSON object)")
+    tensors: list[TensorMeta] = []
+    data_len = file_size - 8 - n
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = meta["dtype"]
+            shape = tuple(int(d) for d in meta["shape"])
+            start, end = (int(x) for x in meta["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise InspectionError(where, f"corrupt safetensors header entry for tensor {name!r}") from None
+        if end > data_len:
+            raise InspectionError(where, f"truncated safetensors data: tensor {name!r} ends at byte {end} of the data section, which has {data_len}")
+        tensors.append(TensorMeta(name, dtype, shape, end - start))
+    return tensors
+
+
+def read_safetensors_header(path: Path) -> list[TensorMeta]:
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) == 8:
+                (n,) = struct.unpack("<Q", head)
+                head += f.read(min(n, _MAX_HEADER_BYTES))
+    except OSError as e:
+        raise InspectionError(path, f"cannot read: {e.strerror or e}") from None
+    return parse_safetensors_header(head, size, path)
+
+
+def inspect_dir(path: str | Path) -> CheckpointInfo:
+    """Inspect a local Hugging Face-format checkpoint directory (headers only)."""
+    root = Path(path)
+    if not root.exists():
+        raise InspectionError(root, "does not exist")
+    if not root.is_dir():
+        raise InspectionError(root, "is not a directory (expected a checkpoint directory with config.json)")
+    cfg_path = root / "config.json"
+    if not cfg_path.is_file():
+        raise InspectionError(root, "not a checkpoint directory: no config.json")
+    config = read_json(cfg_path)
+    hf_quant = read_json(root / "hf_quant_config.json") if (root / "hf_quant_config.json").is_file() else None
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise InspectionError(root, "no *.safetensors files (only safetensors checkpoints are supported)")
+    tensors: list[TensorMeta] = []
+    for f in files:
+        tensors.extend(read_safetensors_header(f))
+    info = classify(config, hf_quant, tensors, where=root)
+    info.numFiles = len(files)
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure classification
+
+
+def _first_architecture(config: dict[str, Any], where: str | Path) -> str:
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise InspectionError(Path(where) / "config.json" if where else "config.json",
+                              "missing or empty 'architectures' list (cannot tell the model family)")
+    return archs[0]
+
+
+def _modelopt_format(q: dict[str, Any]) -> tuple[str, str | None]:
+    """ModelOpt flat or nested (`{"quantization": {...}}`) config -> (fmt, quant_algo)."""
+    inner = q.get("quantization") if isinstance(q.get("quantization"), dict) else q
+    algo = str(inner.get("quant_algo") or q.get("quant_algo") or "").upper()
+    if algo == "MIXED_PRECISION":
+        layers = inner.get("quantized_layers") or q.get("quantized_layers") or {}
+        algos = {str(v.get("quant_algo", "")).upper(): k for k, v in layers.items() if isinstance(v, dict)}
+        expert_algos = {str(v.get("quant_algo", "")).upper() for k, v in layers.items()
+                        if isinstance(v, dict) and "expert" in k}
+        if "W4A16_NVFP4" in (expert_algos or set(algos)):
+            return "mixed_w4a16", algo
+        if "NVFP4" in algos or "W4A16_NVFP4" in algos:
+            return "mixed", algo
+        return "w4afp8", algo
+    if algo == "MXFP8":
+        return "mxfp8", algo
+    if "FP4" in algo:  # NVFP4, NVFP4_AWQ, W4A16_NVFP4
+        return "nvfp4", algo
+    if algo.startswith("FP8"):
+        return "modelopt_fp8", algo
+    return "other", algo or None
+
+
+def _compressed_tensors_format(q: dict[str, Any]) -> str:
+    fmt = str(q.get("format") or "")
+    if fmt == "nvfp4-pack-quantized":
+        return "ct_nvfp4"
+    if fmt == "mxfp4-pack-quantized":
+        return "ct_mxfp4_pack"
+    for group in (q.get("config_groups") or {}).values():
+        w = (group or {}).get("weights") or {}
+        if (w.get("num_bits") == 4 and w.get("type") == "int" and w.get("strategy") == "group"
+                and w.get("group_size") == 32):
+            return "ct_int4_g32"
+        if w.get("num_bits") == 4 and w.get("type") == "float":
+            return "ct_nvfp4" if w.get("group_size") == 16 else "ct_mxfp4_pack"
+    return "other"
+
+
+def _probe_routed_expert_dtype(tensors: list[TensorMeta]) -> str | None:
+    for t in tensors:
+        if _ROUTED_EXPERT_WEIGHT.search(t.name):
+            return t.dtype
+    return None
+
+
+def _dsv4_format(config: dict[str, Any], q: dict[str, Any], hf_quant: dict[str, Any] | None,
+                 tensors: list[TensorMeta], notes: list[str]) -> tuple[str, str]:
+    moe_algo = str(q.get("moe_quant_algo") or "").upper()
+    if moe_algo == "NVFP4":
+        return "dsv4_nvfp4", "config.json quantization_config.moe_quant_algo=NVFP4 (hybrid FP8+NVFP4, nvfp4_moe_meta)"
+    if q.get("routed_experts_quant_method") == "mxfp4":
+        return "dsv4_fp4", "config.json quantization_config.routed_experts_quant_method=mxfp4"
+    probed = _probe_routed_expert_dtype(tensors)
+    if probed in ("U8", "I8", "F4"):
+        return "dsv4_fp4", f"safetensors routed-expert weight dtype {probed} (packed E2M1, MXFP4 scales)"
+    if probed == "F8_E4M3":
+        return "dsv4_fp8", "safetensors routed-expert weight dtype F8_E4M3 (FP4 experts converted to FP8)"
+    expert_dtype = config.get("expert_dtype")
+    if expert_dtype in ("fp4", "fp8"):
+        return f"dsv4_{expert_dtype}", f"config.json expert_dtype={expert_dtype}"
+    notes.append("no routed-expert tensor found to probe; DeepSeek-V4 experts assumed FP4 (sglang SGLANG_DSV4_FP4_EXPERTS default)")
+    return "dsv4_fp4", "DeepSeek-V4 default (SGLANG_DSV4_FP4_EXPERTS=True)"
+
+
+def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: list[TensorMeta],
+             where: str | Path = "") -> CheckpointInfo:
+    arch = _first_architecture(config, where)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    get = lambda *keys: next((c[k] for k in keys for c in (config, text) if c.get(k) is not None), None)  # noqa: E731
+    notes: list[str] = []
+    q = config.get("quantization_config")
+    raw_method: str | None = None
+    kv_fp8 = False
+
+    if isinstance(q, dict) and q:
+        method = q.get("quant_method")
+        raw_method = method or q.get("quant_algo")
+        if arch in DEEPSEEK_V4_ARCHS and (method in (None, "fp8", "modelopt") or q.get("moe_quant_algo")):
+            fmt, source = _dsv4_format(config, q, hf_quant, tensors, notes)
+        elif method is None or method == "modelopt":
+            fmt, algo = _modelopt_format(q)
+            raw_method = algo or raw_method
+            source = f"config.json quantization_config (ModelOpt quant_algo={algo})"
+        elif method == "compressed-tensors":
+            fmt = _compressed_tensors_format(q)
+            source = f"config.json quantization_config (compressed-tensors format={q.get('format')})"
+        elif method in ("fp8", "mxfp8", "mxfp4", "w4afp8"):
+            fmt = method
+            source = f"config.json quantization_config.quant_method={method}"
+            if method == "fp8" and q.get("weight_block_size") not in (None, [128, 128]):
+                notes.append(f"FP8 weight_block_size {q.get('weight_block_size')} (expected [128, 128])")
+        else:
+            fmt = "other"
+            source = f"config.json quantization_config.quant_method={method} (no tuning rules for it)"
+        kv_fp8 = str(q.get("kv_cache_quant_algo") or "").upper() == "FP8" or (
+            isinstance(q.get("kv_cache_scheme"), dict) and q["kv_cache_scheme"].get("type") == "float"
+            and q["kv_cache_scheme"].get("num_bits") == 8)
+    elif isinstance(config.get("compression_config"), dict):
+        q = config["compression_config"]
+        raw_method = q.get("quant_method", "compressed-tensors")
+        fmt = _compressed_tensors_format(q)
+        source = "config.json compression_config (compressed-tensors)"
+    elif hf_quant is not None:
+        fmt, algo = _modelopt_format(hf_quant)
+        raw_method = algo
+        source = f"hf_quant_config.json (ModelOpt quant_algo={algo})"
+        inner = hf_quant.get("quantization") if isinstance(hf_quant.get("quantization"), dict) else hf_quant
+        kv_fp8 = str(inner.get("kv_cache_quant_algo") or "").upper() == "FP8"
+    elif arch in DEEPSEEK_V4_ARCHS:
+        fmt, source = _dsv4_format(config, {}, None, tensors, notes)
+    else:
+        probed = _probe_routed_expert_dtype(tensors)
+        if probed == "F8_E4M3":
+            fmt, source = "fp8", "no quantization config; routed-expert weights are F8_E4M3 in the safetensors header"
+        else:
+            fmt, source = "bf16", "no quantization_config, compression_config or hf_quant_config.json"
+
+    num_experts = get("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+    return CheckpointInfo(
+        architecture=arch,
+        modelType=config.get("model_type"),
+        format=fmt,
+        formatSource=source,
+        quantMethod=raw_method,
+        expertsFp4=fmt in FP4_EXPERT_FORMATS,
+        numExperts=num_experts,
+        expertsPerToken=get("num_experts_per_tok", "moe_topk", "num_experts_per_token"),
+        numSharedExperts=get("n_shared_experts", "num_shared_experts"),
+        hiddenSize=get("hidden_size"),
+        intermediateSize=get("intermediate_size"),
+        moeIntermediateSize=get("moe_intermediate_size"),
+        numLayers=get("num_hidden_layers"),
+        kvCacheFp8=bool(kv_fp8) or arch in DEEPSEEK_V4_ARCHS,
+        totalBytes=int(sum(t.nbytes for t in tensors)),
+        numTensors=len(tensors),
+        notes=notes,
+    )
