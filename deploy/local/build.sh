@@ -81,7 +81,34 @@ complete() {
   [[ -f "$bin_dir/.complete" ]] || return 1
   for b in "${BINARIES[@]}"; do [[ -x "$bin_dir/$b" ]] || return 1; done
 }
+
+# kwok ships no built-in stages: without a --config listing Stage objects it refuses to start.
+# Install the same defaults `kwokctl` uses (node-fast + heartbeat-with-lease, pod-fast), read
+# from the pinned kwok module so they always match the binary.
+KWOK_STAGES=(
+  kustomize/stage/node/fast/node-initialize.yaml
+  kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
+  kustomize/stage/pod/fast/pod-ready.yaml
+  kustomize/stage/pod/fast/pod-complete.yaml
+  kustomize/stage/pod/fast/pod-delete.yaml
+)
+install_kwok_stages() { # dest_dir
+  [[ -s "$1/kwok-stages.yaml" ]] && return 0
+  local kwok_dir
+  kwok_dir="$(cd "$mod_dir" && go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION}" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d "$kwok_dir" ]] || die "cannot locate sigs.k8s.io/kwok@${KWOK_VERSION} in the module cache"
+  local f
+  for f in "${KWOK_STAGES[@]}"; do
+    [[ -f "$kwok_dir/$f" ]] || die "kwok stage $f missing in $kwok_dir"
+    printf -- '---\n# from sigs.k8s.io/kwok@%s/%s\n' "$KWOK_VERSION" "$f"
+    cat "$kwok_dir/$f"
+  done >"$1/kwok-stages.yaml.tmp"
+  mv "$1/kwok-stages.yaml.tmp" "$1/kwok-stages.yaml"
+}
+
 if (( ! force )) && complete; then
+  install_kwok_stages "$bin_dir"
   log "cache complete: $bin_dir (kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
   echo "BIN_DIR=$bin_dir"
   exit 0
@@ -126,7 +153,6 @@ set +e
 (cd "$mod_dir" && go build -v "${BUILD_FLAGS[@]}" -o "$stage/" "${PACKAGES[@]}") >"$build_log" 2>&1
 rc=$?
 set -e
-sleep 0  # let the watcher see nothing new; it is killed by the trap
 if (( rc != 0 )); then
   log "go build FAILED (exit $rc) after $((SECONDS - start))s; last lines of $build_log:"
   tail -n 40 "$build_log" | sed 's/^/    /' >&2
@@ -136,6 +162,7 @@ for b in "${BINARIES[@]}"; do
   [[ -x "$stage/$b" ]] || die "go build succeeded but $b is missing from $stage (see $build_log)"
 done
 for b in "${BINARIES[@]}"; do log "built $b ($(du -h "$stage/$b" | cut -f1))"; done
+install_kwok_stages "$stage"
 {
   echo "built_at=$(date -u +%FT%TZ)"
   echo "build_seconds=$((SECONDS - start))"

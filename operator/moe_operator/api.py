@@ -1,0 +1,182 @@
+"""The MoEDeployment API (moe.serving.dev/v1alpha1): pydantic v2 models of spec and status.
+
+These models are the single source of truth: `crd.py` generates the CRD's OpenAPI schema from
+them (plus the CEL rules declared here), and a test checks that crds/moedeployments.yaml is what
+the generator produces.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from moe_kernels import registry
+
+from .checkpoint import FORMATS, CheckpointInfo
+from .gpu import FAMILIES
+from .plan import Plan
+from .planner import ALL_A2A, ALL_RUNNERS
+
+MODEL_URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?|file:///.*)$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+
+
+def _cel(*rules: tuple[str, str]) -> dict:
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(min_length=1, max_length=253, description="Secret in the MoEDeployment's namespace")
+    key: str = Field("token", min_length=1, max_length=253)
+
+
+class ModelSource(_Model):
+    uri: str = Field(pattern=MODEL_URI_PATTERN, max_length=2048,
+                     description="hf://org/name[@revision], pvc://claim/sub/path or file:///path")
+    format: Literal[("auto",) + FORMATS] = Field(  # type: ignore[valid-type]
+        "auto", description="checkpoint format; 'auto' inspects config.json, hf_quant_config.json and safetensors headers")
+    tokenSecretRef: SecretKeyRef | None = Field(None, description="Hugging Face token for gated hf:// repositories")
+
+
+class EngineSpec(_Model):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
+        ("self.name == 'bundled' || !has(self.flashinferVersion) || self.flashinferVersion != ''",
+         "flashinferVersion must not be empty"),
+    ))
+    name: Literal["bundled", "sglang", "vllm"] = Field("bundled", description="inference engine the pods run")
+    version: str | None = Field(None, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([.-][0-9A-Za-z.]+)?$", max_length=64,
+                                description="engine version (tuning rules are version dependent); default: the tested release")
+    image: str | None = Field(None, max_length=512, description="container image; default: follows the engine and the node")
+    flashinferVersion: str | None = Field(None, max_length=32,
+                                          description="flashinfer-python in a custom image ('none' if absent); default: the engine's pin")
+
+
+class Parallelism(_Model):
+    tp: int = Field(1, ge=1, le=64, description="tensor parallel size")
+    ep: int = Field(1, ge=1, le=64, description="expert parallel size")
+    dp: int = Field(1, ge=1, le=64, description="data parallel (attention) size")
+
+
+class MoESpec(_Model):
+    runnerBackend: Literal[ALL_RUNNERS] = Field("auto", description="MoE kernel backend; 'auto' lets the planner choose")  # type: ignore[valid-type]
+    a2aBackend: Literal[ALL_A2A] = Field("none", description="all-to-all backend for expert parallelism")  # type: ignore[valid-type]
+    deferredFinalize: Literal["auto", "on", "off"] = Field(
+        "auto", description="fuse the top-k reduction with the shared-expert add (moe_finalize_fuse_shared)")
+
+
+class EnvVar(_Model):
+    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=256)
+    value: str = Field("", max_length=32768)
+
+
+class GpuSelection(_Model):
+    allowedArchitectures: list[Literal[FAMILIES]] = Field(  # type: ignore[valid-type]
+        default_factory=list, max_length=len(FAMILIES),
+        description="GPU architectures the operator may place this on (empty: any that can run it)")
+    product: str | None = Field(None, max_length=128, description="pin to one nvidia.com/gpu.product")
+
+
+class Toleration(_Model):
+    key: str | None = Field(None, max_length=316)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: int | None = None
+
+
+class Resources(_Model):
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+
+class ServiceSpec(_Model):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    port: int = Field(8000, ge=1, le=65535)
+
+
+class MoEDeploymentSpec(_Model):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
+        ("self.parallelism.tp % self.parallelism.ep == 0", "parallelism.ep must divide parallelism.tp"),
+        ("self.parallelism.tp % self.parallelism.dp == 0", "parallelism.dp must divide parallelism.tp"),
+        ("!has(self.gpusPerReplica) || self.gpusPerReplica % self.nodesPerReplica == 0",
+         "gpusPerReplica must be a multiple of nodesPerReplica (same GPU count on every node of a replica)"),
+        ("!has(self.gpusPerReplica) || self.gpusPerReplica == self.parallelism.tp",
+         "gpusPerReplica must equal parallelism.tp (one rank per GPU)"),
+        ("self.nodesPerReplica == 1 || self.engine.name != 'bundled'",
+         "the bundled engine serves one node per replica; use engine sglang or vllm for multi-node replicas"),
+        ("self.moe.a2aBackend == 'none' || self.parallelism.ep > 1",
+         "moe.a2aBackend needs expert parallelism (parallelism.ep > 1)"),
+        ("self.moe.a2aBackend == 'none' || self.engine.name != 'bundled'",
+         "the bundled engine has no all-to-all backend; use engine sglang or vllm"),
+        ("self.engine.name != 'bundled' || self.moe.runnerBackend in ['auto', "
+         + ", ".join(f"'{n}'" for n in registry.names()) + "]",
+         "engine bundled supports moe.runnerBackend auto, " + ", ".join(registry.names())),
+        ("self.engine.name != 'vllm' || self.moe.deferredFinalize != 'on'",
+         "vLLM has no deferred-finalize switch; use engine sglang or bundled"),
+    ))
+    model: ModelSource
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    replicas: int = Field(1, ge=0, le=1000)
+    gpusPerReplica: int | None = Field(None, ge=1, le=512, description="GPUs per replica (default parallelism.tp)")
+    nodesPerReplica: int = Field(1, ge=1, le=64, description="nodes per replica; > 1 renders a LeaderWorkerSet")
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    moe: MoESpec = Field(default_factory=MoESpec)
+    env: list[EnvVar] = Field(default_factory=list, max_length=256, description="user env; always wins over the plan",
+                              json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    gpu: GpuSelection = Field(default_factory=GpuSelection)
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    resources: Resources = Field(default_factory=Resources)
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+
+    def gpus_per_replica(self) -> int:
+        return self.gpusPerReplica or self.parallelism.tp
+
+    def gpus_per_node(self) -> int:
+        return self.gpus_per_replica() // self.nodesPerReplica
+
+    def env_dict(self) -> dict[str, str]:
+        return {e.name: e.value for e in self.env}
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    message: str = Field("", max_length=32768)
+    lastTransitionTime: str | None = None
+    observedGeneration: int | None = None
+
+
+class WorkloadRef(_Model):
+    apiVersion: str
+    kind: str
+    name: str
+
+
+class MoEDeploymentStatus(_Model):
+    observedGeneration: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    checkpoint: CheckpointInfo | None = None
+    gpuClass: str | None = Field(None, description="chosen GPU class, e.g. sm90/NVIDIA-H200")
+    format: str | None = None
+    runnerBackend: str | None = None
+    deferredFinalize: bool | None = None
+    plan: Plan | None = None
+    inputsHash: str | None = Field(None, description="hash of the plan's inputs stamped on the workload")
+    workload: WorkloadRef | None = None
+    replicas: int | None = None
+    readyReplicas: int | None = None
+
+
+class MoEDeployment(_Model):
+    apiVersion: Literal["moe.serving.dev/v1alpha1"] = "moe.serving.dev/v1alpha1"
+    kind: Literal["MoEDeployment"] = "MoEDeployment"
+    metadata: dict = Field(default_factory=dict)
+    spec: MoEDeploymentSpec
+    status: MoEDeploymentStatus | None = None

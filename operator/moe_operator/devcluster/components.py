@@ -1,0 +1,164 @@
+"""Command lines of the five components, as pure functions of the state-dir layout and ports.
+
+Flag choices, and why:
+- everything binds 127.0.0.1 only; ports are chosen free at start (see procs.free_port);
+- etcd runs with --unsafe-no-fsync: the data is thrown away with the cluster, and fsync on a
+  2-core CI disk otherwise dominates the latency of every write (hundreds of nodes);
+- the API server authenticates static bearer tokens (admin in system:masters, one user per
+  component) and authorizes with RBAC; service accounts are signed with our own key pair;
+  --endpoint-reconciler-type=none because the only address it could advertise is loopback, which
+  Endpoints validation rejects; no simulated pod ever dials the `kubernetes` Service;
+- the controller manager runs all default controllers (garbage collector, service account and
+  root-CA publisher, node lifecycle, ...) with per-controller service-account credentials, and
+  signs CSRs with the cluster CA;
+- leader election is off: there is exactly one replica of each and it saves startup time;
+- kwok manages only nodes annotated kwok.x-k8s.io/node=fake, with the stages kwokctl uses by
+  default (node-fast, node-heartbeat-with-lease, pod-fast) and node leases so the node lifecycle
+  controller keeps them Ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .binaries import Binaries
+
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+@dataclass
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything lives inside the state dir."""
+
+    root: Path
+
+    state_file = property(lambda s: s.root / "state.json")
+    kubeconfig = property(lambda s: s.root / "kubeconfig")
+    pki_dir = property(lambda s: s.root / "pki")
+    etcd_data = property(lambda s: s.root / "etcd-data")
+    logs = property(lambda s: s.root / "logs")
+    kwok_config = property(lambda s: s.root / "kwok.yaml")
+
+    def component_kubeconfig(self, name: str) -> Path:
+        return self.root / f"{name}.kubeconfig"
+
+    def cert_dir(self, name: str) -> Path:
+        return self.root / "certs" / name
+
+    def log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+
+def etcd(b: Binaries, lay: Layout, p: Ports) -> list[str]:
+    client = f"http://127.0.0.1:{p.etcd_client}"
+    peer = f"http://127.0.0.1:{p.etcd_peer}"
+    return [
+        str(b.etcd), "--name=dev", f"--data-dir={lay.etcd_data}",
+        f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=dev={peer}", "--initial-cluster-state=new",
+        "--unsafe-no-fsync", "--quota-backend-bytes=4294967296",
+        "--log-level=warn",
+    ]
+
+
+def kube_apiserver(b: Binaries, lay: Layout, p: Ports) -> list[str]:
+    pki = lay.pki_dir
+    return [
+        str(b.kube_apiserver),
+        f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
+        "--bind-address=127.0.0.1", f"--secure-port={p.apiserver}", "--advertise-address=127.0.0.1",
+        "--endpoint-reconciler-type=none",
+        f"--cert-dir={lay.cert_dir('kube-apiserver')}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={pki / 'tokens.csv'}",
+        "--authorization-mode=RBAC",
+        f"--service-account-issuer={SA_ISSUER}",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        # Room for scale tests that register hundreds of nodes and pods at once.
+        "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
+        "--profiling=false",
+    ]
+
+
+def kube_controller_manager(b: Binaries, lay: Layout, p: Ports) -> list[str]:
+    pki = lay.pki_dir
+    kc = lay.component_kubeconfig("kube-controller-manager")
+    return [
+        str(b.kube_controller_manager),
+        f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+        "--bind-address=127.0.0.1", f"--secure-port={p.controller_manager}",
+        f"--cert-dir={lay.cert_dir('kube-controller-manager')}",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--use-service-account-credentials=true",
+        "--controllers=*",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--leader-elect=false",
+        "--kube-api-qps=200", "--kube-api-burst=400",
+    ]
+
+
+def kube_scheduler(b: Binaries, lay: Layout, p: Ports) -> list[str]:
+    kc = lay.component_kubeconfig("kube-scheduler")
+    return [
+        str(b.kube_scheduler),
+        f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+        "--bind-address=127.0.0.1", f"--secure-port={p.scheduler}",
+        f"--cert-dir={lay.cert_dir('kube-scheduler')}",
+        "--leader-elect=false",
+    ]
+
+
+def kwok(b: Binaries, lay: Layout, p: Ports) -> list[str]:
+    return [
+        str(b.kwok),
+        f"--kubeconfig={lay.component_kubeconfig('kwok')}",
+        f"--config={lay.kwok_config}",
+        "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        "--node-lease-duration-seconds=40",
+        f"--server-address=127.0.0.1:{p.kwok}",
+    ]
+
+
+# Start order; stop is the reverse.
+ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+ARGV = {
+    "etcd": etcd,
+    "kube-apiserver": kube_apiserver,
+    "kube-controller-manager": kube_controller_manager,
+    "kube-scheduler": kube_scheduler,
+    "kwok": kwok,
+}
+
+
+def health_url(name: str, p: Ports) -> str:
+    return {
+        "etcd": f"http://127.0.0.1:{p.etcd_client}/health",
+        "kube-apiserver": f"https://127.0.0.1:{p.apiserver}/readyz",
+        "kube-controller-manager": f"https://127.0.0.1:{p.controller_manager}/healthz",
+        "kube-scheduler": f"https://127.0.0.1:{p.scheduler}/healthz",
+        "kwok": f"http://127.0.0.1:{p.kwok}/healthz",
+    }[name]

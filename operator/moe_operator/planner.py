@@ -1,0 +1,645 @@
+"""The planner: (checkpoint, GPU class, user choices, engine) -> Plan. Pure: no I/O, no torch.
+
+The tuning rules live here and only here, as tables of rows (tuning-rules.md section 6):
+  * Rule 0: an explicit user value is never changed; it is validated, and an impossible one
+    becomes an error that says why and what would work.
+  * select rows (S*, W*, B*) fill values the user left at `auto`; first matching row wins;
+  * validate rows (V*, K*) run on the final values, explicit or selected;
+  * env rows (E*) for engine environment variables.
+The bundled engine's rows are derived from the kernel-backend registry (`moe_kernels.registry`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from moe_kernels import registry
+
+from .checkpoint import CheckpointInfo
+from .gpu import BLACKWELL, GpuClass
+from .plan import Decision, Plan, PlanCheckpoint, PlanEngine, PlanGpu, PlanMoE
+
+ENGINES = ("bundled", "sglang", "vllm")
+DEFAULT_VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0", "bundled": "0.1.0"}
+
+# sglang release -> pinned flashinfer-python (tuning-rules.md 0.1). Used when the image's
+# flashinfer version is not given explicitly.
+SGLANG_FLASHINFER_PIN = {
+    "0.5.10": "0.6.7.post2", "0.5.14": "0.6.12", "0.5.15": "0.6.12", "0.5.16": "0.6.14",
+    "0.5.17": "0.6.15.post1", "0.5.18": "0.6.17", "0.5.19": "0.6.18", "0.5.20": "0.6.18",
+    "0.5.21": "0.6.18", "0.5.22": "0.7.1", "0.5.23": "0.7.2",
+}
+
+# sglang --moe-runner-backend values and the first release that has them (tuning-rules.md 1.3).
+SGLANG_RUNNERS = {
+    **{r: "0.5.10" for r in ("auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm",
+                             "flashinfer_trtllm_routed", "flashinfer_cutlass", "flashinfer_mxfp4",
+                             "flashinfer_cutedsl", "cutlass")},
+    "experimental_sgl_trtllm": "0.5.14", "aiter": "0.5.14", "marlin": "0.5.14",
+    "humming": "0.5.16", "experimental_sgl_marlin": "0.5.16", "hpc_ops": "0.5.17", "megamoe": "0.5.18",
+    "intel_xpu": "0.5.19", "flashinfer_megamoe": "0.5.20",
+    "lora_cutedsl": "0.5.23", "lora_triton": "0.5.23", "lora_marlin": "0.5.23",
+}
+SGLANG_A2A = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe",
+              "deepep_v2", "pplx", "ascend_tp", "flashinfer_megamoe")
+VLLM_MOE_BACKENDS = (
+    "auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
+    "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "b12x",
+    "flashinfer_moe_ep_mega_deep_gemm", "marlin", "humming", "triton_unfused", "aiter", "aiter_mega_moe",
+    "aiter_triton_mxfp4_bf16", "aiter_triton_mxfp4_mxfp4", "flydsl", "hpc", "emulation", "rdna3",
+    "flashinfer_trtllm_afp8", "flashinfer_cutlass_afp8",
+)
+# Every runner value any engine accepts (the CRD's enum for moe.runnerBackend).
+ALL_RUNNERS = tuple(dict.fromkeys([*SGLANG_RUNNERS, *VLLM_MOE_BACKENDS, *registry.names()]))
+ALL_A2A = tuple(dict.fromkeys([*SGLANG_A2A, "naive", "deepep_high_throughput", "deepep_low_latency",
+                               "allgather_reducescatter", "flashinfer_all2allv"]))
+
+DEEPSEEK_FAMILY = frozenset({
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration",
+    "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
+    "Glm5NextForConditionalGeneration", "HYV4ForCausalLM", "LongcatFlashForCausalLM", "Dots3NoteForCausalLM",
+})
+QWEN3_FAMILY = frozenset({
+    "Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Qwen3NextForCausalLM",
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForCausalLM",
+    "Qwen4ExpForCausalLM",
+})
+DSV4 = "DeepseekV4ForCausalLM"
+GPT_OSS = "GptOssForCausalLM"
+
+
+def vtuple(v: str | None) -> tuple[int, ...]:
+    return registry._version_tuple(v) if v else ()
+
+
+def truthy(v: str | None) -> bool:
+    return v is not None and v.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What the user set in the MoEDeployment spec (or on the CLI)."""
+
+    runner_backend: str = "auto"
+    a2a_backend: str = "none"
+    deferred_finalize: str = "auto"  # auto | on | off
+    env: dict[str, str] = field(default_factory=dict)
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    flashinfer_version: str | None = None  # the image's flashinfer; "none" = not installed
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything a rule predicate may look at."""
+
+    ckpt: CheckpointInfo
+    gpu: GpuClass
+    choices: Choices
+    engine: str
+    version: str
+    flashinfer: str | None  # version in the image, None if absent/unknown
+
+    @property
+    def fam(self) -> str: return self.gpu.family
+    @property
+    def arch(self) -> str: return self.ckpt.architecture
+    @property
+    def fmt(self) -> str: return self.ckpt.format
+    @property
+    def a2a(self) -> str: return self.choices.a2a_backend
+    @property
+    def rocm(self) -> bool: return self.gpu.is_rocm
+    @property
+    def ver(self) -> tuple[int, ...]: return vtuple(self.version)
+    def env(self, key: str) -> str | None: return self.choices.env.get(key)
+    def fi_below(self, v: str) -> bool: return self.flashinfer is not None and vtuple(self.flashinfer) < vtuple(v)
+    @property
+    def gpu_name(self) -> str: return f"{self.gpu.family} ({self.gpu.product})" if self.gpu.product else self.gpu.family
+
+
+Pred = Callable[[Facts], bool]
+
+
+@dataclass(frozen=True)
+class Select:
+    """A select row: when `when` holds and the user left the value at auto, choose `value`."""
+
+    id: str
+    when: Pred
+    value: str | Callable[[Facts], str] | None  # None: the row rejects (error = reason)
+    reason: str  # formatted with arch, fmt, gpu, value, version
+    args: Callable[[Facts], list[str]] | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    """A validate row: runs on the final value (explicit or selected)."""
+
+    id: str
+    when: Callable[[Facts, str], bool]  # (facts, runner)
+    verdict: str  # "reject" | "warn"
+    message: str
+
+
+def _fmt(template: str, f: Facts, value: str = "") -> str:
+    return template.format(arch=f.arch, fmt=f.fmt, gpu=f.gpu_name, value=value, version=f.version,
+                           fi=f.flashinfer or "none")
+
+
+# ------------------------------------------------------------------------------------------
+# SGLang (tuning-rules.md 6.1, 6.2)
+
+def _gpt_oss_sm12x(f: Facts) -> str:
+    if f.ver >= (0, 5, 17):
+        return "flashinfer_mxfp4"
+    return "marlin" if f.ver >= (0, 5, 14) else "triton_kernel"
+
+
+SGLANG_SELECT: tuple[Select, ...] = (
+    Select("S1", lambda f: f.arch == DSV4 and f.fmt == "dsv4_nvfp4" and f.fam == "sm100",
+           "flashinfer_trtllm_routed",
+           "Hybrid FP8+NVFP4 DeepSeek-V4 checkpoint on {gpu}: routed TRT-LLM NVFP4 MoE (sglang >=0.5.14 default)"),
+    Select("K16", lambda f: f.arch == DSV4 and f.fmt == "dsv4_nvfp4" and f.fam != "sm100", None,
+           "NVFP4 DeepSeek-V4 (hybrid FP8+NVFP4) needs B200/GB200/B300/GB300 (SM100): sglang picks "
+           "flashinfer_trtllm_routed without an architecture check and it fails on {gpu}; use the MXFP4 "
+           "(FP4-expert) DeepSeek-V4 checkpoint on Hopper/RTX-Blackwell"),
+    Select("S3", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and f.a2a in ("deepep", "deepep_v2", "pplx", "megamoe"),
+           "auto", "DeepSeek-V4 FP4 experts with expert-parallel A2A ({a2a}) use DeepGEMM; flashinfer_mxfp4 has no A2A path"),
+    Select("S2d", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and truthy(f.env("SGLANG_DSV4_FP4_DEQUANT")),
+           "auto", "SGLANG_DSV4_FP4_DEQUANT=1 dequantizes the FP4 experts to FP8 at load: runner stays auto (FP8 path)"),
+    Select("K17", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and not f.rocm and f.a2a == "none"
+           and f.fam == "sm90" and f.fi_below("0.6.11"), None,
+           "flashinfer_mxfp4 on SM90 needs FlashInfer >= 0.6.11 (interleave helpers, flashinfer#3084); "
+           "this image has {fi}: use sglang >= 0.5.14 or set moe.runnerBackend=marlin"),
+    Select("S2", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and not f.rocm and f.a2a == "none"
+           and f.fam in ("sm90", "sm100", "sm120", "sm121"),
+           "flashinfer_mxfp4",
+           "Use flashinfer_mxfp4 as MoE runner backend for DeepseekV4ForCausalLM: MXFP4 experts -> FlashInfer "
+           "MXFP4 MoE (TRT-LLM on SM100, CUTLASS MXFP8xMXFP4 on SM120, CUTLASS W4A16 on SM90) on {gpu}; sglang PR #35919"),
+    Select("S2b", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and not f.rocm and f.a2a == "none"
+           and f.fam in ("sm80", "sm89", "sm110"),
+           "marlin", "DeepSeek-V4 FP4 experts on {gpu}: flashinfer_mxfp4 needs SM90/SM100/SM120 and auto would take "
+           "the FP8 Triton path (K1, 'Hidden size mismatch'); Marlin W4A16 works"),
+    Select("S15", lambda f: f.fmt == "nvfp4" and f.a2a == "deepep", "flashinfer_cutedsl",
+           "Only the CuTeDSL NVFP4 runner has a DeepEP (low-latency) path",
+           args=lambda f: ["--deepep-mode", "low_latency"]),
+    Select("S4", lambda f: f.arch in DEEPSEEK_FAMILY and f.arch != "LongcatFlashForCausalLM" and f.fam == "sm100"
+           and f.a2a in ("none", "flashinfer") and f.fmt in ("fp8", "modelopt_fp8", "nvfp4", "mixed", "bf16", "ct_int4_g32"),
+           "flashinfer_trtllm", "Blackwell SM100: TRT-LLM-gen fused MoE for DeepSeek-family {fmt} checkpoints on {gpu}",
+           args=lambda f: ["--attention-backend", "trtllm_mla"] if f.arch == "DeepseekV3ForCausalLM" else []),
+    Select("S5", lambda f: f.fmt == "nvfp4" and f.fam in ("sm110", "sm120", "sm121"), "flashinfer_cutlass",
+           "NVFP4 on SM110/SM12x ({gpu}): trtllm-gen MoE kernels are SM100-only -> FlashInfer CUTLASS"),
+    Select("S5b", lambda f: f.fmt == "ct_nvfp4" and f.fam in BLACKWELL, "auto",
+           "compressed-tensors NVFP4 MoE: auto already uses FlashInfer CUTLASS inside the scheme "
+           "(sglang rejects an explicit flashinfer_cutlass for compressed-tensors)"),
+    Select("S5c", lambda f: f.fmt == "ct_nvfp4" and f.fam not in BLACKWELL, None,
+           "compressed-tensors NVFP4 MoE is Blackwell-only ('Current platform does not support NVFP4 quantization. "
+           "Please use Blackwell and above.'); {gpu} cannot run it"),
+    Select("S6", lambda f: f.fmt == "nvfp4" and f.fam in ("sm80", "sm89", "sm90"), "marlin",
+           "No FP4 tensor cores before Blackwell ({gpu}): NVFP4 runs weight-only (W4A16) on Marlin"),
+    Select("V8", lambda f: f.fmt in ("mxfp4", "ct_mxfp4_pack", "dsv4_fp4") and f.fam == "gfx942", None,
+           "MXFP4 is not supported on {gpu} ('Current platform gfx942 not support mxfp4 computation'); use MI350X/MI355X (gfx950) or an FP8 checkpoint"),
+    Select("S7a", lambda f: f.arch == GPT_OSS and f.fmt == "mxfp4" and f.fam == "sm100", "flashinfer_mxfp4",
+           "GPT-OSS MXFP4: flashinfer_mxfp4 is the sglang default for {gpu}"),
+    Select("S7b", lambda f: f.arch == GPT_OSS and f.fmt == "mxfp4" and f.fam in ("sm120", "sm121"), _gpt_oss_sm12x,
+           "GPT-OSS MXFP4: {value} is the sglang {version} default for {gpu}"),
+    Select("S7c", lambda f: f.arch == GPT_OSS and f.fmt == "mxfp4" and f.fam == "sm90" and f.choices.ep == 1,
+           "triton_kernel", "GPT-OSS MXFP4 on Hopper ({gpu}), ep=1: OpenAI triton_kernels (bf16 x mxfp4) is the sglang default"),
+    Select("S7d", lambda f: f.arch == GPT_OSS and f.fmt == "mxfp4" and f.fam == "gfx950", "auto",
+           "GPT-OSS MXFP4 on ROCm gfx950: auto resolves to aiter MXFP4 (needs SGLANG_USE_AITER=1)"),
+    Select("S8", lambda f: f.arch == GPT_OSS and f.fmt == "bf16" and f.fam in BLACKWELL and (f.gpu.driverMajor or 0) >= 595,
+           "triton", "triton_kernels segfaults on Blackwell with NVIDIA driver >= 595"),
+    Select("S9", lambda f: f.arch in QWEN3_FAMILY and f.fam == "sm100" and f.a2a in ("none", "flashinfer")
+           and f.fmt in ("mixed_w4a16", "fp8", "modelopt_fp8", "nvfp4", "mixed", "bf16"),
+           lambda f: "marlin" if f.fmt == "mixed_w4a16" else "flashinfer_trtllm",
+           "Qwen3-family MoE on SM100 ({gpu}) -> TRT-LLM-gen MoE (W4A16 NVFP4 experts -> Marlin)"),
+    Select("S10", lambda f: f.arch == "Glm4MoeForCausalLM" and f.fam == "sm100" and f.a2a in ("none", "flashinfer")
+           and f.fmt in ("nvfp4", "bf16"), "flashinfer_trtllm", "GLM-4.x MoE NVFP4/BF16 on SM100 -> TRT-LLM-gen MoE"),
+    Select("S11", lambda f: f.arch == "KimiK3ForConditionalGeneration" and f.fmt == "ct_mxfp4_pack"
+           and f.gpu.computeCapability in ("10.0", "10.3", "10.7"), "flashinfer_mxfp4",
+           "Kimi-K3 MXFP4 on SM100/103/107 -> FlashInfer trtllm-gen MXFP4"),
+    Select("S12a", lambda f: f.arch == "MiniMaxM2ForCausalLM" and f.fmt == "nvfp4" and f.fam == "sm100",
+           "flashinfer_trtllm_routed", "sglang per-model default for {arch} on {gpu}"),
+    Select("S12b", lambda f: f.arch.startswith("Llama4") and f.fmt in ("fp8", "modelopt_fp8") and f.fam == "sm100",
+           "flashinfer_trtllm", "sglang per-model default for {arch} on {gpu}"),
+    Select("S13", lambda f: f.fmt == "mxfp8" and f.fam in ("sm100", "gfx950"),
+           lambda f: "triton" if f.rocm else "flashinfer_trtllm", "MXFP8 MoE default runner on {gpu}"),
+    Select("S14", lambda f: f.fmt in ("fp8", "modelopt_fp8") and f.a2a in ("deepep", "mooncake", "nixl")
+           and f.fam in ("sm90", "sm100"), "auto", "FP8 with expert-parallel A2A ({a2a}) uses DeepGEMM (auto)"),
+    Select("S17", lambda f: True, "auto", "no tuning rule for {arch} {fmt} on {gpu}: sglang auto decides at load"),
+)
+
+_SM100_ONLY_RUNNERS = ("flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutedsl", "flashinfer_megamoe")
+
+SGLANG_CHECKS: tuple[Check, ...] = (
+    Check("V0", lambda f, r: r not in SGLANG_RUNNERS, "reject",
+          "unknown sglang --moe-runner-backend {value}; valid values: " + ", ".join(SGLANG_RUNNERS)),
+    Check("V0b", lambda f, r: r in SGLANG_RUNNERS and f.ver < vtuple(SGLANG_RUNNERS[r]), "reject",
+          "--moe-runner-backend {value} does not exist in sglang {version} (first in a later release)"),
+    Check("V1", lambda f, r: r in _SM100_ONLY_RUNNERS and f.fam != "sm100", "reject",
+          "{value}: trtllm-gen / CuTeDSL MoE kernels require SM100-family (B200/GB200/B300/GB300), not {gpu}; "
+          "use flashinfer_cutlass (NVFP4 on SM120), flashinfer_mxfp4 (MXFP4) or marlin/triton/deep_gemm"),
+    Check("V2", lambda f, r: r == "flashinfer_mxfp4" and (f.fam not in ("sm90", "sm100", "sm120", "sm121") or f.a2a != "none"),
+          "reject", "flashinfer_mxfp4 supports SM90/SM100/SM120 with --moe-a2a-backend none only (here {gpu}, a2a {a2a}); use marlin"),
+    Check("V3", lambda f, r: f.fmt == "dsv4_fp4" and r == "flashinfer_trtllm", "reject",
+          "flashinfer_trtllm is an FP8/NVFP4 runner; DeepSeek-V4 MXFP4 experts need flashinfer_mxfp4 "
+          "(or marlin / deep_gemm with DeepEP)"),
+    Check("V4", lambda f, r: truthy(f.env("SGLANG_DSV4_FP4_DEQUANT")) and r != "auto", "reject",
+          "SGLANG_DSV4_FP4_DEQUANT=1 requires --moe-runner-backend auto ('{value} is not compatible with SGLANG_DSV4_FP4_DEQUANT=1')"),
+    Check("V5", lambda f, r: f.a2a == "deepep" and r in ("flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutlass",
+                                                       "flashinfer_mxfp4", "triton", "triton_kernel", "marlin"),
+          "reject", "{value} has no DeepEP dispatch path; use deep_gemm (FP8/DSV4-FP4), flashinfer_cutedsl (NVFP4, low_latency) or humming"),
+    Check("V7", lambda f, r: f.fmt == "nvfp4" and f.fam in ("sm80", "sm89", "sm90") and r not in ("marlin", "auto"), "reject",
+          "Current platform does not support NVFP4 quantization with the selected MoE backend ({value} on {gpu}). "
+          "Please use Blackwell and above, or use moe_runner_backend=marlin on SM80+."),
+    Check("V8b", lambda f, r: f.fmt == "ct_nvfp4" and r == "flashinfer_cutlass", "reject",
+          "Invalid quantization 'compressed-tensors' for FlashInfer Cutlass MOE; leave the runner at auto"),
+    Check("K13", lambda f, r: r == "triton_kernel" and f.arch == GPT_OSS and f.fam in BLACKWELL and (f.gpu.driverMajor or 0) >= 595,
+          "reject", "triton_kernels segfaults on Blackwell with NVIDIA driver >= 595; use triton"),
+    Check("K17", lambda f, r: r == "flashinfer_mxfp4" and f.fam == "sm90" and f.fi_below("0.6.11"), "reject",
+          "moe_runner_backend=flashinfer_mxfp4 on SM90 requires FlashInfer >= 0.6.11 (this image: {fi})"),
+    Check("K22", lambda f, r: r == "cutlass" and f.fmt in ("fp8", "mxfp8", "modelopt_fp8") and f.choices.ep > 1, "reject",
+          "FP8/MXFP8 Cutlass MoE is only supported with ep_size == 1"),
+    Check("K23", lambda f, r: r == "flashinfer_cutlass" and f.fmt not in ("nvfp4", "modelopt_fp8", "mixed", "bf16"), "reject",
+          "Invalid quantization '{fmt}'. FlashInfer Cutlass MOE supports only: modelopt_fp4, modelopt_fp8, modelopt_mixed, bf16"),
+    Check("VR", lambda f, r: f.rocm and r.startswith("flashinfer"), "reject",
+          "{value} is a CUDA (FlashInfer) runner; {gpu} is ROCm: use auto (aiter) or triton"),
+    Check("K25", lambda f, r: f.a2a == "flashinfer" and f.choices.dp != f.choices.tp, "reject",
+          "Flashinfer MoE A2A requires --attn-dp-size equal to --tp-size"),
+    Check("K28", lambda f, r: "normal" in (f.env("SGLANG_DEEPEP_MODE") or ""), "warn",
+          "DeepEP normal mode disables CUDA graphs for decode and prefill"),
+)
+
+
+# ------------------------------------------------------------------------------------------
+# vLLM (tuning-rules.md 6.3, 3.x)
+
+def _vllm_flag_era(f: Facts) -> bool:
+    return f.ver >= (0, 16)  # --moe-backend (PR #33807); env vars removed in 0.23
+
+
+VLLM_SELECT: tuple[Select, ...] = (
+    Select("K31", lambda f: f.fmt in ("nvfp4", "dsv4_nvfp4") and f.arch == DSV4 and f.fam in ("sm120", "sm121"), None,
+           "vLLM has no NVFP4 MoE backend for DeepSeek-V4 on {gpu} ('No NvFp4 MoE backend supports the deployment "
+           "configuration.'); use the MXFP4 DeepSeek-V4 checkpoint"),
+    Select("W4", lambda f: f.fmt == "dsv4_fp4", "auto",
+           "vLLM DeepSeek-V4 MXFP4 priority list on {gpu}: TRT-LLM MXFP4xMXFP8 (SM100), DeepGEMM MXFP4 or Marlin (SM12x), Humming/Marlin W4A16 (SM90)"),
+    Select("W1", lambda f: f.arch == GPT_OSS and f.fmt == "mxfp4" and f.fam == "sm100", "auto",
+           "vLLM GPT-OSS MXFP4 on SM100: auto = FlashInfer TRT-LLM MXFP4 x BF16"),
+    Select("W2", lambda f: f.arch == GPT_OSS and f.fmt == "mxfp4" and f.fam == "sm90", "auto",
+           "vLLM GPT-OSS MXFP4 on Hopper: auto = Triton (triton_kernels) -> FlashInfer CUTLASS W4A16 -> Humming -> Marlin"),
+    Select("W3", lambda f: f.arch == GPT_OSS and f.fmt == "mxfp4" and f.fam in ("sm120", "sm121"), "auto",
+           "vLLM GPT-OSS MXFP4 on SM12x: auto = Marlin (Triton is smem-limited)"),
+    Select("W5env", lambda f: f.fmt == "nvfp4" and f.fam == "sm100" and not _vllm_flag_era(f), "env",
+           "vLLM {version} (env era) NVFP4 on SM100: VLLM_USE_FLASHINFER_MOE_FP4=1 + VLLM_FLASHINFER_MOE_BACKEND=latency "
+           "(without it vLLM uses its own CUTLASS FP4 MoE)"),
+    Select("W5", lambda f: f.fmt in ("nvfp4", "mixed", "ct_nvfp4"), "auto",
+           "vLLM NVFP4 per-arch default on {gpu}: SM100 flashinfer_trtllm, SM12x flashinfer_cutlass, <=SM90 marlin/humming"),
+    Select("W6", lambda f: f.fmt in ("fp8", "modelopt_fp8") and f.fam == "sm90", "auto",
+           "vLLM Hopper block-FP8 heuristic: Triton for TP, FlashInfer CUTLASS for EP"),
+    Select("W0", lambda f: True, "auto", "no tuning rule for {arch} {fmt} on {gpu}: vLLM auto decides at load"),
+)
+
+VLLM_CHECKS: tuple[Check, ...] = (
+    Check("WV0", lambda f, r: r not in VLLM_MOE_BACKENDS, "reject",
+          "unknown vLLM --moe-backend {value}; valid values: " + ", ".join(VLLM_MOE_BACKENDS)),
+    Check("K14", lambda f, r: r in ("flashinfer_trtllm", "flashinfer_trtllm_afp8") and f.fam != "sm100", "reject",
+          "{value}: trtllm-gen kernels are SM100-family only, not {gpu}; use flashinfer_cutlass (NVFP4 on SM120), marlin, or auto"),
+    Check("WV1", lambda f, r: r in ("flashinfer_cutlass",) and f.fam in ("sm110",), "reject",
+          "FlashInfer CUTLASS MoE excludes SM110 (flashinfer#3134); use cutlass"),
+    Check("WV2", lambda f, r: r != "auto" and not _vllm_flag_era(f) and r not in _VLLM_FLAG_TO_ENV, "reject",
+          "vLLM {version} predates --moe-backend; {value} cannot be expressed with its environment variables"),
+    Check("K32", lambda f, r: f.fam == "sm121" and f.fmt == "nvfp4", "warn",
+          "vLLM NVFP4 MoE on GB10 (SM121) with FlashInfer is known to crash at CUDA-graph capture (flashinfer#2776)"),
+)
+
+# vLLM legacy env (<= 0.22) <-> flag (>= 0.23), tuning-rules.md 3.1
+_VLLM_LEGACY_ENV = {
+    "VLLM_USE_FLASHINFER_MOE_FP4": None, "VLLM_FLASHINFER_MOE_BACKEND": None,
+    "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16": None, "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "flashinfer_trtllm_afp8",
+    "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8_CUTLASS": "flashinfer_cutlass_afp8", "VLLM_MXFP4_USE_MARLIN": "marlin",
+    "VLLM_USE_FLASHINFER_MOE_FP8": None, "VLLM_USE_FLASHINFER_MOE_FP16": None,
+}
+_VLLM_FLAG_TO_ENV = {
+    "flashinfer_trtllm": {"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "latency"},
+    "flashinfer_cutlass": {"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"},
+    "flashinfer_cutedsl": {"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "masked_gemm"},
+    "marlin": {"VLLM_MXFP4_USE_MARLIN": "1"},
+}
+
+
+def _vllm_translate_legacy_env(f: Facts) -> str | None:
+    """W7: what a leftover legacy env var means as a --moe-backend value (None: nothing to translate)."""
+    env = f.choices.env
+    if not any(k in env for k in _VLLM_LEGACY_ENV):
+        return None
+    for k, flag in _VLLM_LEGACY_ENV.items():
+        if flag and truthy(env.get(k)):
+            return flag
+    if truthy(env.get("VLLM_USE_FLASHINFER_MOE_FP4")) or truthy(env.get("VLLM_USE_FLASHINFER_MOE_MXFP4_BF16")):
+        mode = env.get("VLLM_FLASHINFER_MOE_BACKEND", "latency")
+        if truthy(env.get("VLLM_USE_FLASHINFER_MOE_MXFP4_BF16")):
+            return "flashinfer_trtllm" if f.fam == "sm100" else "flashinfer_cutlass"
+        return {"throughput": "flashinfer_cutlass", "latency": "flashinfer_trtllm",
+                "masked_gemm": "flashinfer_cutedsl"}.get(mode, "flashinfer_trtllm")
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# Shared machinery
+
+
+class _Builder:
+    def __init__(self, f: Facts):
+        self.f = f
+        self.env: dict[str, str] = {}
+        self.args: list[str] = []
+        self.reasons: list[str] = []
+        self.warnings: list[str] = []
+        self.errors: list[str] = []
+        self.decisions: list[Decision] = []
+
+    def decide(self, key: str, value: str, rule: str, reason: str) -> None:
+        self.decisions.append(Decision(key=key, value=value, rule=rule, reason=reason))
+        self.reasons.append(f"[{rule}] {reason}")
+
+    def set_env(self, key: str, value: str, rule: str, reason: str) -> None:
+        """Planner env; a user value for the same key wins (Rule 0) and is reported instead."""
+        if key in self.f.choices.env:
+            self.decide(f"env.{key}", self.f.choices.env[key], "user",
+                        f"{key}={self.f.choices.env[key]} set explicitly by the user (planner would set {value}: {reason})")
+            return
+        self.env[key] = value
+        self.decide(f"env.{key}", value, rule, reason)
+
+
+def _select(rows: tuple[Select, ...], f: Facts) -> tuple[Select, str | None]:
+    for row in rows:
+        if row.when(f):
+            value = row.value(f) if callable(row.value) else row.value
+            return row, value
+    raise AssertionError("select tables end with a catch-all row")
+
+
+def _run_checks(b: _Builder, checks: tuple[Check, ...], runner: str) -> None:
+    f = b.f
+    for c in checks:
+        if c.when(f, runner):
+            msg = c.message.format(value=runner, gpu=f.gpu_name, a2a=f.a2a, fmt=f.fmt, version=f.version,
+                                   fi=f.flashinfer or "none", arch=f.arch)
+            (b.errors if c.verdict == "reject" else b.warnings).append(f"[{c.id}] {msg}")
+
+
+def _reason(row: Select, f: Facts, value: str) -> str:
+    return row.reason.format(arch=f.arch, fmt=f.fmt, gpu=f.gpu_name, value=value, version=f.version,
+                             fi=f.flashinfer or "none", a2a=f.a2a)
+
+
+def _choose_runner(b: _Builder, rows: tuple[Select, ...], flag_name: str) -> tuple[str, Select | None]:
+    """Rule 0, then the select table. Returns (runner, row that chose it or None for user)."""
+    f = b.f
+    user = f.choices.runner_backend
+    if user != "auto":
+        b.decide("moe.runnerBackend", user, "user", f"{flag_name} {user} set explicitly by the user (validated, never changed)")
+        return user, None
+    row, value = _select(rows, f)
+    if value is None:
+        b.errors.append(f"[{row.id}] {_reason(row, f, '')}")
+        return "auto", row
+    b.decide("moe.runnerBackend", value, row.id, _reason(row, f, value))
+    if row.args:
+        b.args.extend(row.args(f))
+    return value, row
+
+
+# ------------------------------------------------------------------------------------------
+# Engines
+
+
+def _deepseek_shared_unfused(f: Facts) -> bool:
+    return f.arch in DEEPSEEK_FAMILY and (f.ckpt.numSharedExperts or 0) > 0 and f.a2a == "none"
+
+
+def _plan_sglang(b: _Builder) -> PlanMoE:
+    f = b.f
+    runner, _ = _choose_runner(b, SGLANG_SELECT, "--moe-runner-backend")
+    # S16: FlashInfer A2A dispatch supplies top-k ids -> routed TRT-LLM runner.
+    if f.a2a == "flashinfer" and runner == "flashinfer_trtllm" and f.choices.runner_backend == "auto":
+        runner = "flashinfer_trtllm_routed"
+        b.decide("moe.runnerBackend", runner, "S16", "FlashInfer A2A dispatch supplies top-k ids -> routed TRT-LLM runner")
+    # E2/K29: SGLANG_CUTLASS_MOE is ignored since 0.5.18 -> translate to the flag.
+    if truthy(f.env("SGLANG_CUTLASS_MOE")) and f.ver >= (0, 5, 18) and f.choices.runner_backend == "auto":
+        runner = "cutlass"
+        b.decide("moe.runnerBackend", runner, "E2", "SGLANG_CUTLASS_MOE is ignored since sglang 0.5.18; using --moe-runner-backend cutlass")
+    _run_checks(b, SGLANG_CHECKS, runner)
+    if runner != "auto":
+        b.args[:0] = ["--moe-runner-backend", runner]
+    if f.a2a != "none":
+        b.args += ["--moe-a2a-backend", f.a2a]
+        if f.a2a != "ascend_tp" and f.choices.ep != f.choices.tp:
+            b.warnings.append(f"[A2A] --moe-a2a-backend {f.a2a} forces ep_size = tp_size ({f.choices.tp}); ep={f.choices.ep} is overridden by sglang")
+    if f.choices.tp > 1:
+        b.args += ["--tp-size", str(f.choices.tp)]
+    if f.choices.ep > 1:
+        b.args += ["--ep-size", str(f.choices.ep)]
+    if f.choices.dp > 1:
+        b.args += ["--dp-size", str(f.choices.dp), "--enable-dp-attention"]
+
+    # Deferred finalize (seed PR #33618; tuning-rules.md 1.7).
+    env_key = "SGLANG_ENABLE_MOE_DEFERRED_FINALIZE"
+    applicable = runner == "flashinfer_trtllm" and f.fmt in ("nvfp4", "mixed") and _deepseek_shared_unfused(f)
+    default_on = f.ver >= (0, 5, 18)
+    old_fi = f.fi_below("0.6.15")
+    want = f.choices.deferred_finalize
+    deferred = False
+    why_not = (f"deferred finalize needs runner flashinfer_trtllm with NVFP4 experts, a DeepSeek-family model with an "
+               f"unfused shared expert and a2a none (here: runner {runner}, format {f.fmt}, {f.arch}, a2a {f.a2a})")
+    if env_key in f.choices.env:
+        deferred = applicable and truthy(f.env(env_key))
+        b.decide("moe.deferredFinalize", str(deferred).lower(), "user",
+                 f"{env_key}={f.env(env_key)} set explicitly by the user")
+    elif want == "on":
+        if not applicable:
+            b.errors.append(f"[DF1] moe.deferredFinalize=on is impossible: {why_not}")
+        elif old_fi:
+            b.errors.append(f"[K7] moe.deferredFinalize=on needs FlashInfer >= 0.6.15 (this image: {f.flashinfer}): older "
+                            "versions mislabel trtllm-gen expert_weights as fp32 (flashinfer#3595) -> garbage output")
+        else:
+            deferred = True
+            b.set_env(env_key, "1", "DF2", "deferred finalize requested explicitly (moe.deferredFinalize=on)")
+    elif want == "off":
+        b.set_env(env_key, "0", "DF3", "deferred finalize turned off explicitly (moe.deferredFinalize=off)")
+    elif applicable and default_on and old_fi:
+        b.set_env(env_key, "0", "E4", f"flashinfer {f.flashinfer} < 0.6.15 returns mislabeled expert_weights for fp32 routing "
+                                      "logits (flashinfer#3595, K7): deferred finalize off")
+    elif applicable and default_on:
+        deferred = True
+        cap = " (up to SGLANG_MOE_DEFERRED_FINALIZE_MAX_TOKENS=192 tokens per batch)" if f.ver >= (0, 5, 21) else ""
+        b.decide("moe.deferredFinalize", "true", "S4-DF",
+                 f"MoE deferred finalize on (sglang >= 0.5.18 default, PR #33618): moe_finalize_fuse_shared folds the top-k "
+                 f"reduction into the shared-expert add{cap}; flashinfer {f.flashinfer or 'pinned'} >= 0.6.15")
+    elif applicable:
+        b.decide("moe.deferredFinalize", "false", "S4-DF", f"sglang {f.version} < 0.5.18: deferred finalize is off by default")
+
+    if f.choices.env.get("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE") is None and (0, 5, 18) <= f.ver < (0, 5, 21) \
+            and runner in ("flashinfer_cutlass", "flashinfer_cutedsl"):
+        b.warnings.append("[E5] sglang 0.5.18-0.5.20 default SGLANG_FLASHINFER_MOE_FUSED_FINALIZE=True (atomic finalize) "
+                          "was turned off in 0.5.21 for numerical accuracy (PR #40105)")
+    if (0, 5, 16) <= f.ver < (0, 5, 18) and runner == "flashinfer_mxfp4" and f.fam == "sm100":
+        b.warnings.append("[E3] PDL hang risk on trtllm-gen MXFP4 MoE before sglang 0.5.18 (PR #34789): keep "
+                          "--chunked-prefill-size <= 8192 or upgrade")
+    b.set_env("SGLANG_CACHE_DIR", "/var/cache/moe/sglang", "E1",
+              "reuse FlashInfer autotune results across restarts (cache path includes flashinfer version and sm arch)")
+    return PlanMoE(runnerBackend=runner, a2aBackend=f.a2a, deferredFinalize=deferred)
+
+
+def _plan_vllm(b: _Builder) -> PlanMoE:
+    f = b.f
+    legacy = _vllm_translate_legacy_env(f)
+    if legacy and f.choices.runner_backend == "auto" and f.ver >= (0, 23):
+        runner = legacy
+        b.decide("moe.runnerBackend", runner, "W7", f"VLLM_* MoE env vars were removed in vLLM 0.23 and are silently ignored; "
+                                                     f"translated the user's env to --moe-backend {runner}")
+        b.warnings.append(f"[W7] legacy VLLM_* MoE env vars have no effect on vLLM {f.version}; use moe.runnerBackend instead")
+    else:
+        runner, row = _choose_runner(b, VLLM_SELECT, "--moe-backend")
+    if runner == "env":  # W5 env era: express the choice with env vars
+        for k, v in _VLLM_FLAG_TO_ENV["flashinfer_trtllm"].items():
+            b.set_env(k, v, "W5", "vLLM env-era FlashInfer TRT-LLM NVFP4 MoE on SM100")
+        runner = "flashinfer_trtllm"
+    elif runner != "auto":
+        _run_checks(b, VLLM_CHECKS, runner)
+        if _vllm_flag_era(f):
+            b.args[:0] = ["--moe-backend", runner]
+        elif runner in _VLLM_FLAG_TO_ENV:
+            for k, v in _VLLM_FLAG_TO_ENV[runner].items():
+                b.set_env(k, v, "W7r", f"vLLM {f.version} predates --moe-backend: {runner} expressed as {k}={v}")
+    else:
+        _run_checks(b, VLLM_CHECKS, runner)
+    if f.choices.tp > 1:
+        b.args += ["--tensor-parallel-size", str(f.choices.tp)]
+    if f.choices.dp > 1:
+        b.args += ["--data-parallel-size", str(f.choices.dp)]
+    if f.choices.ep > 1:
+        b.args += ["--enable-expert-parallel"]
+    if f.a2a != "none":
+        b.args += ["--all2all-backend", f.a2a]
+    if f.choices.deferred_finalize == "on":
+        b.errors.append("[DF4] moe.deferredFinalize=on: vLLM has no deferred-finalize switch; use engine sglang or bundled")
+    return PlanMoE(runnerBackend=runner, a2aBackend=f.a2a, deferredFinalize=False)
+
+
+def _plan_bundled(b: _Builder) -> PlanMoE:
+    """The bundled runtime's rules, derived from the kernel-backend registry (B rows)."""
+    f = b.f
+    wfmt = registry.expert_weight_format(f.fmt)
+    family = f.fam
+    installed = {"flashinfer-python": f.flashinfer, "triton": "3.6" if not f.rocm else None}
+    if f.a2a != "none":
+        b.errors.append(f"[B5] the bundled runtime has no all-to-all backend (moe.a2aBackend={f.a2a}); use engine sglang or vllm for expert parallelism across GPUs")
+    if f.choices.tp * f.choices.dp > 1:
+        b.errors.append("[B6] the bundled runtime serves one GPU per replica (tp=dp=1); use engine sglang or vllm for multi-GPU replicas")
+    if wfmt is None:
+        b.errors.append(f"[B0] the bundled runtime cannot load {f.fmt} expert weights; it supports "
+                        f"{', '.join(registry.EXPERT_WEIGHT_FORMATS)} (bf16, FP8 block, NVFP4, MXFP4): use engine sglang or vllm")
+        return PlanMoE(runnerBackend=f.choices.runner_backend, a2aBackend=f.a2a, deferredFinalize=False)
+    fits = registry.candidates(family, wfmt, installed)
+    user = f.choices.runner_backend
+    if user != "auto":
+        try:
+            spec = registry.get(user)
+        except KeyError as e:
+            b.errors.append(f"[B1] {e.args[0]}")
+            return PlanMoE(runnerBackend=user, a2aBackend=f.a2a, deferredFinalize=False)
+        b.decide("moe.runnerBackend", user, "user", f"MoE backend {user} set explicitly by the user (validated, never changed)")
+        problems = []
+        if family not in spec.families:
+            problems.append(f"it runs on {', '.join(sorted(spec.families))}, not {f.gpu_name}")
+        if wfmt not in spec.weight_formats:
+            problems.append(f"it does not load {wfmt} experts (only {', '.join(sorted(spec.weight_formats))})")
+        if not problems:
+            problems += spec.missing_requirements(family, installed)
+        if problems:
+            alt = ", ".join(c.name for c in fits) or "none"
+            b.errors.append(f"[B1] moe.runnerBackend={user} is impossible here: {'; '.join(problems)}. "
+                            f"Backends that can run {wfmt} experts on {f.gpu_name}: {alt}")
+        chosen = spec
+    else:
+        if not fits:
+            b.errors.append(f"[B2] no bundled MoE backend runs {wfmt} experts on {f.gpu_name}")
+            return PlanMoE(runnerBackend="auto", a2aBackend=f.a2a, deferredFinalize=False)
+        chosen = fits[0]
+        why = f"best registry backend for {wfmt} experts on {f.gpu_name}: {chosen.summary}"
+        if len(fits) > 1:
+            why += f" (runtime self-test falls back to: {', '.join(c.name for c in fits[1:])})"
+        b.decide("moe.runnerBackend", chosen.name, "B2", f"Use {chosen.name} as MoE runner backend for {f.arch}: {why}")
+        skipped = [s for s in registry.candidates(family, wfmt) if s not in fits]
+        for s in skipped:
+            b.reasons.append(f"[B3] {s.name} not used: {'; '.join(s.missing_requirements(family, installed))}")
+    if f.rocm and chosen.name == "torch":
+        b.warnings.append("[B7] on ROCm the bundled runtime only has the torch reference experts (correct, slow); prefer engine sglang with aiter")
+
+    has_shared = (f.ckpt.numSharedExperts or 0) > 0
+    want = f.choices.deferred_finalize
+    deferred = False
+    if "MOE_DEFERRED_FINALIZE" in f.choices.env:
+        deferred = truthy(f.env("MOE_DEFERRED_FINALIZE")) and chosen.deferred_finalize
+        b.decide("moe.deferredFinalize", str(deferred).lower(), "user", "MOE_DEFERRED_FINALIZE set explicitly by the user")
+    elif want == "on" and not chosen.deferred_finalize:
+        b.errors.append(f"[DF1] moe.deferredFinalize=on is impossible: backend {chosen.name} cannot stop before finalize; "
+                        f"backends that can: {', '.join(c.name for c in fits if c.deferred_finalize) or 'none'}")
+    elif want == "on" or (want == "auto" and chosen.deferred_finalize and has_shared):
+        deferred = True
+        b.decide("moe.deferredFinalize", "true", "B4",
+                 f"deferred finalize on: {chosen.name} hands (gemm2_out, expert_weights, perm) to the fused "
+                 f"moe_finalize_fuse_shared kernel, which adds the shared expert in the same pass")
+    elif want == "auto" and not has_shared:
+        b.decide("moe.deferredFinalize", "false", "B4", f"{f.arch} has no shared expert: nothing to fuse into finalize")
+    else:
+        b.decide("moe.deferredFinalize", "false", "B4",
+                 "deferred finalize off" + (" (moe.deferredFinalize=off)" if want == "off" else f" ({chosen.name} cannot defer)"))
+    b.set_env("MOE_RUNNER_BACKEND", chosen.name, "B2", "the runtime reads its backend from the plan and this env")
+    b.set_env("MOE_DEFERRED_FINALIZE", "1" if deferred else "0", "B4", "the runtime's deferred-finalize switch")
+    return PlanMoE(runnerBackend=chosen.name, a2aBackend=f.a2a, deferredFinalize=deferred)
+
+
+def default_flashinfer(engine: str, version: str, gpu: GpuClass) -> str | None:
+    """flashinfer-python in the engine's image when the user did not say."""
+    if engine == "sglang":
+        key = ".".join(str(x) for x in vtuple(version)[:3])
+        known = sorted(SGLANG_FLASHINFER_PIN, key=vtuple)
+        below = [k for k in known if vtuple(k) <= vtuple(key)]
+        return SGLANG_FLASHINFER_PIN[below[-1]] if below else None
+    if engine == "bundled":
+        from .images import bundled_image_flashinfer
+        return bundled_image_flashinfer(gpu)
+    return None
+
+
+def plan(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices | None = None,
+         engine: str = "bundled", engine_version: str | None = None) -> Plan:
+    """Plan the MoE backend/env/args for one checkpoint on one GPU class. Pure."""
+    choices = choices or Choices()
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+    version = engine_version or DEFAULT_VERSIONS[engine]
+    fi = choices.flashinfer_version
+    fi = None if fi == "none" else (fi or default_flashinfer(engine, version, gpu))
+    f = Facts(ckpt=checkpoint, gpu=gpu, choices=choices, engine=engine, version=version, flashinfer=fi)
+    b = _Builder(f)
+    if not checkpoint.is_moe:
+        b.warnings.append(f"[M0] {checkpoint.architecture} has no routed experts in config.json: MoE rules do not apply")
+    moe = {"bundled": _plan_bundled, "sglang": _plan_sglang, "vllm": _plan_vllm}[engine](b)
+    if choices.a2a_backend != "none" and choices.ep <= 1 and engine != "bundled":
+        b.errors.append(f"[A1] moe.a2aBackend={choices.a2a_backend} needs expert parallelism (parallelism.ep > 1)")
+    env = {**b.env, **choices.env}  # user env last: the user always wins
+    return Plan(
+        gpu=PlanGpu(family=gpu.family, product=gpu.product),
+        checkpoint=PlanCheckpoint(architecture=checkpoint.architecture, format=checkpoint.format),
+        engine=PlanEngine(name=engine, version=version),
+        moe=moe, env=env, args=b.args, reasons=b.reasons, warnings=b.warnings,
+        errors=list(dict.fromkeys(b.errors)), decisions=b.decisions,
+    )

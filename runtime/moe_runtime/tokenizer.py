@@ -1,0 +1,117 @@
+"""Tokenizer: build a small byte-level BPE locally (no network) and load/use HF tokenizer files.
+
+`build_tokenizer_files` trains a byte-level BPE on a built-in English corpus with the `tokenizers`
+library and writes `tokenizer.json`, `tokenizer_config.json` (with a chat template) and
+`special_tokens_map.json`, the files a Hugging Face checkpoint ships. `Tokenizer` reads those files
+back for serving: encode, decode (incremental, for streaming), and chat templating (jinja2, as HF does).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+BOS, EOS, IM_START, IM_END = "<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"
+SPECIALS = [BOS, EOS, IM_START, IM_END]
+
+# ChatML-style template (what Qwen checkpoints ship); rendered with jinja2 like HF's apply_chat_template.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. A mixture of experts model routes every token to a few
+experts chosen by a router, so only a small part of the weights is read for each token.
+Kubernetes schedules pods onto nodes; an operator watches custom resources and reconciles them.
+Hello world! How are you today? I am fine, thank you. What is the capital of France? Paris.
+Once upon a time there was a small model that wanted to serve requests quickly and correctly.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000 3.14 2.71; code: def main(): return 0
+The weights are stored in safetensors files, the configuration in config.json, and the tokenizer
+in tokenizer.json. Quantized experts use four bits per weight with a scale for each block.
+"""
+
+
+def build_tokenizer(vocab_size: int) -> _HFTokenizer:
+    tok = _HFTokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=1, special_tokens=SPECIALS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    return tok
+
+
+def build_tokenizer_files(out: Path, vocab_size: int, max_len: int) -> dict[str, int]:
+    """Write the tokenizer files; returns the special token ids (for config.json)."""
+    tok = build_tokenizer(vocab_size)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS, "eos_token": EOS, "pad_token": EOS,
+        "add_bos_token": False, "model_max_length": max_len,
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": EOS}, indent=2))
+    return {"bos": tok.token_to_id(BOS), "eos": tok.token_to_id(EOS), "im_end": tok.token_to_id(IM_END),
+            "size": tok.get_vocab_size()}
+
+
+class Tokenizer:
+    """What the server needs from a checkpoint's tokenizer files."""
+
+    def __init__(self, model_dir: str | Path):
+        root = Path(model_dir)
+        self._tok = _HFTokenizer.from_file(str(root / "tokenizer.json"))
+        cfg: dict[str, Any] = {}
+        if (root / "tokenizer_config.json").is_file():
+            cfg = json.loads((root / "tokenizer_config.json").read_text())
+        self.chat_template = cfg.get("chat_template")
+        self.eos_token = cfg.get("eos_token") if isinstance(cfg.get("eos_token"), str) else None
+        self.bos_token = cfg.get("bos_token") if isinstance(cfg.get("bos_token"), str) else None
+        self.stop_ids = {i for i in (self.token_id(self.eos_token), self.token_id(IM_END)) if i is not None}
+
+    def token_id(self, token: str | None) -> int | None:
+        return self._tok.token_to_id(token) if token else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        import jinja2.sandbox
+
+        template = self.chat_template or CHAT_TEMPLATE
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+
+class IncrementalDecoder:
+    """Streams text for a growing token list without splitting multi-byte characters."""
+
+    def __init__(self, tok: Tokenizer):
+        self.tok, self.ids, self.sent = tok, [], ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tok.decode(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
