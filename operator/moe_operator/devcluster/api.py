@@ -11,7 +11,6 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 
@@ -22,10 +21,11 @@ class ApiError(RuntimeError):
 
 
 class Api:
-    def __init__(self, server: str, token: str, ca_file: Path | None):
+    def __init__(self, server: str, token: str, ca_pem: str | None):
         self.server = server.rstrip("/")
         self.token = token
-        self.ctx = ssl.create_default_context(cafile=str(ca_file)) if ca_file else ssl._create_unverified_context()
+        # Without a CA (a kubeconfig that trusts the system roots) fall back to the system store.
+        self.ctx = ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 10.0,
                 content_type: str = "application/json") -> Any:

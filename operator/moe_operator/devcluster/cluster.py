@@ -14,6 +14,7 @@ is what lets `status`/`down` in another process find and stop exactly those proc
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -81,9 +82,8 @@ class DevCluster:
         return self._binaries
 
     def api(self) -> Api:
-        server, token, _ = kcfg.read_server_and_token(self.kubeconfig)
-        ca = self.layout.pki_dir / "ca.crt"
-        return Api(server, token, ca if ca.is_file() and self._kubeconfig is None else None)
+        server, token, ca_b64 = kcfg.read_server_and_token(self.kubeconfig)
+        return Api(server, token, base64.b64decode(ca_b64).decode() if ca_b64 else None)
 
     # ------------------------------------------------------------------ lifecycle
     def up(self, pools: dict[str, int] | None = None, build: bool = True, timeout: float = 180.0) -> Path:
@@ -353,4 +353,4 @@ def _distinct_ports() -> Ports:
     seen: set[int] = set()
     while len(seen) < 6:
         seen.add(procs.free_port())
-    return Ports(*sorted(seen, key=lambda _: 0))
+    return Ports(*seen)
