@@ -1,0 +1,117 @@
+"""`moe-runtime probe`: the node's GPUs through NVML (nvidia-ml-py), as JSON.
+
+`gpu_family` maps a compute capability to the registry's family keys; the serve-time plan check and
+the operator's node probe use the same mapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import RuntimeFailure
+
+_FAMILY_BY_CC = {(8, 0): "sm80", (8, 6): "sm80", (8, 7): "sm80", (8, 9): "sm89", (9, 0): "sm90",
+                 (10, 0): "sm100", (10, 3): "sm100", (11, 0): "sm110", (12, 0): "sm120", (12, 1): "sm121"}
+
+
+def gpu_family(major: int, minor: int) -> str:
+    """Compute capability -> registry family key (sm86/sm87 share sm80's kernels)."""
+    fam = _FAMILY_BY_CC.get((major, minor))
+    if fam is None:
+        fam = f"sm{major}{minor}"
+    return fam
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    name: str
+    computeCapability: str
+    family: str
+    memoryTotalBytes: int
+    uuid: str | None = None
+
+
+@dataclass
+class ProbeResult:
+    count: int
+    driverVersion: str | None
+    cudaDriverVersion: str | None
+    gpus: list[GpuInfo] = field(default_factory=list)
+
+    @property
+    def family(self) -> str:
+        return self.gpus[0].family if self.gpus else "cpu"
+
+    @property
+    def product(self) -> str:
+        return self.gpus[0].name if self.gpus else "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["family"] = self.family
+        d["product"] = self.product
+        return d
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def probe_nvml() -> ProbeResult:
+    """Raise RuntimeFailure(exit 1) when there is no NVIDIA driver or no GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        raise RuntimeFailure("nvidia-ml-py (pynvml) is not installed; cannot probe GPUs", exit_code=1) from None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # NVMLError_LibraryNotFound / DriverNotLoaded
+        raise RuntimeFailure(f"no NVIDIA GPU driver found on this machine (NVML: {e})", exit_code=1) from None
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        if n == 0:
+            raise RuntimeFailure("the NVIDIA driver is loaded but reports no GPUs", exit_code=1)
+        driver = _s(pynvml.nvmlSystemGetDriverVersion())
+        try:
+            cv = pynvml.nvmlSystemGetCudaDriverVersion()
+            cuda = f"{cv // 1000}.{(cv % 1000) // 10}"
+        except Exception:
+            cuda = None
+        gpus = []
+        for i in range(n):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            try:
+                uuid = _s(pynvml.nvmlDeviceGetUUID(h))
+            except Exception:
+                uuid = None
+            gpus.append(GpuInfo(index=i, name=_s(pynvml.nvmlDeviceGetName(h)), computeCapability=f"{major}.{minor}",
+                                family=gpu_family(major, minor),
+                                memoryTotalBytes=int(pynvml.nvmlDeviceGetMemoryInfo(h).total), uuid=uuid))
+        return ProbeResult(count=n, driverVersion=driver, cudaDriverVersion=cuda, gpus=gpus)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def probe_device(requested: str = "auto") -> tuple[str, ProbeResult | None]:
+    """Which torch device to serve on: ('cpu', None) or ('cuda', probe). `requested` is auto|cpu|cuda."""
+    if requested == "cpu":
+        return "cpu", None
+    try:
+        result = probe_nvml()
+    except RuntimeFailure as e:
+        if requested == "cuda":
+            raise RuntimeFailure(f"--device cuda but {e}") from None
+        return "cpu", None
+    import torch
+
+    if not torch.cuda.is_available():
+        if requested == "cuda":
+            raise RuntimeFailure("--device cuda but torch cannot use the GPU (torch.cuda.is_available() is False)")
+        return "cpu", None
+    return "cuda", result
