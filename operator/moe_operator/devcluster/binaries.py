@@ -86,8 +86,9 @@ def ensure_binaries(build: bool = True) -> Binaries:
         tail = (proc.stderr or "").strip()[-2000:] if not build else "(see the [k8s-build] lines above)"
         raise BuildError(f"{script} failed with exit code {proc.returncode}: {tail}")
     b = Binaries(Path(lines[-1].split("=", 1)[1]))
-    if build and (missing := b.missing()):
-        raise BuildError(f"{script} reported {b.dir} but it lacks {', '.join(missing)}")
+    if missing := b.missing():
+        hint = "" if build else " (not built yet: run deploy/local/build.sh)"
+        raise BuildError(f"{b.dir} lacks {', '.join(missing)}{hint}")
     if build:
         log(f"binaries ready in {time.monotonic() - t0:.1f}s: {b.dir}")
     return b
