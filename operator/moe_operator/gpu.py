@@ -107,7 +107,7 @@ def from_name(name: str) -> GpuClass:
             return GpuClass(family=fam, vendor=vendor, product=product,
                             computeCapability=None if vendor == "amd" else cc, memoryMiB=mem,
                             arch="arm64" if product in ("NVIDIA-GB200", "NVIDIA-GB300", "NVIDIA-GH200-480GB", "NVIDIA-GB10") else "amd64")
-    known = ", ".join(sorted({s.split(",")[0] for s, *_ in PRODUCTS.values()}) | set(FAMILIES))
+    known = ", ".join(sorted({s.split(",")[0] for s, *_ in PRODUCTS.values()} | set(FAMILIES)))
     raise GpuClassError(f"unknown GPU {name!r}; use a family key or a product name, e.g. {known}")
 
 

@@ -11,6 +11,7 @@ The bundled engine's rows are derived from the kernel-backend registry (`moe_ker
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -626,6 +627,9 @@ def plan(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices | None = No
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
     version = engine_version or DEFAULT_VERSIONS[engine]
+    if engine == "bundled" and choices.runner_backend == "auto" and choices.env.get("MOE_RUNNER_BACKEND"):
+        # The runtime's own env switch is an explicit choice too: validate it like the spec field.
+        choices = dataclasses.replace(choices, runner_backend=choices.env["MOE_RUNNER_BACKEND"])
     fi = choices.flashinfer_version
     fi = None if fi == "none" else (fi or default_flashinfer(engine, version, gpu))
     f = Facts(ckpt=checkpoint, gpu=gpu, choices=choices, engine=engine, version=version, flashinfer=fi)

@@ -38,6 +38,7 @@ from safetensors.torch import save_file
 
 from . import kcompat
 from .errors import RuntimeFailure
+from .model_spec import dense_shapes, is_fp8_linear, is_routed_expert_weight
 from .tokenizer import build_tokenizer_files
 
 ARCHS = ("deepseek_v3", "qwen3_moe")
@@ -86,89 +87,30 @@ def make_config(arch: str, size: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 # Random weights (BF16 dense), named exactly as the HF checkpoints name them
 
-def _layer_is_moe(cfg: dict[str, Any], i: int) -> bool:
-    if cfg["model_type"] == "deepseek_v3":
-        return i >= cfg["first_k_dense_replace"]
-    step = cfg.get("decoder_sparse_step", 1)
-    return i not in (cfg.get("mlp_only_layers") or []) and cfg["num_experts"] > 0 and (i + 1) % step == 0
-
-
 def iter_dense_weights(cfg: dict[str, Any], gen: torch.Generator, device: str):
-    """Yield (layer index or None, {name: bf16/f32 tensor}) groups, one per decoder layer plus the ends.
-
-    Scales keep activations O(1) so greedy decoding of a random model has clear argmax margins
-    (needed for token-for-token comparisons)."""
-    H, V = cfg["hidden_size"], cfg["vocab_size"]
-
-    def lin(out: int, inp: int) -> torch.Tensor:
-        return (torch.randn(out, inp, generator=gen, device=device) * (inp ** -0.5)).to(torch.bfloat16)
-
-    def norm(n: int) -> torch.Tensor:
-        return (1.0 + 0.1 * torch.randn(n, generator=gen, device=device)).to(torch.bfloat16)
-
-    yield None, {"model.embed_tokens.weight": torch.randn(V, H, generator=gen, device=device).to(torch.bfloat16)}
-    ds = cfg["model_type"] == "deepseek_v3"
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        t: dict[str, torch.Tensor] = {p + "input_layernorm.weight": norm(H), p + "post_attention_layernorm.weight": norm(H)}
-        a = p + "self_attn."
-        nh = cfg["num_attention_heads"]
-        if ds:
-            qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
-            if cfg.get("q_lora_rank"):
-                t[a + "q_a_proj.weight"] = lin(cfg["q_lora_rank"], H)
-                t[a + "q_a_layernorm.weight"] = norm(cfg["q_lora_rank"])
-                t[a + "q_b_proj.weight"] = lin(nh * qk, cfg["q_lora_rank"])
+    """Yield (layer index or None, {name: tensor}) per decoder layer plus the ends (names/shapes from
+    model_spec.dense_shapes). Scales keep activations O(1) so greedy decoding of a random model has
+    clear argmax margins (needed for token-for-token comparisons with transformers)."""
+    for layer, shapes in dense_shapes(cfg):
+        t: dict[str, torch.Tensor] = {}
+        for name, shape in shapes.items():
+            if name == "model.embed_tokens.weight":
+                v = torch.randn(*shape, generator=gen, device=device)
+            elif name.endswith("e_score_correction_bias"):
+                # noaux_tc bias, kept F32 as DeepSeek-V3 stores it; positive so that HF's masking of
+                # dropped groups cannot change the pick
+                t[name] = 0.1 * torch.rand(*shape, generator=gen, device=device)
+                continue
+            elif len(shape) == 1:  # RMSNorm weights
+                v = 1.0 + 0.1 * torch.randn(*shape, generator=gen, device=device)
             else:
-                t[a + "q_proj.weight"] = lin(nh * qk, H)
-            t[a + "kv_a_proj_with_mqa.weight"] = lin(cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], H)
-            t[a + "kv_a_layernorm.weight"] = norm(cfg["kv_lora_rank"])
-            t[a + "kv_b_proj.weight"] = lin(nh * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]), cfg["kv_lora_rank"])
-            t[a + "o_proj.weight"] = lin(H, nh * cfg["v_head_dim"])
-        else:
-            hd, nkv = cfg["head_dim"], cfg["num_key_value_heads"]
-            t[a + "q_proj.weight"] = lin(nh * hd, H)
-            t[a + "k_proj.weight"] = lin(nkv * hd, H)
-            t[a + "v_proj.weight"] = lin(nkv * hd, H)
-            t[a + "o_proj.weight"] = lin(H, nh * hd)
-            t[a + "q_norm.weight"] = norm(hd)
-            t[a + "k_norm.weight"] = norm(hd)
-        m = p + "mlp."
-        if _layer_is_moe(cfg, i):
-            E = cfg["n_routed_experts"] if ds else cfg["num_experts"]
-            inter = cfg["moe_intermediate_size"]
-            t[m + "gate.weight"] = lin(E, H)
-            if ds:
-                # noaux_tc bias: positive so that HF's masking of dropped groups cannot change the pick
-                t[m + "gate.e_score_correction_bias"] = 0.1 * torch.rand(E, generator=gen, device=device)
-                si = inter * cfg["n_shared_experts"]
-                t[m + "shared_experts.gate_proj.weight"] = lin(si, H)
-                t[m + "shared_experts.up_proj.weight"] = lin(si, H)
-                t[m + "shared_experts.down_proj.weight"] = lin(H, si)
-            for e in range(E):
-                t[m + f"experts.{e}.gate_proj.weight"] = lin(inter, H)
-                t[m + f"experts.{e}.up_proj.weight"] = lin(inter, H)
-                t[m + f"experts.{e}.down_proj.weight"] = lin(H, inter)
-        else:
-            inter = cfg["intermediate_size"]
-            t[m + "gate_proj.weight"] = lin(inter, H)
-            t[m + "up_proj.weight"] = lin(inter, H)
-            t[m + "down_proj.weight"] = lin(H, inter)
-        yield i, t
-    yield None, {"model.norm.weight": norm(H), "lm_head.weight": lin(V, H)}
+                v = torch.randn(*shape, generator=gen, device=device) * (shape[1] ** -0.5)
+            t[name] = v.to(torch.bfloat16)
+        yield layer, t
 
 
 # ------------------------------------------------------------------------------------------------
 # Quantization of one layer's tensors into the on-disk layout of each format
-
-def _is_routed_expert(name: str) -> bool:
-    return ".mlp.experts." in name and name.endswith("_proj.weight")
-
-
-def _is_quantizable_linear(name: str) -> bool:
-    """Linears that DeepSeek-V3/Qwen3 FP8 checkpoints quantize: decoder projections, not router/embeddings."""
-    return name.startswith("model.layers.") and name.endswith("_proj.weight") or name.endswith("kv_a_proj_with_mqa.weight")
-
 
 def _to_cpu(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True).contiguous()  # own storage: safetensors refuses shared memory
@@ -180,7 +122,7 @@ def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torc
         return {k: _to_cpu(v) for k, v in tensors.items()}
     if fmt == "fp8":
         for k, v in tensors.items():
-            if _is_quantizable_linear(k):
+            if is_fp8_linear(k):
                 q = kcompat.quantize_fp8_block(v.float())
                 out[k] = _to_cpu(q.weight)
                 out[k[: -len("weight")] + "weight_scale_inv"] = _to_cpu(q.scale_inv.float())
@@ -191,7 +133,7 @@ def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torc
     for k, v in tensors.items():
         if k in done:
             continue
-        if not _is_routed_expert(k):
+        if not is_routed_expert_weight(k):
             out[k] = _to_cpu(v)
             continue
         base = k.rsplit(".", 2)[0]  # ...experts.{e}

@@ -1,0 +1,150 @@
+"""What a checkpoint of a supported architecture must contain: tensor names, shapes and dtypes.
+
+Pure functions of config.json (+ the expert weight format). The checkpoint writer generates exactly
+these tensors and the loader validates a checkpoint's safetensors headers against them, so the two
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import RuntimeFailure
+
+SUPPORTED_ARCHS = {"DeepseekV3ForCausalLM": "deepseek_v3", "KimiK2ForCausalLM": "deepseek_v3",
+                   "Qwen3MoeForCausalLM": "qwen3_moe"}
+FLOAT_DTYPES = ("BF16", "F16", "F32")
+
+
+def arch_of(cfg: dict[str, Any]) -> str:
+    archs = cfg.get("architectures") or []
+    name = archs[0] if archs else None
+    if name not in SUPPORTED_ARCHS:
+        raise RuntimeFailure(f"unsupported architecture {name!r}: the bundled runtime serves "
+                             f"{', '.join(SUPPORTED_ARCHS)}")
+    return SUPPORTED_ARCHS[name]
+
+
+def num_experts(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
+
+
+def is_moe_layer(cfg: dict[str, Any], i: int) -> bool:
+    if arch_of(cfg) == "deepseek_v3":
+        return num_experts(cfg) > 0 and i >= int(cfg.get("first_k_dense_replace") or 0) and \
+            i % int(cfg.get("moe_layer_freq") or 1) == 0
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return i not in (cfg.get("mlp_only_layers") or []) and num_experts(cfg) > 0 and (i + 1) % step == 0
+
+
+def dense_shapes(cfg: dict[str, Any]) -> list[tuple[int | None, dict[str, tuple[int, ...]]]]:
+    """[(layer or None, {name: shape})] of the unquantized model, in checkpoint order."""
+    ds = arch_of(cfg) == "deepseek_v3"
+    H, V, nh = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
+    groups: list[tuple[int | None, dict[str, tuple[int, ...]]]] = [(None, {"model.embed_tokens.weight": (V, H)})]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t: dict[str, tuple[int, ...]] = {p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,)}
+        a = p + "self_attn."
+        if ds:
+            qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+            if cfg.get("q_lora_rank"):
+                t[a + "q_a_proj.weight"] = (cfg["q_lora_rank"], H)
+                t[a + "q_a_layernorm.weight"] = (cfg["q_lora_rank"],)
+                t[a + "q_b_proj.weight"] = (nh * qk, cfg["q_lora_rank"])
+            else:
+                t[a + "q_proj.weight"] = (nh * qk, H)
+            t[a + "kv_a_proj_with_mqa.weight"] = (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], H)
+            t[a + "kv_a_layernorm.weight"] = (cfg["kv_lora_rank"],)
+            t[a + "kv_b_proj.weight"] = (nh * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]), cfg["kv_lora_rank"])
+            t[a + "o_proj.weight"] = (H, nh * cfg["v_head_dim"])
+        else:
+            hd = cfg.get("head_dim") or H // nh
+            nkv = cfg["num_key_value_heads"]
+            t[a + "q_proj.weight"] = (nh * hd, H)
+            t[a + "k_proj.weight"] = (nkv * hd, H)
+            t[a + "v_proj.weight"] = (nkv * hd, H)
+            t[a + "o_proj.weight"] = (H, nh * hd)
+            t[a + "q_norm.weight"] = (hd,)
+            t[a + "k_norm.weight"] = (hd,)
+        m = p + "mlp."
+        if is_moe_layer(cfg, i):
+            E, inter = num_experts(cfg), cfg["moe_intermediate_size"]
+            t[m + "gate.weight"] = (E, H)
+            if ds:
+                t[m + "gate.e_score_correction_bias"] = (E,)
+                si = inter * int(cfg.get("n_shared_experts") or 0)
+                if si:
+                    t[m + "shared_experts.gate_proj.weight"] = (si, H)
+                    t[m + "shared_experts.up_proj.weight"] = (si, H)
+                    t[m + "shared_experts.down_proj.weight"] = (H, si)
+            for e in range(E):
+                t[m + f"experts.{e}.gate_proj.weight"] = (inter, H)
+                t[m + f"experts.{e}.up_proj.weight"] = (inter, H)
+                t[m + f"experts.{e}.down_proj.weight"] = (H, inter)
+        else:
+            inter = cfg["intermediate_size"]
+            t[m + "gate_proj.weight"] = (inter, H)
+            t[m + "up_proj.weight"] = (inter, H)
+            t[m + "down_proj.weight"] = (H, inter)
+        groups.append((i, t))
+    tail = {"model.norm.weight": (H,)}
+    if not cfg.get("tie_word_embeddings"):
+        tail["lm_head.weight"] = (V, H)
+    groups.append((None, tail))
+    return groups
+
+
+def is_routed_expert_weight(name: str) -> bool:
+    return ".mlp.experts." in name and name.endswith("_proj.weight")
+
+
+def is_fp8_linear(name: str) -> bool:
+    """Linears that block-FP8 checkpoints (DeepSeek-V3, Qwen3-FP8) quantize: decoder projections only."""
+    return name.startswith("model.layers.") and name.endswith("proj.weight") or name.endswith("kv_a_proj_with_mqa.weight")
+
+
+@dataclass(frozen=True)
+class Spec:
+    shape: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    optional: bool = False
+    alt_shapes: tuple[tuple[int, ...], ...] = ()
+
+    def shape_ok(self, shape: tuple[int, ...]) -> bool:
+        return shape == self.shape or shape in self.alt_shapes
+
+    def describe(self) -> str:
+        return f"shape {list(self.shape)} dtype {'/'.join(self.dtypes)}"
+
+
+def tensor_specs(cfg: dict[str, Any], expert_format: str, fp8_linears: set[str] | None = None) -> dict[str, Spec]:
+    """Expected tensors. `fp8_linears`: for fp8 checkpoints, the linears the headers show as F8
+    (each needs a `weight_scale_inv`); others may stay BF16 as real checkpoints leave some."""
+    specs: dict[str, Spec] = {}
+    for _, group in dense_shapes(cfg):
+        for name, shape in group.items():
+            stem = name[: -len("weight")]
+            if expert_format in ("nvfp4", "mxfp4") and is_routed_expert_weight(name):
+                out, inp = shape
+                block = 16 if expert_format == "nvfp4" else 32
+                if inp % block:
+                    raise RuntimeFailure(f"{name}: input dim {inp} is not a multiple of the {expert_format} block {block}")
+                specs[name] = Spec((out, inp // 2), ("U8",))
+                if expert_format == "nvfp4":
+                    specs[stem + "weight_scale"] = Spec((out, inp // 16), ("F8_E4M3",))
+                    specs[stem + "weight_scale_2"] = Spec((), ("F32",), alt_shapes=((1,),))
+                    specs[stem + "input_scale"] = Spec((), ("F32",), optional=True, alt_shapes=((1,),))
+                else:
+                    specs[stem + "weight_scale"] = Spec((out, inp // 32), ("U8",))
+            elif expert_format == "fp8" and is_fp8_linear(name) and (fp8_linears is None or name in fp8_linears):
+                out, inp = shape
+                specs[name] = Spec(shape, ("F8_E4M3",))
+                specs[stem + "weight_scale_inv"] = Spec((math.ceil(out / 128), math.ceil(inp / 128)), ("F32", "BF16"))
+            elif name.endswith("e_score_correction_bias"):
+                specs[name] = Spec(shape, FLOAT_DTYPES)
+            else:
+                specs[name] = Spec(shape, FLOAT_DTYPES)
+    return specs

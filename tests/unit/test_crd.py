@@ -1,0 +1,89 @@
+"""The CRD is generated from the pydantic models; the committed file must not drift."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from moe_kernels import registry
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.crd import crd, crd_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_crd_matches_generator():
+    committed = (ROOT / "crds" / "moedeployments.yaml").read_text()
+    assert committed == crd_yaml(), "crds/moedeployments.yaml is stale: run `moe-operator crd -o crds/moedeployments.yaml`"
+
+
+def test_crd_shape():
+    c = crd()
+    assert c["metadata"]["name"] == "moedeployments.moe.serving.dev"
+    assert c["spec"]["names"]["shortNames"] == ["moed"]
+    v = c["spec"]["versions"][0]
+    assert v["name"] == "v1alpha1" and v["subresources"] == {"status": {}}
+    cols = {col["name"] for col in v["additionalPrinterColumns"]}
+    assert {"Format", "GPU", "Backend", "Ready", "Age"} <= cols
+
+
+def _walk(node, path=""):
+    yield path, node
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, f"{path}/{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, f"{path}/{i}")
+
+
+def test_schema_is_structural():
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        if isinstance(node, dict) and ("properties" in node or "items" in node):
+            assert "type" in node, f"{path} has no type"
+        if isinstance(node, dict):
+            assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
+
+
+def test_spec_properties_agree_with_model_fields():
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert set(spec["properties"]) == set(MoEDeploymentSpec.model_fields)
+    assert spec["required"] == ["model"]
+    moe = spec["properties"]["moe"]["properties"]
+    assert set(registry.names()) <= set(moe["runnerBackend"]["enum"])
+
+
+def test_cel_rules_present_and_bundled_backends_from_registry():
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
+    assert any("tp % self.parallelism.ep" in r for r in rules)
+    bundled = next(r for r in rules if "self.engine.name != 'bundled' || self.moe.runnerBackend in" in r)
+    for name in registry.names():
+        assert f"'{name}'" in bundled
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "samples").glob("*.yaml")))
+def test_samples_validate_against_models(path):
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc and doc.get("kind") == "MoEDeployment":
+            MoEDeploymentSpec.model_validate(doc["spec"])
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ({"model": {"uri": "s3://bucket/x"}}, "pattern"),
+    ({"model": {"uri": "hf://org/name", "format": "nope"}}, "format"),
+    ({"model": {"uri": "hf://org/name"}, "replicas": -1}, "replicas"),
+    ({"model": {"uri": "hf://org/name"}, "moe": {"deferredFinalize": "maybe"}}, "deferredFinalize"),
+    ({"model": {"uri": "hf://org/name"}, "surprise": 1}, "surprise"),
+])
+def test_models_reject_bad_specs(bad, msg):
+    with pytest.raises(ValidationError, match=msg):
+        MoEDeploymentSpec.model_validate(bad)
+
+
+@pytest.mark.parametrize("uri", ["hf://deepseek-ai/DeepSeek-V3", "hf://nvidia/DeepSeek-V3-0324-FP4@main",
+                                 "pvc://models/deepseek/v3", "file:///models/dsv3"])
+def test_uri_forms(uri):
+    MoEDeploymentSpec.model_validate({"model": {"uri": uri}})
