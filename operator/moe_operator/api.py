@@ -40,6 +40,8 @@ class ModelSource(_Model):
                      description="hf://org/name[@revision], pvc://claim/sub/path or file:///path")
     format: Literal[("auto",) + FORMATS] = Field(  # type: ignore[valid-type]
         "auto", description="checkpoint format; 'auto' inspects config.json, hf_quant_config.json and safetensors headers")
+    architecture: str | None = Field(None, max_length=128,
+                                     description="config.json architectures[0]; only needed when format is explicit (inspection skipped)")
     tokenSecretRef: SecretKeyRef | None = Field(None, description="Hugging Face token for gated hf:// repositories")
 
 

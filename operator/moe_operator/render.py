@@ -1,0 +1,206 @@
+"""Rendering: (MoEDeployment, placement, plan) -> Kubernetes objects, with jinja2 templates kept as files.
+
+Pure: returns dicts. A replica that fits one node becomes a Deployment, a multi-node replica a
+LeaderWorkerSet; both get a Service and a ConfigMap holding the plan the runtime re-checks.
+Engines `bundled`, `sglang` and `vllm` render their own image, command and flags from the same plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from .api import MoEDeploymentSpec
+from .gpu import GpuClass
+from .images import RUNTIME_REPOSITORY, runtime_image
+from .plan import Plan
+
+TEMPLATES = Path(__file__).parent / "templates"
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True)
+_env.policies["json.dumps_kwargs"] = {"sort_keys": False}
+
+FIELD_MANAGER = "moe-operator"
+PORT = 8000
+PLAN_DIR = "/etc/moe"
+CACHE_DIR = "/var/cache/moe"
+
+
+@dataclass(frozen=True)
+class Owner:
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """Where the engine reads the model from, and the volumes that put it there."""
+
+    path: str  # what the engine gets as the model argument
+    volumes: list[dict[str, Any]]
+    mounts: list[dict[str, Any]]
+    init_containers: list[dict[str, Any]]
+    extra_env: list[dict[str, Any]]
+    extra_args: list[str]
+
+
+def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLocation:
+    uri = spec.model.uri
+    token_env = []
+    if spec.model.tokenSecretRef:
+        ref = spec.model.tokenSecretRef
+        token_env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+    if uri.startswith("file://"):
+        path = uri[len("file://"):]
+        return ModelLocation(path, [{"name": "model", "hostPath": {"path": path, "type": "Directory"}}],
+                             [{"name": "model", "mountPath": path, "readOnly": True}], [], [], [])
+    if uri.startswith("pvc://"):
+        claim, _, sub = uri[len("pvc://"):].partition("/")
+        path = f"/models/{claim}/{sub}".rstrip("/")
+        return ModelLocation(path, [{"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
+                             [{"name": "model", "mountPath": f"/models/{claim}", "readOnly": True}], [], [], [])
+    repo, _, revision = uri[len("hf://"):].partition("@")
+    cache = {"name": "hf-cache", "emptyDir": {}}
+    if engine == "bundled":
+        # The bundled runtime serves a local directory: fetch it first (weights included) in an init container.
+        dl_args = ["download", repo, "--local-dir", "/models/hf"] + (["--revision", revision] if revision else [])
+        init = [{"name": "fetch-model", "image": image, "command": ["hf"], "args": dl_args, "env": token_env,
+                 "volumeMounts": [{"name": "hf-cache", "mountPath": "/models"}]}]
+        return ModelLocation("/models/hf", [cache], [{"name": "hf-cache", "mountPath": "/models"}], init, token_env, [])
+    extra = ["--revision", revision] if revision else []
+    return ModelLocation(repo, [cache], [{"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}], [], token_env, extra)
+
+
+def engine_image(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, runtime_repository: str) -> str:
+    if spec.engine.image:
+        return spec.engine.image
+    if spec.engine.name == "sglang":
+        return f"lmsysorg/sglang:v{plan.engine.version}" + ("-rocm" if gpu.is_rocm else "")
+    if spec.engine.name == "vllm":
+        return f"vllm/vllm-openai:v{plan.engine.version}" + ("-rocm" if gpu.is_rocm else "")
+    return runtime_image(gpu, runtime_repository)
+
+
+def engine_command(spec: MoEDeploymentSpec, plan: Plan, loc: ModelLocation, role: str) -> tuple[list[str], list[str]]:
+    nodes = spec.nodesPerReplica
+    if spec.engine.name == "sglang":
+        args = ["--model-path", loc.path, "--host", "0.0.0.0", "--port", str(PORT), *loc.extra_args, *plan.args]
+        if nodes > 1:
+            rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
+            args += ["--nnodes", str(nodes), "--node-rank", rank, "--dist-init-addr", "$(LWS_LEADER_ADDRESS):20000"]
+        return ["python3", "-m", "sglang.launch_server"], args
+    if spec.engine.name == "vllm":
+        args = [loc.path, "--host", "0.0.0.0", "--port", str(PORT), *loc.extra_args, *plan.args]
+        if nodes > 1:
+            rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
+            args += ["--nnodes", str(nodes), "--node-rank", rank, "--master-addr", "$(LWS_LEADER_ADDRESS)"]
+            if role == "worker":
+                args.append("--headless")
+        return ["vllm", "serve"], args
+    return ["moe-runtime", "serve"], ["--model", loc.path, "--plan", f"{PLAN_DIR}/plan.json", "--host", "0.0.0.0",
+                                      "--port", str(PORT), *plan.args]
+
+
+def inputs_hash(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, image: str) -> str:
+    """Hash of what decides the pods: the plan's decisions (not its prose), GPU class, image, model.
+
+    Stamped on the workload and pod template so pods roll only when a decision really changes.
+    """
+    data = {"moe": plan.moe.model_dump(), "env": plan.env, "args": plan.args, "gpu": gpu.key(),
+            "format": plan.checkpoint.format, "engine": plan.engine.model_dump(), "image": image,
+            "model": spec.model.uri, "per_node": spec.gpus_per_node(), "nodes": spec.nodesPerReplica,
+            "resources": spec.resources.model_dump(), "tolerations": [t.model_dump() for t in spec.tolerations],
+            "nodeSelector": spec.nodeSelector}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _affinity(gpu: GpuClass) -> list[tuple[str, str]]:
+    if gpu.is_rocm:
+        out = [("amd.com/gpu.product-name", gpu.product)] if gpu.product and gpu.product != gpu.family else []
+    else:
+        major = (gpu.computeCapability or "").split(".")[0]
+        out = [("nvidia.com/gpu.compute.major", major)] if major else []
+        if gpu.product and gpu.product != gpu.family:
+            out.append(("nvidia.com/gpu.product", gpu.product))
+    out.append(("kubernetes.io/arch", gpu.arch))
+    return out
+
+
+def _resources(spec: MoEDeploymentSpec, gpu: GpuClass) -> dict[str, Any]:
+    gpu_key = "amd.com/gpu" if gpu.is_rocm else "nvidia.com/gpu"
+    limits = {gpu_key: str(spec.gpus_per_node()), **spec.resources.limits}
+    requests = dict(spec.resources.requests)
+    out: dict[str, Any] = {"limits": limits}
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def _tolerations(spec: MoEDeploymentSpec, gpu: GpuClass) -> list[dict[str, Any]]:
+    gpu_key = "amd.com/gpu" if gpu.is_rocm else "nvidia.com/gpu"
+    tols = [t.model_dump(exclude_none=True) for t in spec.tolerations]
+    if not any(t.get("key") == gpu_key for t in tols):
+        tols.append({"key": gpu_key, "operator": "Exists", "effect": "NoSchedule"})
+    return tols
+
+
+def _yaml_block(d: dict[str, str]) -> str:
+    return yaml.safe_dump(d, sort_keys=True).rstrip("\n")
+
+
+def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
+           runtime_repository: str = RUNTIME_REPOSITORY) -> list[dict[str, Any]]:
+    """All objects for one MoEDeployment, owner references set, ready for server-side apply."""
+    image = engine_image(spec, plan, gpu, runtime_repository)
+    loc = model_location(spec, spec.engine.name, image)
+    h = inputs_hash(spec, plan, gpu, image)
+    selector = {"app.kubernetes.io/instance": owner.name, "moe.serving.dev/deployment": owner.name}
+    labels = {**selector, "app.kubernetes.io/name": "moe-inference", "app.kubernetes.io/managed-by": "moe-operator",
+              "moe.serving.dev/gpu-family": gpu.family, "moe.serving.dev/engine": spec.engine.name}
+    env = [{"name": k, "value": v} for k, v in plan.env.items()] + loc.extra_env
+    volumes = [{"name": "plan", "configMap": {"name": f"{owner.name}-plan"}},
+               {"name": "dshm", "emptyDir": {"medium": "Memory"}}] + loc.volumes
+    mounts = [{"name": "plan", "mountPath": PLAN_DIR, "readOnly": True},
+              {"name": "dshm", "mountPath": "/dev/shm"}] + loc.mounts
+    if "SGLANG_CACHE_DIR" in plan.env:
+        # Autotune cache keyed by (arch, flashinfer version) on the node, so restarts reuse it (rule E1).
+        key = f"{gpu.family}-sglang{plan.engine.version}"
+        volumes.append({"name": "engine-cache", "hostPath": {"path": f"/var/cache/moe-operator/{key}", "type": "DirectoryOrCreate"}})
+        mounts.append({"name": "engine-cache", "mountPath": plan.env["SGLANG_CACHE_DIR"]})
+
+    def pod(role: str) -> str:
+        command, args = engine_command(spec, plan, loc, role)
+        return _env.get_template("_pod.yaml.j2").render(
+            labels=_yaml_block({**labels, "moe.serving.dev/role": role}), inputs_hash=h, plan=plan,
+            affinity=_affinity(gpu), node_selector=spec.nodeSelector, tolerations=_tolerations(spec, gpu),
+            init_containers=loc.init_containers, image=image, command=command, args=args, env=env, port=PORT,
+            resources=_resources(spec, gpu), ready_path="/ready" if spec.engine.name == "bundled" else "/health",
+            volume_mounts=mounts, volumes=volumes, role=role).rstrip("\n")
+
+    common = dict(name=owner.name, namespace=owner.namespace, labels=_yaml_block(labels), inputs_hash=h)
+    objects = [yaml.safe_load(_env.get_template("plan-configmap.yaml.j2").render(
+        **common, plan_json=plan.model_dump_json(indent=2)))]
+    if spec.nodesPerReplica > 1:
+        objects.append(yaml.safe_load(_env.get_template("leaderworkerset.yaml.j2").render(
+            **common, replicas=spec.replicas, group_size=spec.nodesPerReplica,
+            leader_pod=pod("leader"), worker_pod=pod("worker"))))
+        service_selector = {**selector, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    else:
+        objects.append(yaml.safe_load(_env.get_template("deployment.yaml.j2").render(
+            **common, replicas=spec.replicas, selector=_yaml_block(selector), pod=pod("single"))))
+        service_selector = selector
+    objects.append(yaml.safe_load(_env.get_template("service.yaml.j2").render(
+        **common, service_type=spec.service.type, service_port=spec.service.port,
+        service_selector=_yaml_block(service_selector))))
+    for obj in objects:
+        obj["metadata"]["ownerReferences"] = [{
+            "apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment", "name": owner.name,
+            "uid": owner.uid, "controller": True, "blockOwnerDeletion": True}]
+    return objects
