@@ -1,0 +1,273 @@
+"""Checkpoint loading: strict validation of the safetensors headers, then the data with a progress
+display, then the model.
+
+Order matters for the operator: every check that can fail (unsupported architecture or format,
+truncated/corrupt files, missing tensors, wrong shapes or dtypes) runs on headers alone, before a
+byte of weight data is read, and raises RuntimeFailure naming the tensor and the file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import kcompat
+from .errors import RuntimeFailure
+from .log import log as _log
+from .model_spec import arch_of, is_fp8_linear, is_moe_layer, is_routed_expert_weight, num_experts, tensor_specs
+
+# checkpoint formats the bundled loader reads (the operator vocabulary, tuning-rules.md section 6)
+LOADABLE_FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
+
+_TORCH_DTYPE = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "U8": torch.uint8,
+                "F8_E4M3": torch.float8_e4m3fn}
+
+
+@dataclass
+class Validated:
+    root: Path
+    config: dict[str, Any]
+    arch: str
+    info: Any  # moe_operator.checkpoint.CheckpointInfo
+    expert_format: str
+    files: dict[str, list[str]]  # file name -> tensor names needed from it
+    specs: dict[str, Any]
+    ignored: list[str] = field(default_factory=list)
+    nbytes: int = 0
+
+
+def validate_checkpoint(path: str | Path) -> Validated:
+    """Headers-only validation. Raises RuntimeFailure with the file/tensor and the problem."""
+    from moe_operator.checkpoint import InspectionError, inspect_dir, read_safetensors_header
+
+    from moe_kernels.registry import expert_weight_format
+
+    root = Path(path)
+    try:
+        info = inspect_dir(root)
+    except InspectionError as e:
+        raise RuntimeFailure(f"cannot load checkpoint: {e}") from None
+    config = json.loads((root / "config.json").read_text())
+    arch = arch_of(config)
+    if info.format not in LOADABLE_FORMATS:
+        raise RuntimeFailure(
+            f"{root}: unsupported checkpoint format {info.format!r} ({info.formatSource}); the bundled runtime "
+            f"loads {', '.join(LOADABLE_FORMATS)}")
+    expert_format = expert_weight_format(info.format)
+    headers: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for f in sorted(root.glob("*.safetensors")):
+        try:
+            metas = read_safetensors_header(f)
+        except InspectionError as e:
+            raise RuntimeFailure(f"corrupt checkpoint: {e}") from None
+        for m in metas:
+            if m.name in headers:
+                raise RuntimeFailure(f"tensor {m.name} appears in both {where[m.name]} and {f.name}")
+            headers[m.name], where[m.name] = m, f.name
+    fp8_linears = {n for n, m in headers.items() if m.dtype == "F8_E4M3" and is_fp8_linear(n)} if expert_format == "fp8" else None
+    specs = tensor_specs(config, expert_format, fp8_linears)
+    missing = [n for n, s in specs.items() if n not in headers and not s.optional]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise RuntimeFailure(f"{root}: checkpoint is missing tensor {missing[0]}{', ' + ', '.join(missing[1:3]) if len(missing) > 1 else ''}"
+                             f"{more} required by {arch} with {expert_format} experts")
+    for n, s in specs.items():
+        m = headers.get(n)
+        if m is None:
+            continue
+        if not s.shape_ok(m.shape):
+            raise RuntimeFailure(f"{root / where[n]}: tensor {n} has shape {list(m.shape)}, expected {list(s.shape)} "
+                                 f"(from config.json)")
+        if m.dtype not in s.dtypes:
+            raise RuntimeFailure(f"{root / where[n]}: tensor {n} has dtype {m.dtype}, expected {'/'.join(s.dtypes)}")
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wm = json.loads(index.read_text()).get("weight_map", {})
+        except json.JSONDecodeError as e:
+            raise RuntimeFailure(f"{index}: invalid JSON: {e}") from None
+        for n, fname in wm.items():
+            if n in specs and where.get(n) != fname:
+                raise RuntimeFailure(f"{index}: maps {n} to {fname}, but it is in {where.get(n, 'no file')}")
+    files: dict[str, list[str]] = {}
+    for n in specs:
+        if n in headers:
+            files.setdefault(where[n], []).append(n)
+    ignored = sorted(set(headers) - set(specs))
+    nbytes = sum(headers[n].nbytes for n in specs if n in headers)
+    return Validated(root, config, arch, info, expert_format, files, specs, ignored, nbytes)
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading data
+
+class Progress:
+    """Bytes/s progress: a bar on a terminal, a structured log line per file always."""
+
+    def __init__(self, total: int, log: Callable[..., None]):
+        self.total, self.done, self.t0, self.log = total, 0, time.time(), log
+        self.tty = sys.stderr.isatty()
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.tty:
+            el = max(time.time() - self.t0, 1e-9)
+            pct = 100 * self.done / max(self.total, 1)
+            print(f"\rloading weights {pct:5.1f}% {self.done / 1e9:.2f}/{self.total / 1e9:.2f} GB "
+                  f"{self.done / el / 1e9:.2f} GB/s", end="", file=sys.stderr, flush=True)
+
+    def file_done(self, name: str, i: int, n: int) -> None:
+        el = max(time.time() - self.t0, 1e-9)
+        if self.tty:
+            print(file=sys.stderr)
+        self.log("load_progress", f"shard {i}/{n} {name}", bytes_done=self.done, bytes_total=self.total,
+                 gb_per_s=round(self.done / el / 1e9, 3), elapsed_s=round(el, 2))
+
+
+def read_tensors(v: Validated, device: str, log: Callable[..., None]) -> tuple[dict[str, torch.Tensor], float]:
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    prog = Progress(v.nbytes, log)
+    files = sorted(v.files)
+    for i, fname in enumerate(files, 1):
+        path = v.root / fname
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for n in v.files[fname]:
+                    t = f.get_tensor(n)
+                    out[n] = t.to(device, non_blocking=True) if device != "cpu" else t
+                    prog.advance(t.numel() * t.element_size())
+        except RuntimeFailure:
+            raise
+        except Exception as e:  # safetensors raises its own error types for corrupt data
+            raise RuntimeFailure(f"{path}: cannot read tensor data ({type(e).__name__}: {e})") from None
+        prog.file_done(fname, i, len(files))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return out, time.time() - prog.t0
+
+
+# ------------------------------------------------------------------------------------------------
+# Stacking routed experts into the kernels' ExpertWeights
+
+def _stack_experts(t: dict[str, torch.Tensor], prefix: str, E: int, fmt: str, log) -> dict[str, torch.Tensor]:
+    def get(e: int, proj: str, suffix: str) -> torch.Tensor:
+        return t.pop(f"{prefix}experts.{e}.{proj}.{suffix}")
+
+    def w13(suffix: str) -> torch.Tensor:
+        return torch.stack([torch.cat([get(e, "gate_proj", suffix), get(e, "up_proj", suffix)], 0) for e in range(E)])
+
+    def w2(suffix: str) -> torch.Tensor:
+        return torch.stack([get(e, "down_proj", suffix) for e in range(E)])
+
+    if fmt == "bf16":
+        return {"w13_weight": w13("weight").to(torch.bfloat16), "w2_weight": w2("weight").to(torch.bfloat16)}
+    if fmt == "mxfp4":
+        return {"w13_weight": w13("weight"), "w13_weight_scale": w13("weight_scale"),
+                "w2_weight": w2("weight"), "w2_weight_scale": w2("weight_scale")}
+    if fmt == "nvfp4":
+        gs = torch.stack([torch.stack([get(e, "gate_proj", "weight_scale_2").reshape(()),
+                                       get(e, "up_proj", "weight_scale_2").reshape(())]) for e in range(E)]).float()
+        for e in range(E):  # W4A16: static activation scales are not used by the weight-only kernels
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                t.pop(f"{prefix}experts.{e}.{proj}.input_scale", None)
+        out = {"w13_weight": w13("weight"), "w13_weight_scale": w13("weight_scale"),
+               "w2_weight": w2("weight"), "w2_weight_scale": w2("weight_scale"),
+               "w2_weight_scale_2": torch.stack([get(e, "down_proj", "weight_scale_2").reshape(()) for e in range(E)]).float()}
+        # ModelOpt gives gate and up one shared global scale; keep [E, 2] only when they differ
+        out["w13_weight_scale_2"] = gs[:, 0].contiguous() if torch.equal(gs[:, 0], gs[:, 1]) else gs
+        return out
+    if fmt == "fp8":
+        inter = t[f"{prefix}experts.0.gate_proj.weight"].shape[0]
+        if inter % 128 == 0:  # gate/up block grids line up: concatenating their scales is exact
+            w13w, w13s = w13("weight"), w13("weight_scale_inv")
+        else:  # blocks would straddle gate|up: dequantise and requantise w13 on the 128x128 grid
+            log("load_requantize", f"{prefix}experts: moe_intermediate_size {inter} is not a multiple of 128; "
+                "w13 re-quantised on the fused 128x128 grid")
+            deq = torch.stack([torch.cat([kcompat.dequantize("fp8", kcompat.Fp8BlockTensor(
+                get(e, p, "weight"), get(e, p, "weight_scale_inv").float()), torch.float32) for p in ("gate_proj", "up_proj")])
+                for e in range(E)])
+            q = kcompat.quantize_fp8_block(deq)
+            w13w, w13s = q.weight, q.scale_inv
+        return {"w13_weight": w13w, "w13_weight_scale_inv": w13s.float(),
+                "w2_weight": w2("weight"), "w2_weight_scale_inv": w2("weight_scale_inv").float()}
+    raise RuntimeFailure(f"unsupported expert weight format {fmt!r}")
+
+
+@dataclass
+class LoadedCheckpoint:
+    validated: Validated
+    dense: dict[str, torch.Tensor]
+    experts: dict[int, Any]  # layer -> ExpertWeights
+    seconds: float
+    nbytes: int
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.validated.config
+
+
+def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.bfloat16,
+                    log: Callable[..., None] = _log, validated: Validated | None = None) -> LoadedCheckpoint:
+    v = validated or validate_checkpoint(path)
+    if v.ignored:
+        log("load_ignored", f"{len(v.ignored)} tensors not used by the model (e.g. {v.ignored[0]})")
+    raw, secs = read_tensors(v, device, log)
+    log("load_done", f"{v.nbytes / 1e9:.3f} GB in {secs:.2f}s", gb_per_s=round(v.nbytes / max(secs, 1e-9) / 1e9, 3))
+    cfg = v.config
+    experts: dict[int, Any] = {}
+    for i in range(cfg["num_hidden_layers"]):
+        if is_moe_layer(cfg, i):
+            stacked = _stack_experts(raw, f"model.layers.{i}.mlp.", num_experts(cfg), v.expert_format, log)
+            experts[i] = kcompat.make_expert_weights(v.expert_format, stacked)
+    dense: dict[str, torch.Tensor] = {}
+    for n in list(raw):
+        if n.endswith("weight_scale_inv"):
+            continue
+        t = raw.pop(n)
+        sinv = raw.get(n[: -len("weight")] + "weight_scale_inv")
+        if sinv is not None:  # FP8 attention/dense/shared linears: dequantised once at load
+            t = kcompat.dequantize("fp8", kcompat.Fp8BlockTensor(t, sinv.float()), torch.float32)
+        dense[n] = t if n.endswith("e_score_correction_bias") else t.to(dtype)
+    return LoadedCheckpoint(v, dense, experts, secs, v.nbytes)
+
+
+def build_model(ck: LoadedCheckpoint, experts_factory: Callable[[Any], Any], deferred: bool):
+    """Instantiate the architecture over loaded tensors. experts_factory(ExpertWeights) -> backend."""
+    from . import deepseek_v3, qwen3_moe
+    from .model_common import SwiGLU
+    from .moe_layer import MoEBlock, RoutingConfig
+
+    cfg, dense = ck.config, ck.dense
+
+    def w(name: str) -> torch.Tensor:
+        return dense[name]
+
+    ds = ck.validated.arch == "deepseek_v3"
+    if ds:
+        routing = RoutingConfig("grouped", cfg["num_experts_per_tok"], bool(cfg.get("norm_topk_prob", True)),
+                                int(cfg.get("n_group") or 1), int(cfg.get("topk_group") or 1),
+                                float(cfg.get("routed_scaling_factor") or 1.0))
+        if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+            raise RuntimeFailure(f"DeepSeek routing scoring_func={cfg.get('scoring_func')} topk_method="
+                                 f"{cfg.get('topk_method')} is not supported (sigmoid/noaux_tc only)")
+    else:
+        routing = RoutingConfig("softmax", cfg["num_experts_per_tok"], bool(cfg.get("norm_topk_prob", False)))
+
+    def make_moe(i: int, p: str):
+        shared = None
+        if ds and (p + "shared_experts.gate_proj.weight") in dense:
+            shared = SwiGLU(w(p + "shared_experts.gate_proj.weight"), w(p + "shared_experts.up_proj.weight"),
+                            w(p + "shared_experts.down_proj.weight"))
+        bias = dense.get(p + "gate.e_score_correction_bias") if ds else None
+        return MoEBlock(w(p + "gate.weight"), bias, routing, experts_factory(ck.experts[i]), shared, deferred)
+
+    return (deepseek_v3 if ds else qwen3_moe).build(cfg, w, make_moe)
