@@ -171,6 +171,7 @@ class MoEDeploymentStatus(_Model):
     deferredFinalize: bool | None = None
     plan: Plan | None = None
     inputsHash: str | None = Field(None, description="hash of the plan's inputs stamped on the workload")
+    inventoryHash: str | None = Field(None, description="fingerprint of the GPU classes the plan was made against")
     workload: WorkloadRef | None = None
     replicas: int | None = None
     readyReplicas: int | None = None

@@ -1,0 +1,142 @@
+"""kopf handlers: the operator's edges. Decisions live in reconcile/placement/planner."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from . import API_GROUP, API_VERSION, PLURAL
+from .api import MoEDeploymentSpec
+from .gpu import FAMILIES, from_name
+from .inspection import InspectionFailed, InspectionPending, inspect_spec
+from .inventory import GPU_RESOURCES, NodeInfo, build, node_info, pod_gpu_requests
+from .kube import Kube
+from .metrics import GPU_CLASSES, RECONCILES
+from .placement import impossible_everywhere
+from .reconcile import Config, reconcile
+
+log = logging.getLogger("moe_operator")
+RESYNC_SECONDS = float(os.environ.get("MOE_RESYNC_SECONDS", "10"))
+G, V, P = API_GROUP, API_VERSION, PLURAL
+CONFIG = Config()  # filled by run_cli before kopf starts
+_kube: Kube | None = None
+
+
+def kube() -> Kube:
+    global _kube
+    if _kube is None:
+        _kube = Kube()
+    return _kube
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = "moe.serving.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="moe.serving.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="moe.serving.dev", key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.execution.max_workers = 8
+    settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+
+
+# --- inventory -------------------------------------------------------------------------------
+
+@kopf.index("", "v1", "nodes")
+def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo]:
+    return {name: node_info(dict(body))}
+
+
+@kopf.index("", "v1", "pods")
+def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, int] | None:
+    node, n = pod_gpu_requests(dict(body))
+    return {node: n} if node and n else None
+
+
+def current_classes(gpu_nodes: kopf.Index, gpu_pods: kopf.Index) -> dict:
+    nodes = [info for key in gpu_nodes for info in gpu_nodes[key]]
+    used = {node: sum(gpu_pods[node]) for node in gpu_pods}
+    classes = build(nodes, used)
+    for key, inv in classes.items():
+        GPU_CLASSES.labels(key).set(inv.free_gpus)
+    return classes
+
+
+# --- MoEDeployment ---------------------------------------------------------------------------
+
+async def _reconcile(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any) -> None:
+    classes = current_classes(gpu_nodes, gpu_pods)
+    outcome = await asyncio.to_thread(reconcile, _plain(body), classes, kube(), CONFIG)
+    await asyncio.to_thread(kube().patch_status, body.metadata.namespace, body.metadata.name, outcome.status)
+    for type_, reason, message in outcome.events:
+        (kopf.warn if type_ == "Warning" else kopf.info)(body, reason=reason, message=message[:1000])
+    st = outcome.status
+    logger.info("reconciled: gpuClass=%s backend=%s deferredFinalize=%s ready=%s/%s",
+                st.get("gpuClass"), st.get("runnerBackend"), st.get("deferredFinalize"),
+                st.get("readyReplicas"), st.get("replicas"))
+    RECONCILES.labels("retry" if outcome.retry_after else "ok").inc()
+    if outcome.retry_after:
+        raise kopf.TemporaryError("will retry: " + "; ".join(m for _, _, m in outcome.events)[:200] or "pending",
+                                  delay=outcome.retry_after)
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    return {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}
+
+
+@kopf.on.resume(G, V, P)
+@kopf.on.create(G, V, P)
+@kopf.on.update(G, V, P, field="spec")
+async def on_change(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any, **_: Any) -> None:
+    await _reconcile(body, gpu_nodes, gpu_pods, logger)
+
+
+@kopf.timer(G, V, P, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, idle=None)
+async def resync(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any, **_: Any) -> None:
+    """Re-plan when the inventory changed, repair drift, refresh ready replicas (SSA no-op otherwise)."""
+    try:
+        await _reconcile(body, gpu_nodes, gpu_pods, logger)
+    except kopf.TemporaryError:
+        pass  # the next tick retries anyway
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "moe-operator"})
+async def owned_workload_changed(body: kopf.Body, type: str, gpu_nodes: kopf.Index, gpu_pods: kopf.Index,
+                                 logger: Any, **_: Any) -> None:
+    """An owned Deployment changed or vanished: refresh status and repair drift right away."""
+    owner = next((o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "MoEDeployment"), None)
+    if owner is None:
+        return
+    moed = await asyncio.to_thread(kube().get_moed, body.metadata.namespace, owner["name"])
+    if moed is None or moed["metadata"].get("deletionTimestamp"):
+        return
+    classes = current_classes(gpu_nodes, gpu_pods)
+    outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
+    await asyncio.to_thread(kube().patch_status, moed["metadata"]["namespace"], moed["metadata"]["name"], outcome.status)
+
+
+# --- admission -------------------------------------------------------------------------------
+
+def validate_spec(spec_dict: dict[str, Any]) -> str | None:
+    """The planner's verdict on an explicit backend: None if some allowed GPU class can run it."""
+    spec = MoEDeploymentSpec.model_validate(spec_dict)
+    if spec.moe.runnerBackend == "auto" and spec.moe.deferredFinalize != "on":
+        return None
+    try:
+        ckpt = inspect_spec(spec, local_models_dir=CONFIG.local_models_dir)
+    except (InspectionFailed, InspectionPending):
+        return None  # cannot judge without the checkpoint; the reconcile reports it
+    families = spec.gpu.allowedArchitectures or list(FAMILIES)
+    classes = [from_name(spec.gpu.product) if spec.gpu.product else from_name(f) for f in families]
+    return impossible_everywhere(spec, ckpt, classes)
+
+
+@kopf.on.validate(G, V, P, id="explicit-backend-possible")
+def admission(spec: kopf.Spec, **_: Any) -> None:
+    msg = validate_spec(dict(spec))
+    if msg:
+        raise kopf.AdmissionError(f"moe.runnerBackend/deferredFinalize is impossible on every allowed GPU class: {msg}")

@@ -1,0 +1,131 @@
+"""Checkpoint inspection per `model.uri` (I/O edge): file://, hf:// (headers over HTTP), pvc:// (a Job).
+
+Results are cached per (uri, revision). Failures raise `InspectionFailed` with a reason and a
+message naming the cause; the handler turns that into `CheckpointInspected=False` and backs off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .api import MoEDeploymentSpec
+from .checkpoint import CheckpointInfo, InspectionError, TensorMeta, classify, inspect_dir
+from .metrics import INSPECTION_SECONDS
+
+log = logging.getLogger("moe_operator.inspection")
+
+
+class InspectionFailed(Exception):
+    def __init__(self, reason: str, message: str, retry: bool = True):
+        self.reason, self.message, self.retry = reason, message, retry
+        super().__init__(message)
+
+
+class InspectionPending(Exception):
+    """The inspection Job is still running; try again shortly."""
+
+
+_cache: dict[str, CheckpointInfo] = {}
+
+
+def cache_key(uri: str) -> str:
+    return uri  # the revision is part of the uri (hf://org/name@rev)
+
+
+def resolve_local(uri: str, local_models_dir: str | None) -> Path:
+    """file:///models/x -> a local path. With --local-models-dir D (dev/demo), /models/x also maps to D/x."""
+    path = Path(uri[len("file://"):])
+    if local_models_dir and not path.exists():
+        candidate = Path(local_models_dir) / path.name
+        if candidate.exists():
+            return candidate
+    return path
+
+
+def from_explicit_format(spec: MoEDeploymentSpec) -> CheckpointInfo:
+    return CheckpointInfo(architecture=spec.model.architecture or "Unknown", format=spec.model.format,
+                          formatSource="spec.model.format (inspection skipped)",
+                          expertsFp4=spec.model.format in ("nvfp4", "mxfp4", "dsv4_fp4", "dsv4_nvfp4", "ct_nvfp4"))
+
+
+def inspect_hf(uri: str, token: str | None) -> CheckpointInfo:
+    """config.json, hf_quant_config.json and safetensors headers over HTTP; never the weights."""
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError
+
+    repo, _, revision = uri[len("hf://"):].partition("@")
+    revision = revision or None
+    try:
+        cfg_path = hf_hub_download(repo, "config.json", revision=revision, token=token)
+        config = json.loads(Path(cfg_path).read_text())
+        try:
+            hq = json.loads(Path(hf_hub_download(repo, "hf_quant_config.json", revision=revision, token=token)).read_text())
+        except EntryNotFoundError:
+            hq = None
+        meta = HfApi(token=token).get_safetensors_metadata(repo, revision=revision)
+    except json.JSONDecodeError as e:
+        raise InspectionFailed("MalformedConfig", f"{uri}: config.json is not valid JSON: {e}", retry=False) from None
+    except HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        reason = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(status, "HubError")
+        raise InspectionFailed(reason, f"{uri}: {e}", retry=status not in (401, 403, 404)) from None
+    except Exception as e:  # network errors, gated repos without token, ...
+        raise InspectionFailed("HubError", f"{uri}: {type(e).__name__}: {e}") from None
+    tensors = [TensorMeta(name, t.dtype, tuple(t.shape), 0)
+               for fm in meta.files_metadata.values() for name, t in fm.tensors.items()]
+    info = classify(config, hq, tensors, where=uri)
+    info.numFiles = len(meta.files_metadata)
+    return info
+
+
+def inspect_spec(spec: MoEDeploymentSpec, *, local_models_dir: str | None = None,
+                 hf_token: Callable[[], str | None] | None = None,
+                 pvc_job: Callable[[str], dict[str, Any] | None] | None = None) -> CheckpointInfo:
+    """Inspect (or skip inspecting) the checkpoint of a spec. Cached per uri."""
+    if spec.model.format != "auto":
+        return from_explicit_format(spec)
+    uri = spec.model.uri
+    key = cache_key(uri)
+    if key in _cache:
+        return _cache[key]
+    scheme = uri.split("://", 1)[0]
+    started = time.monotonic()
+    try:
+        if scheme == "file":
+            path = resolve_local(uri, local_models_dir)
+            if not path.exists() and pvc_job is not None:
+                info = _from_job(pvc_job, uri)
+            else:
+                info = inspect_dir(path)
+        elif scheme == "hf":
+            info = inspect_hf(uri, hf_token() if hf_token else None)
+        elif scheme == "pvc":
+            if pvc_job is None:
+                raise InspectionFailed("NoInspector", f"{uri}: pvc:// needs an inspection Job and none can run here")
+            info = _from_job(pvc_job, uri)
+        else:
+            raise InspectionFailed("UnsupportedURI", f"unsupported model uri scheme {scheme!r}", retry=False)
+    except InspectionError as e:
+        raise InspectionFailed("Unreadable", str(e), retry=True) from None
+    finally:
+        INSPECTION_SECONDS.labels(scheme).observe(time.monotonic() - started)
+    _cache[key] = info
+    log.info("inspected %s: %s %s (%s)", uri, info.architecture, info.format, info.formatSource)
+    return info
+
+
+def _from_job(pvc_job: Callable[[str], dict[str, Any] | None], uri: str) -> CheckpointInfo:
+    result = pvc_job(uri)
+    if result is None:
+        raise InspectionPending(f"inspection Job for {uri} still running")
+    if "error" in result:
+        raise InspectionFailed("Unreadable", f"{uri}: {result['error']}")
+    return CheckpointInfo.model_validate(result)
+
+
+def forget(uri: str) -> None:
+    _cache.pop(cache_key(uri), None)
