@@ -1,0 +1,99 @@
+"""Sort (token, slot) pairs by expert and pad each expert's rows to a multiple of BLOCK_M.
+
+Two small launches and no host synchronisation (CUDA-graph safe):
+1. one program counts rows per expert, writes each expert's padded start (also as the atomic
+   cursor), the expert of every BLOCK_M row block, the padded total, and fills the row map with a
+   sentinel;
+2. a grid over the pairs claims a row per pair with an atomic add on its expert's cursor.
+The order of rows inside an expert is therefore arbitrary, which is harmless: every row's result
+depends only on that row (finalize reads rows back through `perm`, in slot order).
+
+Buffers are sized for the worst case on the host, from T*K, E and BLOCK_M only:
+blocks <= min(E, T*K) + T*K // BLOCK_M.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass
+class Alignment:
+    sorted_ids: torch.Tensor      # int32 [P_max]: flat pair index t*K+k per padded row; num_pairs = padding
+    expert_ids: torch.Tensor      # int32 [max_blocks]: expert of each BLOCK_M block (>= E past the end)
+    num_post_pad: torch.Tensor    # int32 [1]: rows in use (multiple of BLOCK_M)
+    perm: torch.Tensor            # int32 [T*K]: padded row of each pair, -1 when its id is not in [0, E)
+    block_m: int
+    max_blocks: int
+
+    @property
+    def p_max(self) -> int:
+        return self.max_blocks * self.block_m
+
+
+def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
+    return max(1, min(num_experts, num_pairs) + num_pairs // block_m)
+
+
+@triton.jit
+def _count_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, num_post_pad_ptr, sorted_ids_ptr,
+                  MAX_BLOCKS, P_MAX, BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr):
+    bins = tl.arange(0, E_P2)
+    counts = tl.zeros([E_P2], dtype=tl.int32)
+    for start in range(0, num_pairs, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        # Out-of-range ids (other ranks' experts, and the tail) go to the spare bin E_P2-1 >= E.
+        e = tl.where((e >= 0) & (e < E), e, E_P2 - 1)
+        counts += tl.histogram(e, E_P2)
+    counts = tl.where(bins < E, counts, 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    tl.store(cursor_ptr + bins, starts, mask=bins < E)
+    total = tl.sum(padded, 0)
+    tl.store(num_post_pad_ptr, total)
+    ends = tl.where(bins < E, ends, 2147483647)
+    for b0 in range(0, MAX_BLOCKS, CHUNK):
+        blk = b0 + tl.arange(0, CHUNK)
+        # expert of a block = number of experts whose padded range ends at or before its first row
+        eid = tl.sum((ends[None, :] <= blk[:, None] * BLOCK_M).to(tl.int32), axis=1)
+        tl.store(expert_ids_ptr + blk, eid, mask=blk < MAX_BLOCKS)
+    for r0 in range(0, P_MAX, CHUNK):
+        rows = r0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ids_ptr + rows, tl.full([CHUNK], 0, tl.int32) + num_pairs, mask=rows < P_MAX)
+
+
+@triton.jit
+def _scatter_kernel(ids_ptr, num_pairs, E, cursor_ptr, sorted_ids_ptr, perm_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < num_pairs
+    e = tl.load(ids_ptr + offs, mask=inb, other=-1)
+    valid = inb & (e >= 0) & (e < E)
+    row = tl.atomic_add(cursor_ptr + e, 1, mask=valid)
+    tl.store(sorted_ids_ptr + row, offs, mask=valid)
+    tl.store(perm_ptr + offs, tl.where(valid, row, -1), mask=inb)
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    n = ids.numel()
+    dev = ids.device
+    nb = max_blocks(n, num_experts, block_m)
+    p_max = nb * block_m
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(nb, dtype=torch.int32, device=dev)
+    num_post_pad = torch.empty(1, dtype=torch.int32, device=dev)
+    sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
+    perm = torch.empty(n, dtype=torch.int32, device=dev)
+    e_p2 = triton.next_power_of_2(num_experts + 1)
+    chunk = max(16, min(1024, 65536 // e_p2))  # keep the [CHUNK, E_P2] block compare in registers
+    _count_kernel[(1,)](ids, n, num_experts, cursor, expert_ids, num_post_pad, sorted_ids, nb, p_max,
+                        BLOCK_M=block_m, E_P2=e_p2, CHUNK=chunk, num_warps=8)
+    if n:
+        _scatter_kernel[(triton.cdiv(n, 256),)](ids, n, num_experts, cursor, sorted_ids, perm, BLOCK=256, num_warps=4)
+    return Alignment(sorted_ids, expert_ids, num_post_pad, perm, block_m, nb)
