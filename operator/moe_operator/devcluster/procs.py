@@ -76,6 +76,11 @@ def _reap(pid: int) -> None:
 def is_ours(proc: Proc) -> bool:
     """True while `proc` is alive and still runs the command we started."""
     _reap(proc.pid)
+    child = _CHILDREN.get(proc.pid)
+    if child is not None:
+        # Started by this process: alive until poll() says otherwise. (Right after fork,
+        # /proc/<pid>/cmdline still shows the Python parent until exec completes.)
+        return child.poll() is None
     cmd = _cmdline(proc.pid)
     return bool(cmd) and cmd[0] == proc.argv[0] and cmd[1:] == proc.argv[1:] and not _is_zombie(proc.pid)
 
