@@ -42,6 +42,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 8
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+    if CONFIG.admission:
+        # kopf serves the webhook with a self-signed certificate and manages the
+        # ValidatingWebhookConfiguration (caBundle included) itself.
+        host, _, port = CONFIG.admission.rpartition(":")
+        settings.admission.server = kopf.WebhookServer(addr="0.0.0.0", port=int(port), host=host or "localhost")
+        settings.admission.managed = "validate.moe.serving.dev"
 
 
 # --- inventory -------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ class Config:
     default_engine: str = "bundled"
     local_models_dir: str | None = None
     inspect_in_cluster: bool = True  # run inspection Jobs for paths the operator cannot read
+    admission: str | None = None  # HOST:PORT of the validating webhook kopf serves (None: off)
 
 
 @dataclass

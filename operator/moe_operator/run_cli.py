@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-models-dir", default=os.environ.get("MOE_LOCAL_MODELS_DIR"),
                    help="dev/demo: resolve file:///models/NAME to DIR/NAME when the operator can read it")
     p.add_argument("--no-inspection-jobs", action="store_true", help="never start inspection Jobs (pvc:// will fail)")
+    p.add_argument("--admission", default=None, metavar="HOST:PORT",
+                   help="serve the validating webhook here (HOST is what the API server dials)")
     p.add_argument("--kubeconfig", default=None)
 
 
@@ -52,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     handlers.CONFIG.default_engine = args.default_engine
     handlers.CONFIG.local_models_dir = args.local_models_dir
     handlers.CONFIG.inspect_in_cluster = not args.no_inspection_jobs
+    handlers.CONFIG.admission = args.admission
     if args.metrics_port:
         start_http_server(args.metrics_port)
     log.info("starting: namespaces=%s peering=%s default_engine=%s runtime_image=%s local_models_dir=%s",
