@@ -12,7 +12,7 @@ their own constructor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +27,15 @@ _QUANTIZE = {
     "fp8": F.quantize_fp8_block,
     "nvfp4": F.quantize_nvfp4,
     "mxfp4": F.quantize_mxfp4,
+}
+
+
+_KEYS = {
+    "bf16": ("w13_weight", "w2_weight"),
+    "fp8": ("w13_weight", "w13_weight_scale_inv", "w2_weight", "w2_weight_scale_inv"),
+    "nvfp4": ("w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight", "w2_weight_scale",
+              "w2_weight_scale_2"),
+    "mxfp4": ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale"),
 }
 
 
@@ -47,6 +56,9 @@ class ExpertWeights:
     format: str
     w13: Any
     w2: Any
+    # Other per-layer tensors a loader passed to from_quantized (e.g. NVFP4 `w13_input_scale`,
+    # `w2_input_scale` static activation scales that W4A4 backends need); not used by weight-only kernels.
+    extras: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.format not in FORMATS:
@@ -94,17 +106,20 @@ class ExpertWeights:
                w2_weight, w2_weight_scale
         Gate/up must already be in [gate; up] row order (gpt-oss interleaves them: de-interleave first).
         """
+        used = _KEYS[format] if format in _KEYS else ()
+        extras = {k: v for k, v in t.items() if k not in used}
+
         def need(name):
             if name not in t:
                 raise KeyError(f"{format} expert weights need {name!r}; got {sorted(t)}")
             return t[name]
 
         if format == "bf16":
-            return cls(format, need("w13_weight").to(torch.bfloat16), need("w2_weight").to(torch.bfloat16))
+            return cls(format, need("w13_weight").to(torch.bfloat16), need("w2_weight").to(torch.bfloat16), extras)
         if format == "fp8":
             return cls(format,
                        F.Fp8BlockTensor(need("w13_weight").view(torch.float8_e4m3fn), need("w13_weight_scale_inv").float()),
-                       F.Fp8BlockTensor(need("w2_weight").view(torch.float8_e4m3fn), need("w2_weight_scale_inv").float()))
+                       F.Fp8BlockTensor(need("w2_weight").view(torch.float8_e4m3fn), need("w2_weight_scale_inv").float()), extras)
         if format == "nvfp4":
             def gs(name):
                 g = need(name).float()
@@ -113,14 +128,14 @@ class ExpertWeights:
                        F.NvFp4Tensor(need("w13_weight").view(torch.uint8), need("w13_weight_scale").view(torch.float8_e4m3fn),
                                      gs("w13_weight_scale_2")),
                        F.NvFp4Tensor(need("w2_weight").view(torch.uint8), need("w2_weight_scale").view(torch.float8_e4m3fn),
-                                     gs("w2_weight_scale_2")))
+                                     gs("w2_weight_scale_2")), extras)
         if format == "mxfp4":
             def packed(name):
                 p = need(name).view(torch.uint8)
                 return p.flatten(-2) if p.dim() == 4 else p  # gpt-oss [E, N, K/32, 16] blocks
             return cls(format,
                        F.MxFp4Tensor(packed("w13_weight"), need("w13_weight_scale").view(torch.uint8)),
-                       F.MxFp4Tensor(packed("w2_weight"), need("w2_weight_scale").view(torch.uint8)))
+                       F.MxFp4Tensor(packed("w2_weight"), need("w2_weight_scale").view(torch.uint8)), extras)
         raise ValueError(f"unknown expert weight format {format!r}")
 
     # ------------------------------------------------------------------------------- access
@@ -133,7 +148,8 @@ class ExpertWeights:
         return _dequantize(self.w13[e]), _dequantize(self.w2[e])
 
     def to(self, device) -> "ExpertWeights":
-        return ExpertWeights(self.format, self.w13.to(device), self.w2.to(device))
+        return ExpertWeights(self.format, self.w13.to(device), self.w2.to(device),
+                             {k: v.to(device) for k, v in self.extras.items()})
 
     def nbytes_per_expert(self) -> int:
         """Bytes one expert's weights occupy in this format (weights + scales)."""
