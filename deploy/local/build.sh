@@ -170,6 +170,7 @@ install_kwok_stages "$stage"
   cat "$here/versions.env" | grep -v '^#'
 } >"$stage/.complete"
 rm -rf "$bin_dir"
+chmod 755 "$stage"  # mktemp made it 0700
 mv "$stage" "$bin_dir"
 log "done in $((SECONDS - start))s: $bin_dir ($(du -sh "$bin_dir" | cut -f1))"
 echo "BIN_DIR=$bin_dir"

@@ -283,7 +283,8 @@ class DevCluster:
                 tail = procs.log_tail(proc)
                 if "address already in use" in tail:
                     raise _PortInUse(f"{name} could not bind its port")
-                raise StartError(f"{name} exited during startup; last lines of {proc.log}:\n{tail}")
+                raise StartError(f"{name} exited (code {procs.exited(proc)}) during startup; "
+                                 f"last lines of {proc.log}:\n{tail}")
             ok, body = probe(url + ("?verbose" if name == "kube-apiserver" else ""), ctx=ctx,
                              token=token if name == "kube-apiserver" else None)
             if ok:

@@ -194,8 +194,8 @@ def node_manifest(pool: str, index: int) -> dict[str, Any]:
         "status": {
             "capacity": dict(resources),
             "allocatable": dict(resources),
-            "nodeInfo": {"architecture": c.arch, "operatingSystem": "linux",
-                         "kubeletVersion": "kwok", "containerRuntimeVersion": "kwok"},
+            # kwok fills the rest of nodeInfo (kubelet/runtime version "kwok-<version>").
+            "nodeInfo": {"architecture": c.arch, "operatingSystem": "linux"},
         },
     }
 

@@ -67,22 +67,16 @@ def _is_zombie(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-def _reap(pid: int) -> None:
-    child = _CHILDREN.get(pid)
-    if child is not None and child.poll() is not None:
-        _CHILDREN.pop(pid, None)
-
-
 def is_ours(proc: Proc) -> bool:
-    """True while `proc` is alive and still runs the command we started."""
-    _reap(proc.pid)
+    """True while `proc` is alive and still runs the command we started.
+
+    For a child of this Python process the Popen handle decides: its PID cannot be reused before
+    we reap it. Otherwise (started by an earlier `up`) /proc/<pid>/cmdline must still match."""
     child = _CHILDREN.get(proc.pid)
     if child is not None:
-        # Started by this process: alive until poll() says otherwise. (Right after fork,
-        # /proc/<pid>/cmdline still shows the Python parent until exec completes.)
         return child.poll() is None
     cmd = _cmdline(proc.pid)
-    return bool(cmd) and cmd[0] == proc.argv[0] and cmd[1:] == proc.argv[1:] and not _is_zombie(proc.pid)
+    return bool(cmd) and cmd == proc.argv and not _is_zombie(proc.pid)
 
 
 def exited(proc: Proc) -> int | None:
