@@ -1,0 +1,35 @@
+"""Prometheus metrics of one runtime process (own registry, so tests can run several servers)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LAT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("moe_runtime_requests", "HTTP API requests by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("moe_runtime_prompt_tokens", "prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("moe_runtime_generation_tokens", "tokens generated", registry=r)
+        self.latency = Histogram("moe_runtime_request_latency_seconds", "request latency (end to end)",
+                                 buckets=_LAT_BUCKETS, registry=r)
+        self.ttft = Histogram("moe_runtime_time_to_first_token_seconds", "time to first token",
+                              buckets=_LAT_BUCKETS, registry=r)
+        self.queue_depth = Gauge("moe_runtime_queue_depth", "requests waiting for a batch slot", registry=r)
+        self.running = Gauge("moe_runtime_running_requests", "requests in the decode batch", registry=r)
+        self.rejected = Counter("moe_runtime_rejected_requests", "requests refused because the queue was full",
+                                registry=r)
+        self.fallbacks = Counter("moe_runtime_backend_fallbacks", "MoE backends that failed the self-test and were "
+                                 "replaced by the next candidate", ["from_backend", "to_backend"], registry=r)
+        self.backend = Gauge("moe_runtime_moe_backend_info", "MoE backend in use (value 1)",
+                             ["backend", "weight_format", "family", "deferred_finalize"], registry=r)
+        self.ready = Gauge("moe_runtime_ready", "1 once weights are loaded and the self-test passed", registry=r)
+        self.load_seconds = Gauge("moe_runtime_weights_load_seconds", "time to read the weights", registry=r)
+        self.load_bytes = Gauge("moe_runtime_weights_bytes", "bytes of weights read", registry=r)
+        self.decode_steps = Counter("moe_runtime_decode_steps", "batched decode steps", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
