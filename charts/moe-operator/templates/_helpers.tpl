@@ -58,6 +58,10 @@ app.kubernetes.io/part-of: moe-operator
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{- define "moe-operator.peeringName" -}}
+{{- default (include "moe-operator.fullname" .) .Values.leaderElection.peeringName }}
+{{- end }}
+
 {{/* Leader election (kopf peering) is on exactly when more than one replica runs. */}}
 {{- define "moe-operator.leaderElection" -}}
 {{- if gt (int .Values.replicas) 1 }}true{{ end }}
