@@ -187,17 +187,20 @@ def _stack_experts(t: dict[str, torch.Tensor], prefix: str, E: int, fmt: str, lo
         return out
     if fmt == "fp8":
         inter = t[f"{prefix}experts.0.gate_proj.weight"].shape[0]
-        if inter % 128 == 0:  # gate/up block grids line up: concatenating their scales is exact
-            w13w, w13s = w13("weight"), w13("weight_scale_inv")
-        else:  # blocks would straddle gate|up: dequantise and requantise w13 on the 128x128 grid
-            log("load_requantize", f"{prefix}experts: moe_intermediate_size {inter} is not a multiple of 128; "
-                "w13 re-quantised on the fused 128x128 grid")
-            deq = torch.stack([torch.cat([kcompat.dequantize("fp8", kcompat.Fp8BlockTensor(
-                get(e, p, "weight"), get(e, p, "weight_scale_inv").float()), torch.float32) for p in ("gate_proj", "up_proj")])
-                for e in range(E)])
-            q = kcompat.quantize_fp8_block(deq)
-            w13w, w13s = q.weight, q.scale_inv
-        return {"w13_weight": w13w, "w13_weight_scale_inv": w13s.float(),
+        pad = -inter % 128
+        if pad:
+            # gate|up blocks would straddle the fused w13's 128-row grid: zero-pad I to a multiple of
+            # 128 instead (exact: silu(0)*0 = 0 and the padded w2 columns are zero); real models have
+            # I % 128 == 0 and take no padding
+            log("load_pad", f"{prefix}experts: moe_intermediate_size {inter} zero-padded to {inter + pad} for the "
+                "128x128 FP8 block grid")
+            for e in range(E):
+                for p in ("gate_proj", "up_proj"):
+                    k = f"{prefix}experts.{e}.{p}.weight"
+                    t[k] = torch.nn.functional.pad(t[k].view(torch.uint8), (0, 0, 0, pad)).view(torch.float8_e4m3fn)
+                k = f"{prefix}experts.{e}.down_proj.weight"
+                t[k] = torch.nn.functional.pad(t[k].view(torch.uint8), (0, pad)).view(torch.float8_e4m3fn)
+        return {"w13_weight": w13("weight"), "w13_weight_scale_inv": w13("weight_scale_inv").float(),
                 "w2_weight": w2("weight"), "w2_weight_scale_inv": w2("weight_scale_inv").float()}
     raise RuntimeFailure(f"unsupported expert weight format {fmt!r}")
 
