@@ -228,3 +228,43 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(tmp_path, dev_cluster):
     assert dc.pids() == {}
     # the session cluster was not touched
     assert all(_alive(pid) for pid in dev_cluster.pids().values())
+
+
+def test_pinned_tools_talk_to_the_server(dev_cluster):
+    version = json.loads(dev_cluster.kubectl("version", "-o", "json").stdout)
+    assert version["serverVersion"]["gitVersion"].startswith("v1.")
+    assert version["clientVersion"]["major"] == version["serverVersion"]["major"]
+    assert "v3." in dev_cluster.helm("version", "--short").stdout
+    assert dev_cluster.helm("list", "-A").returncode == 0
+
+
+@pytest.mark.skipif(bool(os.environ.get("MOE_KUBECONFIG")), reason="needs to start its own cluster")
+def test_up_retries_when_a_port_is_taken(tmp_path, monkeypatch):
+    """A port picked free can be taken before the component binds it: `up` must retry."""
+    import socket
+
+    from moe_operator.devcluster import cluster as C
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real = C._distinct_ports
+    calls = []
+
+    def first_one_taken():
+        ports = real()
+        if not calls:
+            ports.etcd_client = taken
+        calls.append(ports)
+        return ports
+
+    monkeypatch.setattr(C, "_distinct_ports", first_one_taken)
+    dc = DevCluster(tmp_path / "dc")
+    try:
+        dc.up(pools={"h100": 1})
+        assert len(calls) == 2 and dc.status()["running"]
+    finally:
+        dc.down()
+        squatter.close()
+    assert not any(_alive(pid) for pid in [p for p in dc.pids().values()])

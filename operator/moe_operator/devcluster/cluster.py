@@ -15,6 +15,8 @@ is what lets `status`/`down` in another process find and stop exactly those proc
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -92,6 +94,11 @@ class DevCluster:
         Returns the admin kubeconfig path."""
         t0 = time.monotonic()
         self._binaries = ensure_binaries(build=build)
+        with self._locked():
+            return self._up_locked(pools, timeout, t0)
+
+    def _up_locked(self, pools: dict[str, int] | None, timeout: float, t0: float) -> Path:
+        assert self._binaries is not None
         st = self._load_state()
         if st and self._healthy(st):
             log(f"reusing running cluster ({self.kubeconfig})")
@@ -100,18 +107,18 @@ class DevCluster:
             return self.kubeconfig
         if st:
             log("found a stale or unhealthy cluster; stopping what is left of it")
-            self.down()
+            self._down_locked(quiet=False)
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
                 self._start(self._binaries, timeout)
                 break
             except _PortInUse as e:
                 log(f"{e}; retrying with new ports (attempt {attempt}/{START_ATTEMPTS})")
-                self.down(quiet=True)
+                self._down_locked(quiet=True)
                 if attempt == START_ATTEMPTS:
                     raise
             except BaseException:
-                self.down(quiet=True)
+                self._down_locked(quiet=True)
                 raise
         self.ensure_pools(pools if pools is not None else poolmod.parse_pools(None))
         log(f"cluster up in {time.monotonic() - t0:.1f}s; export KUBECONFIG={self.kubeconfig}")
@@ -120,6 +127,10 @@ class DevCluster:
     def down(self, quiet: bool = False) -> list[str]:
         """Stop the processes recorded in the state file (only those, by PID, after checking
         their command line) and forget the cluster. Returns the names of processes stopped."""
+        with self._locked():
+            return self._down_locked(quiet)
+
+    def _down_locked(self, quiet: bool) -> list[str]:
         st = self._load_state()
         if not st:
             if not quiet:
@@ -213,6 +224,17 @@ class DevCluster:
         return proc
 
     # ------------------------------------------------------------------ internals
+    @contextlib.contextmanager
+    def _locked(self):
+        """One `up`/`down` at a time per state dir (two test sessions, or a test and a user)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     def _load_state(self) -> dict[str, Any] | None:
         try:
             return json.loads(self.layout.state_file.read_text())

@@ -115,8 +115,12 @@ def stop(proc: Proc, timeout: float = 15.0) -> bool:
 
 
 def log_tail(proc: Proc, lines: int = 25) -> str:
+    """Last lines of this run of the component (logs are appended across runs; each run starts
+    with a `==== <time> <argv>` header, so older runs' errors are not reported as this one's)."""
     try:
         text = Path(proc.log).read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return "(no log)"
-    return "\n".join("    " + ln for ln in text[-lines:])
+    starts = [i for i, ln in enumerate(text) if ln.startswith("==== ")]
+    text = text[starts[-1] + 1:] if starts else text
+    return "\n".join("    " + ln for ln in text[-lines:]) or "    (no output)"
