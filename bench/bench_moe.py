@@ -1,0 +1,188 @@
+"""DeepSeek-V3 MoE layer on one GPU: our Triton FP4 experts vs torch bf16 `torch._grouped_mm`.
+
+Shapes: 256 experts, hidden 7168, intermediate 2048, top-8, random (softmax top-k) routing.
+For each token count: time of our full experts forward (align + gate/up GEMM + down GEMM + finalize),
+time of the bf16 baseline (two `_grouped_mm` with SiLU*up between, on pre-sorted tokens: the GEMMs
+only, as in the project's baseline table), achieved bandwidth over the FP4 bytes of the touched
+experts, ratio to bf16, and the fraction of the limit (those bytes over the measured copy bandwidth).
+Correctness is checked against the torch reference at every size. All numbers come from one run.
+
+  python bench/bench_moe.py [--tokens 1,8,...] [--formats nvfp4,mxfp4] [--sweep] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.testing
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "kernels"))
+
+from moe_kernels.experts import ExpertWeights  # noqa: E402
+from moe_kernels.formats import MxFp4Tensor, NvFp4Tensor  # noqa: E402
+from moe_kernels.reference import TorchExperts  # noqa: E402
+from moe_kernels.routing import softmax_topk  # noqa: E402
+from moe_kernels.triton_moe import GemmConfig, MoEConfig, TritonExperts  # noqa: E402
+
+E, H, I, K = 256, 7168, 2048, 8
+DEV = "cuda"
+
+
+def bench(fn, graph=True):
+    """Median time in seconds; CUDA-graph replay when the function is capturable."""
+    if graph:
+        try:
+            return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e-3
+        except Exception as exc:  # noqa: BLE001 - fall back to eager timing, say so
+            print(f"  (graph capture failed: {type(exc).__name__}; eager timing)")
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 30  # 2 GiB of bf16 per buffer
+    a = torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    t = bench(lambda: b.copy_(a), graph=False)
+    del a, b
+    return 2 * n * 2 / t  # bytes read + written
+
+
+def random_weights(fmt: str, g: torch.Generator) -> ExpertWeights:
+    """Random FP4 codes and plausible scales (weights ~ N(0, 0.02)-sized), generated on the GPU."""
+    def packed(n, k):
+        return torch.randint(0, 256, (E, n, k // 2), device=DEV, dtype=torch.uint8, generator=g)
+
+    if fmt == "nvfp4":
+        def bs(n, k):  # e4m3 codes for values 1..8
+            return torch.randint(0x38, 0x50, (E, n, k // 16), device=DEV, dtype=torch.uint8, generator=g
+                                 ).view(torch.float8_e4m3fn)
+        gs = torch.full((E,), 2e-3, device=DEV)
+        return ExpertWeights("nvfp4", NvFp4Tensor(packed(2 * I, H), bs(2 * I, H), gs),
+                             NvFp4Tensor(packed(H, I), bs(H, I), gs.clone()))
+
+    def sc(n, k):  # 2^-8 .. 2^-5
+        return torch.randint(119, 123, (E, n, k // 32), device=DEV, dtype=torch.uint8, generator=g)
+    return ExpertWeights("mxfp4", MxFp4Tensor(packed(2 * I, H), sc(2 * I, H)), MxFp4Tensor(packed(H, I), sc(H, I)))
+
+
+def dequantized_bf16(weights: ExpertWeights):
+    """[E, 2I, H] and [E, H, I] bf16, dequantised a few experts at a time (bounded temporaries)."""
+    w13 = torch.empty(E, 2 * I, H, device=DEV, dtype=torch.bfloat16)
+    w2 = torch.empty(E, H, I, device=DEV, dtype=torch.bfloat16)
+    for e in range(E):
+        w13[e], w2[e] = weights.dequantize_expert(e)
+    return w13, w2
+
+
+def grouped_mm_layer(w13t, w2t):
+    """bf16 baseline on tokens already sorted by expert (offs: int32 cumulative row ends)."""
+    def run(xs, offs):
+        h = torch._grouped_mm(xs, w13t, offs=offs)
+        a = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+        return torch._grouped_mm(a, w2t, offs=offs)
+    return run
+
+
+def rel(a, b):
+    a, b = a.float(), b.float()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return float((a - b).norm() / b.norm())
+
+
+def sweep(ex: TritonExperts, tokens: list[int], g):
+    """Time a few tile configs per size (tuning aid; the default config is what the table uses)."""
+    cands = {
+        16: [MoEConfig(16, GemmConfig(bn, bk, w, s), GemmConfig(bn2, bk, w, s))
+             for bn, bn2 in ((32, 64), (64, 64), (64, 128), (128, 128)) for bk in (128, 256) for w in (4,)
+             for s in (4,)],
+        64: [MoEConfig(bm, GemmConfig(bn, 128, w, 3, 8), GemmConfig(bn, 128, w, 3, 8))
+             for bm in (32, 64) for bn in (64, 128) for w in (4, 8)],
+        128: [MoEConfig(bm, GemmConfig(bn, bk, w, s, 8), GemmConfig(bn2, bk, w, s, 8))
+              for bm in (64, 128) for bn, bn2 in ((64, 128), (128, 128)) for bk in (64, 128) for w in (8,)
+              for s in (3,)],
+    }
+    for t in tokens:
+        x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
+        w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
+        key = 16 if t <= 16 else (64 if t <= 256 else 128)
+        for cfg in cands[key]:
+            ex.config = cfg
+            try:
+                us = bench(lambda: ex.forward(x, w, ids)) * 1e6
+                print(f"  sweep {ex.fmt} T={t} {cfg}: {us:.1f} us", flush=True)
+            except Exception as exc:  # noqa: BLE001
+                print(f"  sweep {ex.fmt} T={t} {cfg}: failed {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        ex.config = None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="1,8,64,256,1024,4096")
+    ap.add_argument("--formats", default="nvfp4,mxfp4")
+    ap.add_argument("--sweep", default="", help="token counts to sweep tile configs at, e.g. 1,64,4096")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    g = torch.Generator(device=DEV).manual_seed(0)
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    bw = copy_bandwidth()
+    print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    results = {"copy_bw": bw, "rows": []}
+    w13t = w2t = None
+    for fmt in args.formats.split(","):
+        t0 = time.time()
+        weights = random_weights(fmt, g)
+        ex = TritonExperts(weights)
+        ref = TorchExperts(weights)
+        if w13t is None:  # one bf16 copy of the (first format's) weights for the baseline
+            w13, w2 = dequantized_bf16(weights)
+            w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)  # [E, K, N] views, K contiguous
+            base = grouped_mm_layer(w13t, w2t)
+        per_expert = weights.nbytes_per_expert()
+        print(f"[{fmt}] setup {time.time() - t0:.1f}s, {per_expert / 1e6:.2f} MB per expert", flush=True)
+        if args.sweep and fmt == args.formats.split(",")[0]:
+            sweep(ex, [int(t) for t in args.sweep.split(",")], g)
+        for t in tokens:
+            x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
+            w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
+            touched = int(torch.unique(ids).numel())
+            nbytes = touched * per_expert
+            out = ex.forward(x, w, ids)
+            err = rel(out, ref.forward(x, w, ids))
+            t_ours = bench(lambda: ex.forward(x, w, ids))
+            # baseline inputs: tokens sorted by expert, int32 offsets
+            flat = ids.flatten().long()
+            order = torch.argsort(flat, stable=True)
+            xs = x[order // K].contiguous()
+            offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+            t_bf16 = bench(lambda: base(xs, offs))
+            limit = nbytes / bw
+            row = dict(fmt=fmt, tokens=t, experts=touched, us=t_ours * 1e6, tbs=nbytes / t_ours / 1e12,
+                       bf16_us=t_bf16 * 1e6, speedup=t_bf16 / t_ours, limit_us=limit * 1e6,
+                       frac_limit=limit / t_ours, rel_err=err)
+            results["rows"].append(row)
+            print(f"  T={t:5d} experts={touched:3d}  ours {row['us']:9.1f} us {row['tbs']:5.2f} TB/s | "
+                  f"bf16 {row['bf16_us']:9.1f} us  x{row['speedup']:5.2f} | limit {row['limit_us']:8.1f} us "
+                  f"{100 * row['frac_limit']:5.1f}% | rel err {err:.2e}", flush=True)
+        del ex, ref, weights
+        torch.cuda.empty_cache()
+    print("\n| format | tokens | experts | ours (us) | TB/s | bf16 _grouped_mm (us) | speedup vs bf16 | "
+          "limit (us) | % of limit | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results["rows"]:
+        print(f"| {r['fmt']} | {r['tokens']} | {r['experts']} | {r['us']:.1f} | {r['tbs']:.2f} | {r['bf16_us']:.1f} | "
+              f"{r['speedup']:.2f}x | {r['limit_us']:.1f} | {100 * r['frac_limit']:.1f}% | {r['rel_err']:.1e} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

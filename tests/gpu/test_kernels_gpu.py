@@ -1,0 +1,136 @@
+"""Triton MoE kernels against the torch reference on a CUDA GPU (run on the H200 machine).
+
+Fresh random inputs per case; outputs are poisoned (the caching allocator hands back memory we
+filled with NaN) so an unwritten element shows up as NaN instead of a stale or zero value.
+"""
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from moe_kernels.experts import FORMATS, ExpertWeights  # noqa: E402
+from moe_kernels.finalize import finalize_reference, moe_finalize_fuse_shared  # noqa: E402
+from moe_kernels.reference import TorchExperts  # noqa: E402
+from moe_kernels.routing import softmax_topk  # noqa: E402
+from moe_kernels.selftest import selftest  # noqa: E402
+from moe_kernels.triton_align import align_by_expert  # noqa: E402
+from moe_kernels.triton_moe import TritonExperts  # noqa: E402
+
+DEV = "cuda"
+
+
+def _poison_allocator(nbytes=1 << 30):
+    """Fill free cached blocks with NaN so torch.empty in the kernels returns NaN-filled memory."""
+    buf = torch.full((nbytes // 2,), float("nan"), dtype=torch.bfloat16, device=DEV)
+    del buf
+
+
+def _rel(a, b):
+    a, b = a.float(), b.float()
+    assert torch.isfinite(a).all(), "non-finite output (unwritten or overflow)"
+    return float((a - b).norm() / b.norm())
+
+
+def _problem(fmt, e, h, i, t, k, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    w13 = torch.randn(e, 2 * i, h, device=DEV, generator=g) / h ** 0.5
+    w2 = torch.randn(e, h, i, device=DEV, generator=g) / i ** 0.5
+    weights = ExpertWeights.from_dense(w13, w2, fmt)
+    x = torch.randn(t, h, device=DEV, generator=g).to(torch.bfloat16)
+    w, ids = softmax_topk(torch.randn(t, e, device=DEV, generator=g), k, renormalize=True)
+    shared = torch.randn(t, h, device=DEV, generator=g).to(torch.bfloat16)
+    return weights, x, w, ids, shared
+
+
+SHAPES = [  # E, H, I, T, K: covers the BLOCK_M 16 / 32 / 64 / 128 configs
+    (8, 256, 128, 1, 2),
+    (8, 256, 128, 13, 2),
+    (16, 512, 256, 100, 4),
+    (32, 1024, 512, 300, 8),
+    (16, 512, 384, 700, 4),
+]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "E{}H{}I{}T{}K{}".format(*s))
+def test_triton_experts_match_reference(fmt, shape):
+    e, h, i, t, k = shape
+    weights, x, w, ids, shared = _problem(fmt, e, h, i, t, k, seed=hash((fmt, shape)) % 10000)
+    ref = TorchExperts(weights).forward(x, w, ids, shared_output=shared, routed_scale=2.5)
+    ex = TritonExperts(weights)
+    _poison_allocator()
+    out = ex.forward(x, w, ids, shared_output=shared, routed_scale=2.5)
+    assert _rel(out, ref) < 1e-2
+    _poison_allocator()
+    d = ex.forward(x, w, ids, routed_scale=2.5, defer_finalize=True)
+    used = d.expanded_idx_to_permuted_idx.long()
+    assert torch.isfinite(d.gemm2_out[used[used >= 0]].float()).all()
+    assert torch.equal(d.finalize(shared), out)
+
+
+def test_triton_experts_skip_other_ranks_and_bf16_weights():
+    weights, x, w, ids, shared = _problem("nvfp4", 16, 512, 256, 50, 4, seed=7)
+    ids = ids.clone()
+    ids[::3, 1] = -1
+    ids[::5, 2] = 99
+    ref = TorchExperts(weights).forward(x, w.bfloat16(), ids, shared_output=shared)
+    out = TritonExperts(weights).forward(x, w.bfloat16(), ids, shared_output=shared)
+    assert _rel(out, ref) < 1e-2
+
+
+def test_align_is_a_padded_permutation():
+    for t, k, e, bm in [(1, 8, 256, 16), (37, 4, 16, 32), (4096, 8, 256, 64)]:
+        ids = torch.randint(0, e, (t, k), device=DEV, dtype=torch.int32)
+        al = align_by_expert(ids, e, bm)
+        perm = al.perm.long()
+        n = t * k
+        assert (perm >= 0).all() and perm.unique().numel() == n
+        assert torch.equal(al.sorted_ids[perm], torch.arange(n, device=DEV, dtype=torch.int32))
+        counts = torch.bincount(ids.flatten().long(), minlength=e)
+        assert int(al.num_post_pad) == int(((counts + bm - 1) // bm * bm).sum())
+        blocks = perm // bm
+        assert torch.equal(al.expert_ids[blocks].long(), ids.flatten().long())
+        assert int(al.num_post_pad) <= al.p_max
+
+
+def test_forward_is_cuda_graph_capturable():
+    weights, x, w, ids, shared = _problem("mxfp4", 16, 512, 256, 8, 4, seed=3)
+    ex = TritonExperts(weights)
+    eager = ex.forward(x, w, ids, shared_output=shared)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ex.forward(x, w, ids, shared_output=shared)  # warm-up / compile outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ex.forward(x, w, ids, shared_output=shared)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t,k,h", [(1, 8, 7168), (33, 4, 1000), (1024, 8, 2048)])
+def test_finalize_kernel_matches_reference(wdtype, t, k, h):
+    p = t * k + 64
+    gemm2_out = torch.randn(p, h + 8, device=DEV).to(torch.bfloat16)
+    perm = torch.randperm(p, device=DEV)[: t * k].to(torch.int32)
+    perm[torch.rand(t * k, device=DEV) < 0.1] = -1
+    weights = torch.rand(t, k, device=DEV).to(wdtype)
+    shared = torch.randn(t, h, device=DEV).to(torch.bfloat16)
+    for sh, rs in [(shared, 2.5), (None, None)]:
+        ref = finalize_reference(gemm2_out, weights, perm, sh, rs)
+        _poison_allocator()
+        out = moe_finalize_fuse_shared(gemm2_out, weights, perm, sh, rs)
+        assert out.shape == ref.shape and torch.isfinite(out.float()).all()
+        # same fp32 sum in the same order; FMA contraction may move the last fp32 bit
+        assert torch.allclose(out.float(), ref.float(), rtol=2 ** -7, atol=1e-5)
+        assert (out != ref).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_selftest_triton_passes(fmt):
+    res = selftest("triton", fmt, DEV)
+    assert res.ok, res.message
