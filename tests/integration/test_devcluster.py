@@ -264,6 +264,9 @@ def test_up_retries_when_a_port_is_taken(tmp_path, monkeypatch):
     try:
         dc.up(pools={"h100": 1})
         assert len(calls) == 2 and dc.status()["running"]
+        assert dc.node_counts() == {"h100": {"total": 1, "ready": 1}}
+        dc.remove_pool("h100")
+        _wait(lambda: dc.node_counts() == {}, 30, "the h100 nodes to be deleted")
     finally:
         dc.down()
         squatter.close()
