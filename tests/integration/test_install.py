@@ -170,7 +170,7 @@ def test_rendered_chart_is_valid_server_side(dev_cluster, kubectl, crds_installe
     """Every object of the chart with everything switched on, validated by the API server itself
     (strict field validation: an unknown or misplaced field is an error)."""
     sets = ["replicas=3", f"watchNamespaces={{{namespace}}}", "nodeProbe.enabled=true",
-            "extraEnv[0].name=X", "extraEnv[0].value=1", "podAnnotations.a=b"]
+            "extraEnv[0].name=X", "extraEnv[0].value=x1", "podAnnotations.a=b"]
     has_sm = _exists(kubectl, "crd", "servicemonitors.monitoring.coreos.com")
     if has_sm:
         sets.append("metrics.serviceMonitor.enabled=true")
