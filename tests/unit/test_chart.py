@@ -446,3 +446,17 @@ def test_kustomization_lists_every_manifest():
     assert not any(d["metadata"].get("labels", {}).get("app.kubernetes.io/managed-by") == "Helm" for d in docs)
     crd = next(d for d in docs if d["metadata"]["name"] == "moedeployments.moe.serving.dev")
     assert crd == yaml.safe_load(crd_yaml())
+
+
+def test_helm_package_carries_the_crds(helm, tmp_path):
+    proc = _run_helm("package", str(CHART), "-d", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    import tarfile
+
+    (tgz,) = tmp_path.glob("moe-operator-*.tgz")
+    with tarfile.open(tgz) as t:
+        names = set(t.getnames())
+        crd_text = t.extractfile("moe-operator/crds/moedeployments.yaml").read().decode()
+    assert {"moe-operator/crds/kopf-peerings.yaml", "moe-operator/values.schema.json",
+            "moe-operator/templates/NOTES.txt", "moe-operator/README.md"} <= names
+    assert crd_text == crd_yaml()
