@@ -32,7 +32,8 @@ SKIP_ENV = "MOE_SKIP_INTEGRATION"
 @functools.cache
 def _find_helm() -> str | None:
     if os.environ.get("HELM"):
-        return os.environ["HELM"]
+        exe = os.environ["HELM"]
+        return exe if os.access(exe, os.X_OK) else None
     try:
         from moe_operator.devcluster.binaries import BuildError, build_script, ensure_binaries
 
@@ -57,7 +58,7 @@ def helm() -> str:
     if exe is None:
         if os.environ.get(SKIP_ENV) == "1":
             pytest.skip(f"helm not found and {SKIP_ENV}=1")
-        pytest.fail("helm not found: build it with `bash deploy/local/build.sh` (pinned in "
+        pytest.fail(f"helm not found ($HELM={os.environ.get('HELM', '')!r}): build it with `bash deploy/local/build.sh` (pinned in "
                     "deploy/local/versions.env), set HELM=/path/to/helm or put helm on PATH; "
                     f"or set {SKIP_ENV}=1 to skip the chart tests", pytrace=False)
     return exe
