@@ -100,6 +100,8 @@ def test_scheduler_places_pods_by_compute_capability(kubectl, namespace):
     pods = _json(kubectl, "-n", namespace, "get", "pods")["items"]
     for p in pods:
         assert p["status"]["phase"] == "Running"
+        # simulated pods get loopback IPs (see devcluster.components.POD_CIDR)
+        assert p["status"]["podIP"].startswith("127.") or os.environ.get("MOE_DEV_POD_CIDR")
         assert all(cs["ready"] and "running" in cs["state"] for cs in p["status"]["containerStatuses"])
     dep = _json(kubectl, "-n", namespace, "get", "deployment", "sm100")
     assert _wait(lambda: _json(kubectl, "-n", namespace, "get", "deployment", "sm100")["status"]

@@ -291,7 +291,7 @@ class DevCluster:
 
     def _wait_healthy(self, name: str, proc: procs.Proc, ports: Ports, token: str, timeout: float) -> None:
         url = components.health_url(name, ports)
-        if name == "kube-apiserver":
+        if name in ("kube-apiserver", "kwok"):  # both serve our CA-signed certificate
             ctx: ssl.SSLContext | None = self._ca_ctx()
         elif url.startswith("https"):
             # controller-manager/scheduler serve with a self-signed cert of their own making.

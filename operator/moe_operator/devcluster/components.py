@@ -24,7 +24,16 @@ from pathlib import Path
 
 from .binaries import Binaries
 
+import os as _os
+
 SERVICE_CIDR = "10.96.0.0/16"
+# Simulated pods get loopback IPs: nothing here is meant to dial a pod, but if some code does (an
+# operator health-probing its runtime pods, say) the packets stay on this machine instead of
+# leaving it for a private range. The price: EndpointSlice validation rejects loopback
+# addresses, so Services get no endpoints. MOE_DEV_POD_CIDR overrides (e.g. 10.244.0.0/16 for
+# tests that need endpoints and never dial them). kwok's own default, 10.0.0.0/24, would also
+# run out after 254 pods.
+POD_CIDR = _os.environ.get("MOE_DEV_POD_CIDR", "127.1.0.0/16")
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
@@ -95,6 +104,9 @@ def kube_apiserver(b: Binaries, lay: Layout, p: Ports) -> list[str]:
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allow-privileged=true",
+        # kubectl logs/exec go to the node's InternalIP, which is kwok's loopback server; never
+        # resolve node names (that would ask a DNS server about kwok-h200-0000).
+        "--kubelet-preferred-address-types=InternalIP",
         # Room for scale tests that register hundreds of nodes and pods at once.
         "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
         "--profiling=false",
@@ -132,6 +144,7 @@ def kube_scheduler(b: Binaries, lay: Layout, p: Ports) -> list[str]:
 
 
 def kwok(b: Binaries, lay: Layout, p: Ports) -> list[str]:
+    pki = lay.pki_dir
     return [
         str(b.kwok),
         f"--kubeconfig={lay.component_kubeconfig('kwok')}",
@@ -139,7 +152,12 @@ def kwok(b: Binaries, lay: Layout, p: Ports) -> list[str]:
         "--manage-all-nodes=false",
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
         "--node-lease-duration-seconds=40",
+        # Every node's InternalIP and kubelet endpoint is kwok's own server (it answers the
+        # kubelet API for logs/exec), served with the API server's certificate (SAN 127.0.0.1).
+        "--node-ip=127.0.0.1", f"--node-port={p.kwok}",
         f"--server-address=127.0.0.1:{p.kwok}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--cidr={POD_CIDR}",
     ]
 
 
@@ -160,5 +178,5 @@ def health_url(name: str, p: Ports) -> str:
         "kube-apiserver": f"https://127.0.0.1:{p.apiserver}/readyz",
         "kube-controller-manager": f"https://127.0.0.1:{p.controller_manager}/healthz",
         "kube-scheduler": f"https://127.0.0.1:{p.scheduler}/healthz",
-        "kwok": f"http://127.0.0.1:{p.kwok}/healthz",
+        "kwok": f"https://127.0.0.1:{p.kwok}/healthz",
     }[name]
