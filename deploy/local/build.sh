@@ -138,6 +138,15 @@ install_kwok_stages() { # dest_dir
   mv "$1/kwok-stages.yaml.tmp" "$1/kwok-stages.yaml"
 }
 
+mkdir -p "$cache_root"
+# One build per key at a time (a test session and a shell may both ask); the second waits and
+# then finds the cache complete.
+exec 9>"$cache_root/.lock-$key"
+if ! flock -n 9; then
+  log "another build of $key is running; waiting for it"
+  flock 9
+fi
+
 if (( ! force )) && complete; then
   install_kwok_stages "$bin_dir"
   report_others
@@ -146,7 +155,6 @@ if (( ! force )) && complete; then
   exit 0
 fi
 
-mkdir -p "$cache_root"
 # Build into a private staging dir and rename at the end: a killed build never leaves a
 # half-filled cache dir that a later run would mistake for a complete one.
 stage="$(mktemp -d "$cache_root/.build-$key-XXXXXX")"
