@@ -273,3 +273,35 @@ def test_up_retries_when_a_port_is_taken(tmp_path, monkeypatch):
         dc.down()
         squatter.close()
     assert not any(_alive(pid) for pid in [p for p in dc.pids().values()])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(os.environ.get("MOE_KUBECONFIG")), reason="needs to start its own cluster")
+def test_scale_hundreds_of_nodes_and_pods(tmp_path):
+    """The launcher serves scale tests: 300 GPU nodes register and go Ready, and the real
+    scheduler places 300 single-GPU pods onto the 10.x pools only."""
+    dc = DevCluster(tmp_path / "dc")
+    try:
+        t0 = time.monotonic()
+        dc.up(pools=P.parse_pools("all=50"))
+        assert sum(c["ready"] for c in dc.node_counts().values()) == 300
+        up_s = time.monotonic() - t0
+        kubectl = dc.kubectl
+        kubectl("create", "namespace", "scale")
+        dep = _deployment("wide", [{"key": "nvidia.com/gpu.compute.major", "operator": "In", "values": ["10"]}], 300)
+        kubectl("-n", "scale", "apply", "-f", "-", input=json.dumps(dep))
+        nodes = _json(kubectl, "get", "nodes", "-l", P.POOL_LABEL)["items"]
+        pool_of = {n["metadata"]["name"]: n["metadata"]["labels"][P.POOL_LABEL] for n in nodes}
+
+        def all_running():
+            pods = _json(kubectl, "-n", "scale", "get", "pods")["items"]
+            running = [p for p in pods if p["status"].get("phase") == "Running"]
+            return running if len(running) == 300 else None
+
+        t1 = time.monotonic()
+        pods = _wait(all_running, 180, "300 Running pods")
+        # 50 b200 nodes x 8 GPUs + 50 gb200 x 4 = 600 GPUs for 300 single-GPU pods
+        assert {pool_of[p["spec"]["nodeName"]] for p in pods} <= {"b200", "gb200"}
+        print(f"300 nodes up in {up_s:.1f}s, 300 pods Running in {time.monotonic() - t1:.1f}s")
+    finally:
+        dc.down()
