@@ -43,7 +43,7 @@ def dev_cluster(tmp_path_factory):
             raise FileNotFoundError(f"{KUBECONFIG_ENV}={existing} does not exist")
         yield DevCluster(kubeconfig=existing)
         return
-    dc = DevCluster(tmp_path_factory.mktemp("dev-cluster"))
+    dc = DevCluster(tmp_path_factory.mktemp("dev-cluster"), die_with_parent=True)
     try:
         dc.up()
         yield dc

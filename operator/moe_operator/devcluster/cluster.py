@@ -54,9 +54,14 @@ class _PortInUse(StartError):
 
 
 class DevCluster:
-    def __init__(self, state_dir: str | Path | None = None, kubeconfig: str | Path | None = None):
+    def __init__(self, state_dir: str | Path | None = None, kubeconfig: str | Path | None = None,
+                 die_with_parent: bool = False):
         """`kubeconfig` attaches to an already running cluster (e.g. one started by another
-        process); the state dir then defaults to the kubeconfig's directory."""
+        process); the state dir then defaults to the kubeconfig's directory.
+        `die_with_parent`: the processes `up` starts get SIGKILL when this Python process dies
+        (test sessions: nothing outlives a killed pytest). Must then be called from the main
+        thread, since Linux ties this to the thread that started them."""
+        self.die_with_parent = die_with_parent
         if state_dir is None and kubeconfig is not None:
             state_dir = Path(kubeconfig).resolve().parent
         self.layout = Layout(Path(state_dir or default_state_dir()).resolve())
@@ -282,7 +287,8 @@ class DevCluster:
             for d in (lay.cert_dir(name),):
                 d.mkdir(parents=True, exist_ok=True)
             t = time.monotonic()
-            proc = procs.start(name, components.ARGV[name](b, lay, ports), lay.log(name))
+            proc = procs.start(name, components.ARGV[name](b, lay, ports), lay.log(name),
+                               die_with_parent=self.die_with_parent)
             st["procs"].append(proc.to_json())
             self._save_state(st)  # record the PID at once, so `down` can stop a half-started cluster
             self._wait_healthy(name, proc, ports, tokens["admin"], timeout)
