@@ -299,6 +299,7 @@ NAMESPACED_PERMS = {
 CLUSTER_PERMS = {
     ("", "nodes"): {"get", "list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("", "namespaces"): {"list", "watch"},  # kopf observes namespaces in both modes
 }
 PEERING_VERBS = {"get", "list", "watch", "patch"}
 
@@ -326,7 +327,7 @@ def test_rbac_cluster_wide(helm):
     docs = render(helm)
     assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
     role = one(docs, "ClusterRole")
-    assert perms(role["rules"]) == {**CLUSTER_PERMS, **NAMESPACED_PERMS, ("", "namespaces"): {"list", "watch"}}
+    assert perms(role["rules"]) == {**CLUSTER_PERMS, **NAMESPACED_PERMS}
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     sa = one(docs, "ServiceAccount")
