@@ -224,6 +224,15 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(tmp_path, dev_cluster):
     assert status["running"] and status["nodes"]["h200"] == {"total": 1, "ready": 1}
     assert run("env").stdout.strip() == f"export KUBECONFIG={kubeconfig}"
 
+    # a dead component makes the cluster unhealthy: `up` stops the rest and starts afresh
+    os.kill(pids["kwok"], 9)
+    _wait(lambda: not _alive(pids["kwok"]), 10, "kwok to die")
+    restarted = run("up", "--pools", "h200=1")
+    assert "stale or unhealthy" in restarted.stderr, restarted.stderr
+    _wait(lambda: not any(_alive(pid) for pid in pids.values()), 30, f"old processes {pids} to exit")
+    pids = dc.pids()
+    assert all(_alive(pid) for pid in pids.values())
+
     run("down")
     _wait(lambda: not any(_alive(pid) for pid in pids.values()), 30, f"processes {pids} to exit")
     assert run("status", check=False).returncode != 0

@@ -105,13 +105,17 @@ class DevCluster:
     def _up_locked(self, pools: dict[str, int] | None, timeout: float, t0: float) -> Path:
         assert self._binaries is not None
         st = self._load_state()
-        if st and self._healthy(st):
-            log(f"reusing running cluster ({self.kubeconfig})")
-            if pools:
-                self.ensure_pools(pools)
-            return self.kubeconfig
         if st:
-            log("found a stale or unhealthy cluster; stopping what is left of it")
+            if st.get("bin_dir") != str(self._binaries.dir):
+                reason = "the recorded cluster runs other binaries (versions changed)"
+            elif self._healthy(st):
+                log(f"reusing running cluster ({self.kubeconfig})")
+                if pools:
+                    self.ensure_pools(pools)
+                return self.kubeconfig
+            else:
+                reason = "the recorded cluster is stale or unhealthy"
+            log(f"{reason}; stopping what is left of it")
             self._down_locked(quiet=False)
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
