@@ -188,17 +188,18 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
     objects = [yaml.safe_load(_env.get_template("plan-configmap.yaml.j2").render(
         **common, plan_json=plan.model_dump_json(indent=2)))]
     if spec.nodesPerReplica > 1:
-        objects.append(yaml.safe_load(_env.get_template("leaderworkerset.yaml.j2").render(
+        workload = yaml.safe_load(_env.get_template("leaderworkerset.yaml.j2").render(
             **common, replicas=spec.replicas, group_size=spec.nodesPerReplica,
-            leader_pod=pod("leader"), worker_pod=pod("worker"))))
+            leader_pod=pod("leader"), worker_pod=pod("worker")))
         service_selector = {**selector, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
     else:
-        objects.append(yaml.safe_load(_env.get_template("deployment.yaml.j2").render(
-            **common, replicas=spec.replicas, selector=_yaml_block(selector), pod=pod("single"))))
+        workload = yaml.safe_load(_env.get_template("deployment.yaml.j2").render(
+            **common, replicas=spec.replicas, selector=_yaml_block(selector), pod=pod("single")))
         service_selector = selector
     objects.append(yaml.safe_load(_env.get_template("service.yaml.j2").render(
         **common, service_type=spec.service.type, service_port=spec.service.port,
         service_selector=_yaml_block(service_selector))))
+    objects.append(workload)  # last: it mounts the ConfigMap, and the Service should exist first
     for obj in objects:
         obj["metadata"]["ownerReferences"] = [{
             "apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment", "name": owner.name,

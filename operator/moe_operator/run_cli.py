@@ -33,6 +33,9 @@ def _configure_logging(level: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kubeconfig:
+        # Before importing the kubernetes client: it reads KUBECONFIG into a default at import time.
+        os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
     import kopf
     from kubernetes import config as kconfig
     from prometheus_client import start_http_server
@@ -44,7 +47,6 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("moe_operator")
     if args.kubeconfig:
         kconfig.load_kube_config(config_file=args.kubeconfig)
-        os.environ["KUBECONFIG"] = args.kubeconfig
     else:
         try:
             kconfig.load_incluster_config()
@@ -55,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     handlers.CONFIG.local_models_dir = args.local_models_dir
     handlers.CONFIG.inspect_in_cluster = not args.no_inspection_jobs
     handlers.CONFIG.admission = args.admission
+    if args.admission:
+        handlers.enable_admission()
     if args.metrics_port:
         start_http_server(args.metrics_port)
     log.info("starting: namespaces=%s peering=%s default_engine=%s runtime_image=%s local_models_dir=%s",
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return kopf.login_via_client(**kw)
 
     asyncio.run(kopf.operator(
-        clusterwide=not args.namespace, namespaces=args.namespace or None,
+        clusterwide=not args.namespace, namespaces=args.namespace,
         standalone=args.peering is None, peering_name=args.peering,
         liveness_endpoint=args.liveness or None,
     ))

@@ -1,0 +1,243 @@
+"""The operator against the real local control plane (etcd + kube-apiserver + scheduler + kwok nodes)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .operator_fixture import ROOT, SAMPLES, OperatorProcess, condition, get_json, wait_for
+
+pytestmark = pytest.mark.integration
+
+# sample file -> (expected GPU class prefix, expected backend, deferred finalize, workload kind, pool label)
+EXPECTED = {
+    "deepseek-v4-fp4-h200.yaml": ("sm90/NVIDIA-H200", "flashinfer_mxfp4", False, "Deployment", "h200"),
+    "deepseek-v4-fp4-b200.yaml": ("sm100/NVIDIA-B200", "flashinfer_mxfp4", False, "Deployment", "b200"),
+    "deepseek-v3-nvfp4-b200.yaml": ("sm100/NVIDIA-B200", "flashinfer_trtllm", True, "Deployment", "b200"),
+    "gpt-oss-mxfp4-h100.yaml": ("sm90/NVIDIA-H100-80GB-HBM3", "triton", False, "Deployment", "h100"),
+    "qwen3-moe-fp8.yaml": ("sm", "auto", False, "Deployment", None),
+    "explicit-backend-override.yaml": ("sm90/", "marlin", False, "Deployment", None),
+    "deepseek-v3-fp8-multinode.yaml": ("sm90/NVIDIA-H200", "auto", False, "LeaderWorkerSet", None),
+}
+
+
+@pytest.fixture(scope="module")
+def crd(kubectl):
+    kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "moedeployments.yaml"))
+    kubectl("wait", "--for", "condition=established", "crd/moedeployments.moe.serving.dev", "--timeout=60s")
+
+
+@pytest.fixture(scope="module")
+def operator(crd, kubeconfig, tmp_path_factory):
+    op = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    op.start()
+    time.sleep(2)
+    yield op
+    op.stop()
+
+
+def apply_sample(kubectl, namespace: str, name: str) -> dict:
+    doc = yaml.safe_load((SAMPLES / name).read_text())
+    doc["metadata"]["namespace"] = namespace
+    kubectl("apply", "-f", "-", input=json.dumps(doc))
+    return doc
+
+
+def wait_planned(kubectl, ns, name, operator, timeout=60):
+    def planned():
+        obj = get_json(kubectl, "moed", name, "-n", ns)
+        c = condition(obj, "Planned")
+        return obj if c and c["status"] == "True" else None
+    return wait_for(planned, timeout, f"{ns}/{name} Planned", operator.log_tail)
+
+
+@pytest.mark.parametrize("sample", sorted(EXPECTED))
+def test_sample_is_planned_rendered_and_scheduled(sample, kubectl, namespace, operator):
+    doc = apply_sample(kubectl, namespace, sample)
+    name = doc["metadata"]["name"]
+    gpu_prefix, backend, deferred, kind, pool = EXPECTED[sample]
+    obj = wait_planned(kubectl, namespace, name, operator)
+    st = obj["status"]
+    assert st["gpuClass"].startswith(gpu_prefix), st["gpuClass"]
+    assert st["runnerBackend"] == backend
+    assert st["plan"]["moe"]["deferredFinalize"] is deferred
+    assert st["plan"]["reasons"], "every plan explains itself"
+    assert condition(obj, "CheckpointInspected")["status"] == "True"
+    assert st["observedGeneration"] == obj["metadata"]["generation"]
+
+    # The ConfigMap with the plan and the Service always exist, owned by the MoEDeployment.
+    cm = get_json(kubectl, "configmap", f"{name}-plan", "-n", namespace)
+    assert json.loads(cm["data"]["plan.json"])["moe"]["runnerBackend"] == backend
+    svc = get_json(kubectl, "service", name, "-n", namespace)
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+
+    if kind == "LeaderWorkerSet":
+        # No LWS controller runs in the local control plane: the operator reports what is missing
+        # (when the CRD is absent) or has applied the LeaderWorkerSet.
+        lws = get_json(kubectl, "leaderworkersets.leaderworkerset.x-k8s.io", name, "-n", namespace)
+        if lws is None:
+            obj = get_json(kubectl, "moed", name, "-n", namespace)
+            assert "LeaderWorkerSet" in condition(obj, "Degraded")["message"]
+        else:
+            assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+        return
+
+    dep = wait_for(lambda: get_json(kubectl, "deployment", name, "-n", namespace), 30, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    for k, v in st["plan"]["env"].items():
+        assert env[k] == v
+    args = c["args"]
+    if backend != "auto" and doc["spec"].get("engine", {}).get("name", "bundled") == "sglang":
+        assert args[args.index("--moe-runner-backend") + 1] == backend
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {e["key"]: e["values"] for e in terms[0]["matchExpressions"]}
+    assert keys["nvidia.com/gpu.compute.major"] == [st["plan"]["gpu"]["family"].removeprefix("sm")[:-1]]
+    assert keys["nvidia.com/gpu.product"] == [st["gpuClass"].split("/", 1)[1]]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == str(doc["spec"].get("parallelism", {}).get("tp", 1))
+
+    # The real scheduler puts the pods on the right simulated pool and kwok runs them.
+    replicas = doc["spec"].get("replicas", 1)
+
+    def running():
+        pods = get_json(kubectl, "pods", "-n", namespace, "-l", f"moe.serving.dev/deployment={name}")
+        items = [p for p in pods["items"] if p["status"].get("phase") == "Running"]
+        return items if len(items) == replicas else None
+    pods = wait_for(running, 60, f"{replicas} Running pods of {name}", operator.log_tail)
+    product = st["gpuClass"].split("/", 1)[1]
+    for p in pods:
+        node = get_json(kubectl, "node", p["spec"]["nodeName"])
+        assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == product
+        if pool:
+            assert node["metadata"]["labels"]["moe.serving.dev/pool"] == pool
+
+    def available():
+        o = get_json(kubectl, "moed", name, "-n", namespace)
+        return o if condition(o, "Available")["status"] == "True" and o["status"]["readyReplicas"] == replicas else None
+    wait_for(available, 60, f"{name} Available", operator.log_tail)
+
+
+def test_spec_update_rerenders_and_restart_changes_nothing(kubectl, namespace, operator):
+    doc = apply_sample(kubectl, namespace, "explicit-backend-override.yaml")
+    name = doc["metadata"]["name"]
+    wait_planned(kubectl, namespace, name, operator)
+    dep = wait_for(lambda: get_json(kubectl, "deployment", name, "-n", namespace), 30, "Deployment")
+    old_hash = dep["metadata"]["annotations"]["moe.serving.dev/inputs-hash"]
+
+    kubectl("patch", "moed", name, "-n", namespace, "--type=merge", "-p", '{"spec":{"moe":{"runnerBackend":"auto"}}}')
+
+    def rerendered():
+        d = get_json(kubectl, "deployment", name, "-n", namespace)
+        args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+        return d if args[args.index("--moe-runner-backend") + 1] == "flashinfer_mxfp4" else None
+    dep = wait_for(rerendered, 30, "re-render with flashinfer_mxfp4", operator.log_tail)
+    new_hash = dep["metadata"]["annotations"]["moe.serving.dev/inputs-hash"]
+    assert new_hash != old_hash
+    obj = get_json(kubectl, "moed", name, "-n", namespace)
+    assert obj["status"]["runnerBackend"] == "flashinfer_mxfp4"
+
+    # Drift is repaired: someone edits the env of the workload by hand.
+    wait_for(lambda: get_json(kubectl, "moed", name, "-n", namespace)["status"].get("inputsHash") == new_hash, 30, "status")
+    kubectl("set", "env", f"deployment/{name}", "-n", namespace, "SGLANG_CACHE_DIR=/tmp/elsewhere")
+
+    def repaired():
+        d = get_json(kubectl, "deployment", name, "-n", namespace)
+        env = {e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        return d if env.get("SGLANG_CACHE_DIR") == "/var/cache/moe/sglang" else None
+    dep = wait_for(repaired, 30, "drift repaired", operator.log_tail)
+
+    # An operator restart changes nothing that is already right.
+    time.sleep(3)
+    before = get_json(kubectl, "deployment", name, "-n", namespace)["metadata"]["resourceVersion"]
+    operator.stop()
+    operator.start()
+    time.sleep(8)  # resume handler + several resync ticks
+    after = get_json(kubectl, "deployment", name, "-n", namespace)["metadata"]["resourceVersion"]
+    assert before == after
+
+
+def test_node_pool_appearing_replans(dev_cluster, kubectl, namespace, operator):
+    dev_cluster.remove_pool("rtx-pro-6000")
+    try:
+        doc = apply_sample(kubectl, namespace, "deepseek-v3-nvfp4-b200.yaml")
+        name = doc["metadata"]["name"]
+        kubectl("patch", "moed", name, "-n", namespace, "--type=merge",
+                "-p", '{"spec":{"gpu":{"allowedArchitectures":["sm120"]}}}')
+
+        def not_feasible():
+            c = condition(get_json(kubectl, "moed", name, "-n", namespace), "Planned")
+            return c if c and c["status"] == "False" and c["reason"] == "NoFeasibleGpuClass" else None
+        c = wait_for(not_feasible, 30, "NoFeasibleGpuClass", operator.log_tail)
+        assert "sm120" in c["message"]
+    finally:
+        dev_cluster.add_pool("rtx-pro-6000", 2)
+    obj = wait_planned(kubectl, namespace, name, operator)
+    assert obj["status"]["gpuClass"] == "sm120/NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
+    assert obj["status"]["runnerBackend"] == "flashinfer_cutlass"
+
+
+def test_impossible_explicit_backend_is_not_planned(kubectl, namespace, operator):
+    doc = apply_sample(kubectl, namespace, "deepseek-v3-nvfp4-b200.yaml")
+    name = doc["metadata"]["name"]
+    kubectl("patch", "moed", name, "-n", namespace, "--type=merge",
+            "-p", '{"spec":{"gpu":{"allowedArchitectures":["sm90"]},"moe":{"runnerBackend":"flashinfer_trtllm"}}}')
+
+    def rejected():
+        c = condition(get_json(kubectl, "moed", name, "-n", namespace), "Planned")
+        return c if c and c["status"] == "False" else None
+    c = wait_for(rejected, 30, "Planned=False", operator.log_tail)
+    assert "SM100" in c["message"] and "flashinfer_trtllm" in c["message"]
+
+
+def test_unreadable_checkpoint_sets_condition_with_cause(kubectl, namespace, operator, tmp_path):
+    bad = tmp_path / "broken-ckpt"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"], oops}')
+    doc = {"apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment",
+           "metadata": {"name": "broken", "namespace": namespace},
+           "spec": {"model": {"uri": f"file://{bad}"}}}
+    kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+    def failed():
+        c = condition(get_json(kubectl, "moed", "broken", "-n", namespace), "CheckpointInspected")
+        return c if c and c["status"] == "False" else None
+    c = wait_for(failed, 30, "CheckpointInspected=False", operator.log_tail)
+    assert c["reason"] == "Unreadable" and "config.json" in c["message"] and "invalid JSON" in c["message"]
+    events = get_json(kubectl, "events", "-n", namespace, "--field-selector", "involvedObject.name=broken")
+    assert any(e["reason"] == "CheckpointInspectionFailed" for e in events["items"])
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"parallelism": {"tp": 8, "ep": 3}}, "parallelism.ep must divide parallelism.tp"),
+    ({"moe": {"a2aBackend": "deepep"}}, "moe.a2aBackend needs expert parallelism"),
+    ({"moe": {"runnerBackend": "marlin"}}, "engine bundled supports moe.runnerBackend"),
+    ({"nodesPerReplica": 2, "gpusPerReplica": 16, "parallelism": {"tp": 16}}, "bundled engine serves one node per replica"),
+    ({"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
+])
+def test_invalid_crs_are_refused_by_the_api_server(kubectl, namespace, crd, patch, message):
+    spec = {"model": {"uri": "hf://deepseek-ai/DeepSeek-V3"}}
+    for k, v in patch.items():
+        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
+    doc = {"apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment",
+           "metadata": {"name": "invalid", "namespace": namespace}, "spec": spec}
+    r = kubectl("apply", "-f", "-", input=json.dumps(doc), check=False)
+    assert r.returncode != 0 and message in r.stderr, r.stderr
+
+
+def test_deletion_leaves_nothing_behind(kubectl, namespace, operator):
+    doc = apply_sample(kubectl, namespace, "gpt-oss-mxfp4-h100.yaml")
+    name = doc["metadata"]["name"]
+    wait_planned(kubectl, namespace, name, operator)
+    wait_for(lambda: get_json(kubectl, "deployment", name, "-n", namespace), 30, "Deployment")
+    kubectl("delete", "moed", name, "-n", namespace, "--wait=true", "--timeout=60s")
+
+    def gone():
+        left = [k for k in ("deployment", "service", "configmap") if get_json(kubectl, k, name if k != "configmap" else f"{name}-plan", "-n", namespace)]
+        pods = get_json(kubectl, "pods", "-n", namespace, "-l", f"moe.serving.dev/deployment={name}")["items"]
+        return not left and not pods
+    wait_for(gone, 60, "garbage collection of owned objects", operator.log_tail)
