@@ -76,8 +76,7 @@ def select_backend(res, device: str, metrics, skip: bool = False) -> tuple[str, 
             if not ok:
                 failures.append(f"{name}: {r.message}")
         if ok:
-            if i > 0:
-                metrics.fallbacks.labels(res.backends[0], name).inc()
+            if i > 0:  # (the fallback metric was counted when the failing one was left)
                 log("decision", f"MoE backend fallback: {res.backends[0]} failed its self-test, using {name}",
                     backend=name)
             deferred, why = deferred_for(name, res.deferred)
@@ -121,10 +120,13 @@ def serve(args) -> int:
     from .server import ServerState, create_app
     from .tokenizer import Tokenizer
 
-    import faulthandler
-
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` dumps every thread's stack
     prep = prepare(args)  # raises RuntimeFailure before the port opens
+    try:  # `kill -USR1 PID` dumps every thread's stack (stuck-server diagnosis)
+        import faulthandler
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (ValueError, OSError, AttributeError):  # no real stderr (embedded use)
+        pass
     metrics = Metrics()
     v = prep["validated"]
     name = args.served_model_name or v.root.name
