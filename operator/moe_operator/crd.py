@@ -62,7 +62,7 @@ def _default_empty_objects(schema: dict[str, Any]) -> dict[str, Any]:
     for name, sub in schema.get("properties", {}).items():
         if sub.get("type") == "object" and "properties" in sub:
             _default_empty_objects(sub)
-            if name not in required and "default" not in sub:
+            if name not in required and "default" not in sub and not sub.get("required"):
                 sub["default"] = {}
     return schema
 

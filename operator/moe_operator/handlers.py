@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 from typing import Any
 
 import kopf
@@ -42,6 +43,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 8
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+    # Peers of equal priority all pause each other; a random priority per replica makes exactly
+    # one of them (the highest) act while the others stand by.
+    settings.peering.priority = random.randint(1, 2**30)
     if CONFIG.admission:
         # kopf serves the webhook with a self-signed certificate and manages the
         # ValidatingWebhookConfiguration (caBundle included) itself.
@@ -141,8 +145,12 @@ def validate_spec(spec_dict: dict[str, Any]) -> str | None:
     return impossible_everywhere(spec, ckpt, classes)
 
 
-@kopf.on.validate(G, V, P, id="explicit-backend-possible")
 def admission(spec: kopf.Spec, **_: Any) -> None:
     msg = validate_spec(dict(spec))
     if msg:
         raise kopf.AdmissionError(f"moe.runnerBackend/deferredFinalize is impossible on every allowed GPU class: {msg}")
+
+
+def enable_admission() -> None:
+    """Registered only when a webhook server is configured (kopf refuses handlers without one)."""
+    kopf.on.validate(G, V, P, id="explicit-backend-possible")(admission)

@@ -266,9 +266,6 @@ def test_operator_runs_with_only_the_chart_rbac(dev_cluster, kubectl, release, n
     assert not refused, "requests refused with the chart's RBAC:\n" + "\n".join(refused[:10])
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "kopf pauses ALL peers that share a priority ('Pausing all operators, including self'): the "
-    "operator must give each replica a distinct settings.peering.priority for --peering to elect one"))
 def test_two_peered_operators_elect_one(dev_cluster, kubectl, release, namespace, tmp_path):
     """replicas > 1 renders --peering: of two operators on the same peering exactly one must act."""
     rel, ns = release
