@@ -96,30 +96,48 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
+def _c(bm, g1, g2):
+    return MoEConfig(bm, GemmConfig(*g1), GemmConfig(*g2))
+
+
+# (block_n, block_k, num_warps, num_stages, group_m, swap) per GEMM
+SWEEP = {
+    "decode": [
+        _c(16, (64, 64, 4, 2, 1, True), (128, 128, 8, 2, 1, True)),
+        _c(16, (128, 64, 8, 2, 1, True), (128, 128, 8, 2, 1, True)),
+        _c(16, (64, 128, 4, 2, 1, True), (128, 128, 8, 2, 1, True)),
+        _c(16, (64, 64, 4, 2, 1, False), (64, 64, 4, 2, 1, False)),
+        _c(16, (128, 128, 8, 2, 1, True), (128, 128, 8, 2, 1, True)),
+        _c(16, (64, 64, 4, 2, 1, True), (64, 64, 4, 2, 1, True)),
+        _c(16, (32, 64, 4, 2, 1, True), (64, 64, 4, 2, 1, True)),
+    ],
+    "large": [
+        _c(128, (64, 64, 8, 2, 8, False), (128, 64, 8, 2, 8, False)),
+        _c(128, (64, 64, 8, 2, 8, True), (128, 64, 8, 2, 8, True)),
+        _c(128, (128, 64, 8, 2, 8, False), (128, 64, 8, 2, 8, False)),
+        _c(64, (64, 64, 4, 2, 8, False), (128, 64, 8, 2, 8, False)),
+        _c(128, (64, 128, 8, 2, 8, False), (128, 128, 8, 2, 8, False)),
+    ],
+}
+
+
 def sweep(ex: TritonExperts, tokens: list[int], g):
-    """Time a few tile configs per size (tuning aid; the default config is what the table uses)."""
-    cands = {
-        16: [MoEConfig(16, GemmConfig(bn, bk, w, s), GemmConfig(bn2, bk, w, s))
-             for bn, bn2 in ((32, 64), (64, 64), (64, 128), (128, 128)) for bk in (128, 256) for w in (4,)
-             for s in (4,)],
-        64: [MoEConfig(bm, GemmConfig(bn, 128, w, 3, 8), GemmConfig(bn, 128, w, 3, 8))
-             for bm in (32, 64) for bn in (64, 128) for w in (4, 8)],
-        128: [MoEConfig(bm, GemmConfig(bn, bk, w, s, 8), GemmConfig(bn2, bk, w, s, 8))
-              for bm in (64, 128) for bn, bn2 in ((64, 128), (128, 128)) for bk in (64, 128) for w in (8,)
-              for s in (3,)],
-    }
+    """Time a few tile configs per size (tuning aid; the table below uses the default config)."""
     for t in tokens:
         x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
         w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
-        key = 16 if t <= 16 else (64 if t <= 256 else 128)
-        for cfg in cands[key]:
+        cands = SWEEP["decode"] if t * K / min(E, t * K) <= 16 else SWEEP["large"]
+        for i, cfg in enumerate(cands):
             ex.config = cfg
-            try:
-                us = bench(lambda: ex.forward(x, w, ids)) * 1e6
-                print(f"  sweep {ex.fmt} T={t} {cfg}: {us:.1f} us", flush=True)
-            except Exception as exc:  # noqa: BLE001
-                print(f"  sweep {ex.fmt} T={t} {cfg}: failed {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-        ex.config = None
+            for asm in ((True, False) if i == 0 else (True,)):
+                ex.asm = asm
+                try:
+                    us = bench(lambda: ex.forward(x, w, ids)) * 1e6
+                    print(f"  sweep {ex.fmt} T={t} #{i} asm={int(asm)} {cfg}: {us:.1f} us", flush=True)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"  sweep {ex.fmt} T={t} #{i} {cfg}: failed {type(exc).__name__}: {str(exc)[:200]}",
+                          flush=True)
+        ex.config, ex.asm = None, True
 
 
 def main():

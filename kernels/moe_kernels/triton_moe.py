@@ -55,29 +55,88 @@ def _e4m3_times_2pow_m8(b):
 
 
 @triton.jit
-def _fp4_group_scale(s, FMT: tl.constexpr):
-    """uint8 block scale -> fp32 multiplier for _e2m1_times_2pow_m14 values (includes 2^14)."""
+def _fp4_group_scale(s, smul, FMT: tl.constexpr):
+    """uint8 block scale -> fp32 S = scale * smul, where smul = 2^(126 - c) folds in the 2^126 that the
+    in-register E2M1 decode leaves out (c is applied to the accumulator instead; see _prepare)."""
     s = s.to(tl.int32)
     if FMT == 2:  # NVFP4: e4m3
-        return _e4m3_times_2pow_m8(s) * 4194304.0  # 2^8 * 2^14
+        base = _e4m3_times_2pow_m8(s) * 256.0
     else:  # MXFP4: E8M0, 2^(s-127); s == 0 (2^-127) decodes to 0
-        return (s << 23).to(tl.float32, bitcast=True) * 16384.0
+        base = (s << 23).to(tl.float32, bitcast=True)
+    return base * smul
+
+
+# E2M1 -> bf16 for four packed bytes at once, two values per 32-bit register: a code c placed as bf16
+# bits (c & 8) << 12 | (c & 7) << 6 is exactly value * 2^-126 (e=0 codes are bf16 subnormals, which
+# fma.rn.bf16x2 keeps), so one bf16x2 FMA with S = scale * 2^(126-c) gives the exact weight * 2^-c.
+# prmt spreads bytes 0,1 (2,3) into the two 16-bit halves; the low nibble needs shifts 6 (exponent and
+# mantissa bits) and 12 (sign), the high nibble 2 and 8. About 3 instructions per weight.
+_FP4_ASM = tl.constexpr("""
+{
+.reg .b32 t0, t1, a, b, z;
+mov.b32 z, 0x80008000;
+prmt.b32 t0, $4, 0, 0x4140;
+prmt.b32 t1, $4, 0, 0x4342;
+shl.b32 a, t0, 6;
+shl.b32 b, t0, 12;
+and.b32 a, a, 0x01C001C0;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.bf16x2 $0, a, $5, z;
+shl.b32 a, t1, 6;
+shl.b32 b, t1, 12;
+and.b32 a, a, 0x01C001C0;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.bf16x2 $1, a, $6, z;
+shl.b32 a, t0, 2;
+shl.b32 b, t0, 8;
+and.b32 a, a, 0x01C001C0;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.bf16x2 $2, a, $7, z;
+shl.b32 a, t1, 2;
+shl.b32 b, t1, 8;
+and.b32 a, a, 0x01C001C0;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.bf16x2 $3, a, $8, z;
+}
+""")
 
 
 @triton.jit
-def _fp4_tile(w_base, s_base, kb, HALF, n_ok, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BKH: tl.constexpr,
-              GROUP: tl.constexpr):
-    """Load and dequantise one split-half FP4 tile: bf16 (lo [BLOCK_N, BKH], hi [BLOCK_N, BKH])."""
+def _fp4_load(w_base, s_base, kb, HALF, ok, BKH: tl.constexpr, GROUP: tl.constexpr):
+    """Raw bytes of one split-half FP4 tile: packed [BLOCK_N, BKH/GROUP, GROUP], scales of the low and
+    the high half [BLOCK_N, BKH/GROUP]. `ok` masks rows (and, for the prefetch past the end, all)."""
     NG: tl.constexpr = BKH // GROUP
     og = tl.arange(0, NG)[None, :, None]
     oe = tl.arange(0, GROUP)[None, None, :]
-    q = tl.load(w_base[:, :, None] + kb + og * GROUP + oe, mask=n_ok[:, None, None], other=0).to(tl.int32)
-    s_lo = tl.load(s_base + kb // GROUP + tl.arange(0, NG)[None, :], mask=n_ok[:, None], other=0)
-    s_hi = tl.load(s_base + (HALF + kb) // GROUP + tl.arange(0, NG)[None, :], mask=n_ok[:, None], other=0)
-    lo = _e2m1_times_2pow_m14(q & 15) * _fp4_group_scale(s_lo, FMT)[:, :, None]
-    hi = _e2m1_times_2pow_m14(q >> 4) * _fp4_group_scale(s_hi, FMT)[:, :, None]
-    lo = tl.reshape(lo.to(tl.bfloat16), (BLOCK_N, BKH))
-    hi = tl.reshape(hi.to(tl.bfloat16), (BLOCK_N, BKH))
+    q = tl.load(w_base[:, :, None] + kb + og * GROUP + oe, mask=ok[:, None, None], other=0)
+    s_lo = tl.load(s_base + kb // GROUP + tl.arange(0, NG)[None, :], mask=ok[:, None], other=0)
+    s_hi = tl.load(s_base + (HALF + kb) // GROUP + tl.arange(0, NG)[None, :], mask=ok[:, None], other=0)
+    return q, s_lo, s_hi
+
+
+@triton.jit
+def _fp4_dequant(q, s_lo, s_hi, smul, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BKH: tl.constexpr,
+                 GROUP: tl.constexpr, ASM: tl.constexpr):
+    """bf16 (lo [BLOCK_N, BKH], hi [BLOCK_N, BKH]), each weight * 2^-c (c: per-expert exponent offset,
+    applied to the accumulator)."""
+    NG: tl.constexpr = BKH // GROUP
+    f_lo = _fp4_group_scale(s_lo, smul, FMT)[:, :, None]
+    f_hi = _fp4_group_scale(s_hi, smul, FMT)[:, :, None]
+    if ASM:
+        b_lo = tl.broadcast_to(f_lo.to(tl.bfloat16), (BLOCK_N, NG, GROUP))
+        b_hi = tl.broadcast_to(f_hi.to(tl.bfloat16), (BLOCK_N, NG, GROUP))
+        lo, hi = tl.inline_asm_elementwise(_FP4_ASM, "=r,=r,=r,=r,r,r,r,r,r", [q, b_lo, b_hi],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:  # portable path (and the CPU interpreter): the same products in fp32
+        qi = q.to(tl.int32)
+        lo = (_e2m1_times_2pow_m14(qi & 15) * (f_lo * 1.925929944387236e-34)).to(tl.bfloat16)  # * 2^-112
+        hi = (_e2m1_times_2pow_m14(qi >> 4) * (f_hi * 1.925929944387236e-34)).to(tl.bfloat16)
+    lo = tl.reshape(lo, (BLOCK_N, BKH))
+    hi = tl.reshape(hi, (BLOCK_N, BKH))
     return lo, hi
 
 
@@ -92,15 +151,29 @@ def _dense_tile(w_base, s_base, k0, n_ok, FMT: tl.constexpr, BLOCK_K: tl.constex
 
 
 # The CPU interpreter (TRITON_INTERPRET=1, used to debug without a GPU) multiplies bf16 dot operands
-# wrongly (Triton 3.9); there the dots run on fp32 copies. Never set on a GPU.
+# wrongly (Triton 3.9) and cannot run inline PTX; there the dots run on fp32 copies and the FP4
+# decode takes the portable path. Never set on a GPU.
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
 def _dot(a, b, acc, F32: tl.constexpr):
     if F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    return tl.dot(a, b, acc)
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def _mma(a, w, acc, SWAP: tl.constexpr, F32: tl.constexpr):
+    """acc += a @ w^T ([BM, BN]); SWAP: acc^T += w @ a^T ([BN, BM]) so the dequantised weights are the
+    left operand (kept in registers by wgmma) and the few token rows become the MMA's N dimension."""
+    if SWAP:
+        out = _dot(w, tl.trans(a), acc, F32)
+    else:
+        out = _dot(a, tl.trans(w), acc, F32)
+    return out
 
 
 # --------------------------------------------------------------------------------- kernel
@@ -109,14 +182,16 @@ def _moe_gemm_kernel(
     a_ptr, stride_am,
     w_ptr, stride_we, stride_wn,
     s_ptr, stride_se, stride_sn,
-    gs_ptr, stride_gse,
+    p_ptr, stride_pe,
     c_ptr, stride_cm,
     sorted_ids_ptr, expert_ids_ptr, num_post_pad_ptr,
     N, K, num_pairs, up_offset, num_pid_m,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, GATED: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """C[rows of one expert block, N tile] = A[rows] @ W[e]^T; GATED: silu(A Wg^T) * (A Wu^T)."""
+    """C[rows of one expert block, N tile] = A[rows] @ W[e]^T; GATED: silu(A Wg^T) * (A Wu^T).
+    p_ptr: per-expert fp32 [gate multiplier, up multiplier, FP4 scale multiplier, -]."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Group GROUP_M row blocks (usually one expert) per column sweep so weight tiles are reused in L2.
@@ -151,40 +226,64 @@ def _moe_gemm_kernel(
         s_g = s_ptr + e * stride_se + rows_g[:, None] * stride_sn
         s_u = s_ptr + e * stride_se + rows_u[:, None] * stride_sn
 
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP:
+        acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if FMT >= 2:
+        smul = tl.load(p_ptr + e * stride_pe + 2)
         BKH: tl.constexpr = BLOCK_K // 2
         HALF = K // 2
         offs_b = tl.arange(0, BKH)[None, :]
+        # Triton does not software-pipeline loads whose values go through ALU work before the dot, so
+        # the next tile is prefetched into registers by hand while the current one is dequantised.
+        a_lo = tl.load(a_base + offs_b, mask=row_ok[:, None], other=0.0)
+        a_hi = tl.load(a_base + HALF + offs_b, mask=row_ok[:, None], other=0.0)
+        qg, slg, shg = _fp4_load(w_g, s_g, 0, HALF, n_ok, BKH, GROUP)
+        if GATED:
+            qu, slu, shu = _fp4_load(w_u, s_u, 0, HALF, n_ok, BKH, GROUP)
         for kb in range(0, HALF, BKH):
-            a_lo = tl.load(a_base + kb + offs_b, mask=row_ok[:, None], other=0.0)
-            a_hi = tl.load(a_base + HALF + kb + offs_b, mask=row_ok[:, None], other=0.0)
-            lo, hi = _fp4_tile(w_g, s_g, kb, HALF, n_ok, FMT, BLOCK_N, BKH, GROUP)
-            acc_g = _dot(a_lo, tl.trans(lo), acc_g, DOT_F32)
-            acc_g = _dot(a_hi, tl.trans(hi), acc_g, DOT_F32)
+            nxt = kb + BKH
+            more = (offs_n * 0 + nxt) < HALF  # all-false on the last step (as a tensor: interpreter-safe)
+            a_ok = row_ok[:, None] & ((offs_b + nxt) < HALF)
+            a_lo_n = tl.load(a_base + nxt + offs_b, mask=a_ok, other=0.0)
+            a_hi_n = tl.load(a_base + HALF + nxt + offs_b, mask=a_ok, other=0.0)
+            qg_n, slg_n, shg_n = _fp4_load(w_g, s_g, nxt, HALF, n_ok & more, BKH, GROUP)
+            lo, hi = _fp4_dequant(qg, slg, shg, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
+            acc_g = _mma(a_lo, lo, acc_g, SWAP, DOT_F32)
+            acc_g = _mma(a_hi, hi, acc_g, SWAP, DOT_F32)
+            qg, slg, shg = qg_n, slg_n, shg_n
             if GATED:
-                lo, hi = _fp4_tile(w_u, s_u, kb, HALF, n_ok, FMT, BLOCK_N, BKH, GROUP)
-                acc_u = _dot(a_lo, tl.trans(lo), acc_u, DOT_F32)
-                acc_u = _dot(a_hi, tl.trans(hi), acc_u, DOT_F32)
+                qu_n, slu_n, shu_n = _fp4_load(w_u, s_u, nxt, HALF, n_ok & more, BKH, GROUP)
+                lo, hi = _fp4_dequant(qu, slu, shu, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
+                acc_u = _mma(a_lo, lo, acc_u, SWAP, DOT_F32)
+                acc_u = _mma(a_hi, hi, acc_u, SWAP, DOT_F32)
+                qu, slu, shu = qu_n, slu_n, shu_n
+            a_lo, a_hi = a_lo_n, a_hi_n
     else:
         offs_k = tl.arange(0, BLOCK_K)[None, :]
         for k0 in range(0, K, BLOCK_K):
             a = tl.load(a_base + k0 + offs_k, mask=row_ok[:, None], other=0.0)
-            acc_g = _dot(a, tl.trans(_dense_tile(w_g, s_g, k0, n_ok, FMT, BLOCK_K)), acc_g, DOT_F32)
+            acc_g = _mma(a, _dense_tile(w_g, s_g, k0, n_ok, FMT, BLOCK_K), acc_g, SWAP, DOT_F32)
             if GATED:
-                acc_u = _dot(a, tl.trans(_dense_tile(w_u, s_u, k0, n_ok, FMT, BLOCK_K)), acc_u, DOT_F32)
+                acc_u = _mma(a, _dense_tile(w_u, s_u, k0, n_ok, FMT, BLOCK_K), acc_u, SWAP, DOT_F32)
 
-    if FMT == 2:  # NVFP4 per-expert global scales: [gate, up] (column 1 unused for w2)
-        acc_g = acc_g * tl.load(gs_ptr + e * stride_gse)
+    if FMT >= 2:  # NVFP4 global scale (gate, up) / FP4 exponent offset 2^c, per expert
+        acc_g = acc_g * tl.load(p_ptr + e * stride_pe)
         if GATED:
-            acc_u = acc_u * tl.load(gs_ptr + e * stride_gse + 1)
+            acc_u = acc_u * tl.load(p_ptr + e * stride_pe + 1)
     if GATED:
         out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     else:
         out = acc_g
-    c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c, out.to(tl.bfloat16), mask=n_ok[None, :])
+    if SWAP:
+        c = c_ptr + offs_m.to(tl.int64)[None, :] * stride_cm + offs_n[:, None]
+        tl.store(c, out.to(tl.bfloat16), mask=n_ok[:, None])
+    else:
+        c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c, out.to(tl.bfloat16), mask=n_ok[None, :])
 
 
 # --------------------------------------------------------------------------------- config
@@ -195,6 +294,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 1
+    swap: bool = False  # weights as the MMA's left operand (token rows as its N dimension)
 
 
 @dataclass(frozen=True)
@@ -205,22 +305,25 @@ class MoEConfig:
 
 
 def default_config(fmt: str, num_pairs: int, num_experts: int) -> MoEConfig:
-    """Tile choice by rows per touched expert. Decode (<= 16 rows) is weight-streaming: narrow N tiles
-    give every SM several programs and deep pipelines keep bytes in flight; large batches are
-    compute-bound: wide M tiles reuse each dequantised weight tile across more rows."""
+    """Tile choice by rows per touched expert.
+
+    Decode and small batches (<= 16 rows per expert) stream weights: the weights are the MMA's left
+    operand (swap) so 16 token rows fill the N side, and K steps are short (64) so the dequantised
+    tile plus the prefetched next tile fit in ~100 registers (no spills, several programs per SM).
+    Large batches are compute-bound: 128-row tiles reuse each dequantised weight tile 128 times.
+    Register counts were read from the compiled SM90 cubins (see bench/README.md)."""
     rows = num_pairs / max(1, min(num_experts, num_pairs))
-    fp4 = fmt in ("nvfp4", "mxfp4")
-    bk = 256 if fp4 else 128
+    if fmt not in ("nvfp4", "mxfp4"):  # bf16 / fp8: not tuned; plain tiles
+        if rows <= 16:
+            return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
+        return MoEConfig(64, GemmConfig(64, 64, 4, 3, 8), GemmConfig(128, 64, 8, 3, 8))
     if rows <= 16:
-        g = GemmConfig(64, bk, 4, 4)
-        return MoEConfig(16, g, g)
+        return MoEConfig(16, GemmConfig(64, 64, 4, 2, swap=True), GemmConfig(128, 128, 8, 2, swap=True))
     if rows <= 48:
-        g = GemmConfig(64, bk, 4, 4, 4)
-        return MoEConfig(32, g, g)
+        return MoEConfig(32, GemmConfig(64, 64, 4, 2, 4, swap=True), GemmConfig(128, 64, 8, 2, 4, swap=True))
     if rows <= 96:
-        g = GemmConfig(64, 128, 4, 3, 8)
-        return MoEConfig(64, g, g)
-    return MoEConfig(128, GemmConfig(64, 128, 8, 3, 8), GemmConfig(128, 128, 8, 3, 8))
+        return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
+    return MoEConfig(128, GemmConfig(64, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8))
 
 
 def _fit(dim: int, want: int, minimum: int) -> int:
@@ -249,44 +352,56 @@ def _split_half_repack(packed: torch.Tensor) -> torch.Tensor:
 class _Operand:
     w: torch.Tensor       # storage, [E, N, K'] (uint8 split-half, uint8 e4m3, or bf16)
     s: torch.Tensor       # block scales (uint8 [E, N, K/G] or fp32 [E, N/128, K/128]); dummy for bf16
-    gs: torch.Tensor      # fp32 [E, 2] NVFP4 global scales (gate, up); dummy otherwise
+    p: torch.Tensor       # fp32 [E, 4]: gate / up accumulator multipliers, FP4 scale multiplier, unused
 
 
-def _prepare(t, fmt: str, shards: int) -> _Operand:
-    if fmt == "bf16":
-        w = t.contiguous()
-        return _Operand(w, w, torch.ones(1, 2, dtype=torch.float32, device=w.device))
-    if fmt == "fp8":
-        w = t.weight.view(torch.uint8).contiguous()
-        return _Operand(w, t.scale_inv.float().contiguous(), torch.ones(1, 2, dtype=torch.float32, device=w.device))
+# In-register FP4 weights come out as weight * 2^-c (see _fp4_group_scale): NVFP4 uses c = 9 so that
+# e4m3 scales up to 448 times 2^(126-9) stay finite in bf16; the 2^9 goes into the global scale.
+_NVFP4_C = 9
+
+
+def _prepare(t, fmt: str) -> _Operand:
+    if fmt in ("bf16", "fp8"):
+        w = t.contiguous() if fmt == "bf16" else t.weight.view(torch.uint8).contiguous()
+        s = w if fmt == "bf16" else t.scale_inv.float().contiguous()
+        return _Operand(w, s, torch.ones(1, 4, dtype=torch.float32, device=w.device))
     w = _split_half_repack(t.packed.contiguous())
+    e = w.shape[0]
+    p = torch.zeros(e, 4, dtype=torch.float32, device=w.device)
     if fmt == "nvfp4":
         s = t.block_scale.view(torch.uint8).contiguous()
-        gs = t.global_scale.float().reshape(w.shape[0], -1)
-        gs = gs.expand(-1, 2).contiguous() if gs.shape[1] == 1 else gs.contiguous()
-        if gs.shape[1] != 2:
+        gs = t.global_scale.float().reshape(e, -1)
+        if gs.shape[1] not in (1, 2):
             raise ValueError(f"NVFP4 global scale must be [E] or [E, 2], got {tuple(t.global_scale.shape)}")
-        return _Operand(w, s, gs)
-    return _Operand(w, t.scale.contiguous(), torch.ones(1, 2, dtype=torch.float32, device=w.device))
+        p[:, :2] = gs.expand(-1, 2) * 2.0 ** _NVFP4_C
+        p[:, 2] = 2.0 ** (126 - _NVFP4_C)
+    else:
+        s = t.scale.contiguous()
+        # per-expert offset c keeps 2^(s-127) * 2^(126-c) finite for the largest scale of the expert
+        c = (s.reshape(e, -1).amax(dim=1).to(torch.int32) - 127).clamp(min=0).float()
+        p[:, 0] = p[:, 1] = torch.exp2(c)
+        p[:, 2] = torch.exp2(126.0 - c)
+    return _Operand(w, s, p)
 
 
 class TritonExperts:
     """Weight-only (W4A16 / W8A16 / bf16) grouped-GEMM MoE experts in Triton. CUDA tensors only."""
 
-    def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None):
+    def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None, asm: bool = True):
         if weights.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("TritonExperts needs the expert weights on a CUDA device")
         self.weights = weights
         self.fmt = weights.format
         self.fmt_id = _FMT_ID[weights.format]
         self.config = config
+        self.asm = asm  # inline-PTX FP4 decode (NVIDIA only); False: the portable Triton decode
         e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
         self.E, self.H, self.I = e, h, i
         group = _GROUP[self.fmt_id]
         if self.fmt_id >= FMT_NVFP4 and ((h // 2) % group or (i // 2) % group):
             raise ValueError(f"{self.fmt} needs H/2 and I/2 to be multiples of {group} (H={h}, I={i})")
-        self.w13 = _prepare(weights.w13, self.fmt, 2)
-        self.w2 = _prepare(weights.w2, self.fmt, 1)
+        self.w13 = _prepare(weights.w13, self.fmt)
+        self.w2 = _prepare(weights.w2, self.fmt)
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
                 num_pairs: int):
@@ -303,12 +418,13 @@ class TritonExperts:
             a, a.stride(0),
             op.w, op.w.stride(0), op.w.stride(1),
             op.s, op.s.stride(0), op.s.stride(1),
-            op.gs, op.gs.stride(0),
+            op.p, op.p.stride(0),
             c, c.stride(0),
             al.sorted_ids, al.expert_ids, al.num_post_pad,
             n, k, num_pairs, self.I if gated else 0, al.max_blocks,
             TOP_K=top_k, GATHER_A=gather, GATED=gated, FMT=self.fmt_id, GROUP=_GROUP[self.fmt_id],
-            BLOCK_M=al.block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, DOT_F32=_INTERPRET,
+            BLOCK_M=al.block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWAP=cfg.swap,
+            ASM=self.asm and not _INTERPRET, DOT_F32=_INTERPRET,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 

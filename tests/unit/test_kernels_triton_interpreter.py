@@ -19,7 +19,7 @@ from moe_kernels.routing import softmax_topk
 from moe_kernels.triton_align import align_by_expert
 torch.manual_seed(0)
 E, H, I = 8, 256, 128
-fmt, t, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fmt, t, k, swap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 w13 = torch.randn(E, 2 * I, H) / 16
 w2 = torch.randn(E, H, I) / 11
 ew = ExpertWeights.from_dense(w13, w2, fmt)
@@ -28,7 +28,7 @@ w, ids = softmax_topk(torch.randn(t, E), k, True)
 ids[0, -1] = -1   # an expert of another rank
 shared = torch.randn(t, H).bfloat16()
 ref = TorchExperts(ew).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
-cfg = MoEConfig(16, GemmConfig(32, 128, 4, 1), GemmConfig(64, 64, 4, 1))
+cfg = MoEConfig(16, GemmConfig(32, 128, 4, 1, swap=swap), GemmConfig(64, 64, 4, 1, swap=swap))
 out = TritonExperts(ew, cfg).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
 err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 al = align_by_expert(ids, E, 16)
@@ -42,10 +42,11 @@ print("RESULT", err, ok_perm)
 """
 
 
+@pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4", "mxfp4"])
-def test_triton_moe_in_interpreter(fmt):
+def test_triton_moe_in_interpreter(fmt, swap):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    res = subprocess.run([sys.executable, "-c", SCRIPT, fmt, "5", "3"], env=env, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-c", SCRIPT, fmt, "5", "3", "1" if swap else "0"], env=env, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")][-1]
