@@ -79,6 +79,7 @@ def current_classes(gpu_nodes: kopf.Index, gpu_pods: kopf.Index) -> dict:
 # --- MoEDeployment ---------------------------------------------------------------------------
 
 async def _reconcile(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any) -> None:
+    _INDEXES.update(nodes=gpu_nodes, pods=gpu_pods)
     classes = current_classes(gpu_nodes, gpu_pods)
     outcome = await asyncio.to_thread(reconcile, _plain(body), classes, kube(), CONFIG)
     await asyncio.to_thread(kube().patch_status, body.metadata.namespace, body.metadata.name, outcome.status)
@@ -105,13 +106,45 @@ async def on_change(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index
     await _reconcile(body, gpu_nodes, gpu_pods, logger)
 
 
-@kopf.timer(G, V, P, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, idle=None)
-async def resync(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any, **_: Any) -> None:
+# One cluster-wide resync loop instead of per-object kopf timers: timers make kopf put a finalizer
+# on every MoEDeployment, and a finalizer would block deletion whenever the operator is down.
+_INDEXES: dict[str, kopf.Index] = {}
+
+
+async def _resync_loop(logger: Any) -> None:
     """Re-plan when the inventory changed, repair drift, refresh ready replicas (SSA no-op otherwise)."""
-    try:
-        await _reconcile(body, gpu_nodes, gpu_pods, logger)
-    except kopf.TemporaryError:
-        pass  # the next tick retries anyway
+    while True:
+        await asyncio.sleep(RESYNC_SECONDS)
+        if "nodes" not in _INDEXES:
+            continue  # no MoEDeployment handled yet: nothing to resync
+        try:
+            items = await asyncio.to_thread(kube().list_moeds, CONFIG.namespaces)
+            classes = current_classes(_INDEXES["nodes"], _INDEXES["pods"])
+            for moed in items:
+                if moed["metadata"].get("deletionTimestamp"):
+                    continue
+                outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
+                await asyncio.to_thread(kube().patch_status, moed["metadata"]["namespace"], moed["metadata"]["name"],
+                                        outcome.status)
+                for type_, reason, message in outcome.events:
+                    (kopf.warn if type_ == "Warning" else kopf.info)(moed, reason=reason, message=message[:1000])
+                RECONCILES.labels("resync").inc()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # keep resyncing; the next tick retries
+            logger.warning("resync failed: %s: %s", type(e).__name__, e)
+
+
+@kopf.on.startup()
+async def start_resync(memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    memo["resync"] = asyncio.create_task(_resync_loop(logger))
+
+
+@kopf.on.cleanup()
+async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("resync")
+    if task:
+        task.cancel()
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "moe-operator"})
@@ -121,6 +154,7 @@ async def owned_workload_changed(body: kopf.Body, type: str, gpu_nodes: kopf.Ind
     owner = next((o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "MoEDeployment"), None)
     if owner is None:
         return
+    _INDEXES.update(nodes=gpu_nodes, pods=gpu_pods)
     moed = await asyncio.to_thread(kube().get_moed, body.metadata.namespace, owner["name"])
     if moed is None or moed["metadata"].get("deletionTimestamp"):
         return

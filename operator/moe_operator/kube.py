@@ -94,6 +94,12 @@ class Kube:
                 return None
             raise
 
+    def list_moeds(self, namespaces: list[str] | None = None) -> list[dict[str, Any]]:
+        if namespaces:
+            return [o for ns in namespaces for o in
+                    self.custom.list_namespaced_custom_object(API_GROUP, API_VERSION, ns, PLURAL)["items"]]
+        return self.custom.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)["items"]
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
             self.custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,

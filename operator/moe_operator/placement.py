@@ -37,7 +37,9 @@ def choices_from_spec(spec: MoEDeploymentSpec) -> Choices:
 
 
 def place(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, classes: dict[str, ClassInventory],
-          default_engine: str = "bundled") -> Placement:
+          default_engine: str = "bundled", current: str | None = None) -> Placement:
+    """`current` is the class chosen before: it is kept while it still fits (placement is sticky,
+    so free-capacity churn never moves running pods)."""
     engine = spec.engine.name or default_engine
     choices = choices_from_spec(spec)
     per_node = spec.gpus_per_node()
@@ -66,7 +68,8 @@ def place(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, classes: dict[str, Clas
     if not fits:
         return Placement(None, None, rejected)
     # Most free capacity first (in whole replicas' worth of per-node GPUs), then most free GPUs.
-    fits.sort(key=lambda ip: (-ip[0].nodes_with_free(per_node), -ip[0].free_gpus, ip[0].gpu_class.key()))
+    fits.sort(key=lambda ip: (ip[0].gpu_class.key() != current, -ip[0].nodes_with_free(per_node),
+                              -ip[0].free_gpus, ip[0].gpu_class.key()))
     inv, p = fits[0]
     return Placement(inv, p, rejected)
 

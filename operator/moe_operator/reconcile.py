@@ -33,6 +33,7 @@ class Config:
     default_engine: str = "bundled"
     local_models_dir: str | None = None
     inspect_in_cluster: bool = True  # run inspection Jobs for paths the operator cannot read
+    namespaces: list[str] = field(default_factory=list)  # watched namespaces (empty: all)
     admission: str | None = None  # HOST:PORT of the validating webhook kopf serves (None: off)
 
 
@@ -103,7 +104,7 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
                           f"{ckpt.architecture} {ckpt.format} ({ckpt.formatSource})", gen)
 
     # 2. placement + plan
-    placement = place(spec, ckpt, classes, cfg.default_engine)
+    placement = place(spec, ckpt, classes, cfg.default_engine, current=status.get("gpuClass"))
     inv_fp = fingerprint(classes)
     if not placement.ok:
         msg = f"no GPU class can run this: {placement.explain()}"

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     handlers.CONFIG.local_models_dir = args.local_models_dir
     handlers.CONFIG.inspect_in_cluster = not args.no_inspection_jobs
     handlers.CONFIG.admission = args.admission
+    handlers.CONFIG.namespaces = list(args.namespace)
     if args.admission:
         handlers.enable_admission()
     if args.metrics_port:

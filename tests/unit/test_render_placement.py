@@ -54,6 +54,8 @@ def test_placement_prefers_most_free_capacity_and_explains_rejections(tmp_path):
     ck = inspect_dir(write_sample("deepseek-v3-nvfp4", tmp_path / "c"))
     p = place(spec(), ck, classes())
     assert p.ok and p.inventory.gpu_class.family == "sm90"  # 2 free H200 nodes beat 1 B200
+    sticky = place(spec(), ck, classes(), current="sm100/NVIDIA-B200")
+    assert sticky.inventory.gpu_class.family == "sm100"  # a class that still fits is kept
     p = place(spec(gpu={"allowedArchitectures": ["sm100", "sm120"]}), ck, classes())
     assert p.plan.moe.runnerBackend == "flashinfer_trtllm" and p.plan.moe.deferredFinalize
     p = place(spec(gpu={"allowedArchitectures": ["sm90"]}, moe={"runnerBackend": "flashinfer_trtllm"}), ck, classes())
