@@ -182,7 +182,7 @@ log "  log: $build_log   (cold: ~9 min on 2 cores with an empty Go cache; later 
     done
     if (( SECONDS - last_beat >= 60 )); then
       last_beat=$SECONDS
-      n=$(grep -c '' "$build_log" 2>/dev/null || echo 0)
+      n=$(grep -vc '^go: ' "$build_log" 2>/dev/null || true)
       log "still building: $((SECONDS - start))s elapsed, $n packages compiled, last: $(tail -n1 "$build_log" 2>/dev/null)"
     fi
   done
