@@ -27,6 +27,9 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def crd(kubectl):
+    from moe_operator import lws_crd
+
+    lws_crd.install(kubectl)
     kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "moedeployments.yaml"))
     kubectl("wait", "--for", "condition=established", "crd/moedeployments.moe.serving.dev", "--timeout=60s")
 
@@ -76,14 +79,14 @@ def test_sample_is_planned_rendered_and_scheduled(sample, kubectl, namespace, op
     assert svc["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
 
     if kind == "LeaderWorkerSet":
-        # No LWS controller runs in the local control plane: the operator reports what is missing
-        # (when the CRD is absent) or has applied the LeaderWorkerSet.
-        lws = get_json(kubectl, "leaderworkersets.leaderworkerset.x-k8s.io", name, "-n", namespace)
-        if lws is None:
-            obj = get_json(kubectl, "moed", name, "-n", namespace)
-            assert "LeaderWorkerSet" in condition(obj, "Degraded")["message"]
-        else:
-            assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+        # The LWS CRD validates what we render; no LWS controller runs locally, so no pods.
+        lws = wait_for(lambda: get_json(kubectl, "leaderworkersets.leaderworkerset.x-k8s.io", name, "-n", namespace),
+                       30, "LeaderWorkerSet", operator.log_tail)
+        assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+        assert lws["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+        leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+        assert leader["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert "--nnodes" in leader["args"]
         return
 
     dep = wait_for(lambda: get_json(kubectl, "deployment", name, "-n", namespace), 30, "Deployment")
