@@ -166,7 +166,9 @@ def _table(objs: dict, pods: list) -> str:
         if planned.get("status") != "True":
             why = planned.get("message", "not planned")
         degraded = next((c for c in st.get("conditions", []) if c["type"] == "Degraded" and c["status"] == "True"), None)
-        pods_on = ", ".join(sorted(where.get(n, ()))) or (degraded["reason"] if degraded else "-")
+        lws = (st.get("workload") or {}).get("kind") == "LeaderWorkerSet"
+        pods_on = ", ".join(sorted(where.get(n, ()))) or (degraded["reason"] if degraded else
+                                                          "LWS applied (no LWS controller here)" if lws else "-")
         rows.append((n, st.get("gpuClass", "-"), (plan.get("engine") or {}).get("name", "-"),
                      st.get("runnerBackend", "-"), str(st.get("deferredFinalize", "-")).lower(), pods_on, why or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
