@@ -238,29 +238,42 @@ def _moe_gemm_kernel(
         HALF = K // 2
         offs_b = tl.arange(0, BKH)[None, :]
         # Triton does not software-pipeline loads whose values go through ALU work before the dot, so
-        # the next tile is prefetched into registers by hand while the current one is dequantised.
+        # the raw weight bytes are prefetched by hand, three tiles ahead (the bytes in flight per SM are
+        # what bounds a weight-streaming kernel; raw tiles are small, the decoded bf16 tile is not).
         a_lo = tl.load(a_base + offs_b, mask=row_ok[:, None], other=0.0)
         a_hi = tl.load(a_base + HALF + offs_b, mask=row_ok[:, None], other=0.0)
-        qg, slg, shg = _fp4_load(w_g, s_g, 0, HALF, n_ok, BKH, GROUP)
+        ok1 = n_ok & ((offs_n * 0 + BKH) < HALF)
+        ok2 = n_ok & ((offs_n * 0 + 2 * BKH) < HALF)
+        qg0, slg0, shg0 = _fp4_load(w_g, s_g, 0, HALF, n_ok, BKH, GROUP)
+        qg1, slg1, shg1 = _fp4_load(w_g, s_g, BKH, HALF, ok1, BKH, GROUP)
+        qg2, slg2, shg2 = _fp4_load(w_g, s_g, 2 * BKH, HALF, ok2, BKH, GROUP)
         if GATED:
-            qu, slu, shu = _fp4_load(w_u, s_u, 0, HALF, n_ok, BKH, GROUP)
+            qu0, slu0, shu0 = _fp4_load(w_u, s_u, 0, HALF, n_ok, BKH, GROUP)
+            qu1, slu1, shu1 = _fp4_load(w_u, s_u, BKH, HALF, ok1, BKH, GROUP)
+            qu2, slu2, shu2 = _fp4_load(w_u, s_u, 2 * BKH, HALF, ok2, BKH, GROUP)
         for kb in range(0, HALF, BKH):
             nxt = kb + BKH
-            more = (offs_n * 0 + nxt) < HALF  # all-false on the last step (as a tensor: interpreter-safe)
+            far = kb + 3 * BKH
+            ok3 = n_ok & ((offs_n * 0 + far) < HALF)  # tensor masks: interpreter-safe
             a_ok = row_ok[:, None] & ((offs_b + nxt) < HALF)
             a_lo_n = tl.load(a_base + nxt + offs_b, mask=a_ok, other=0.0)
             a_hi_n = tl.load(a_base + HALF + nxt + offs_b, mask=a_ok, other=0.0)
-            qg_n, slg_n, shg_n = _fp4_load(w_g, s_g, nxt, HALF, n_ok & more, BKH, GROUP)
-            lo, hi = _fp4_dequant(qg, slg, shg, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
+            qg3, slg3, shg3 = _fp4_load(w_g, s_g, far, HALF, ok3, BKH, GROUP)
+            if GATED:
+                qu3, slu3, shu3 = _fp4_load(w_u, s_u, far, HALF, ok3, BKH, GROUP)
+            lo, hi = _fp4_dequant(qg0, slg0, shg0, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
             acc_g = _mma(a_lo, lo, acc_g, SWAP, DOT_F32)
             acc_g = _mma(a_hi, hi, acc_g, SWAP, DOT_F32)
-            qg, slg, shg = qg_n, slg_n, shg_n
+            qg0, slg0, shg0 = qg1, slg1, shg1
+            qg1, slg1, shg1 = qg2, slg2, shg2
+            qg2, slg2, shg2 = qg3, slg3, shg3
             if GATED:
-                qu_n, slu_n, shu_n = _fp4_load(w_u, s_u, nxt, HALF, n_ok & more, BKH, GROUP)
-                lo, hi = _fp4_dequant(qu, slu, shu, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
+                lo, hi = _fp4_dequant(qu0, slu0, shu0, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
                 acc_u = _mma(a_lo, lo, acc_u, SWAP, DOT_F32)
                 acc_u = _mma(a_hi, hi, acc_u, SWAP, DOT_F32)
-                qu, slu, shu = qu_n, slu_n, shu_n
+                qu0, slu0, shu0 = qu1, slu1, shu1
+                qu1, slu1, shu1 = qu2, slu2, shu2
+                qu2, slu2, shu2 = qu3, slu3, shu3
             a_lo, a_hi = a_lo_n, a_hi_n
     else:
         offs_k = tl.arange(0, BLOCK_K)[None, :]
