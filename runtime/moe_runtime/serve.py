@@ -35,6 +35,10 @@ def prepare(args) -> dict[str, Any]:
     from .probe import probe_device
 
     device, probe = probe_device(args.device)
+    if getattr(args, "threads", 0):
+        import torch
+
+        torch.set_num_threads(args.threads)
     family = probe.family if probe else "cpu"
     product = probe.product if probe else "cpu"
     log("probe", f"device {device}: {family} ({product})", family=family, product=product,

@@ -26,6 +26,15 @@ from moe_runtime.loader import build_model, load_checkpoint
 transformers = pytest.importorskip("transformers")
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny matmuls: torch's multi-threading costs far more than it gains (and CI has 2 busy cores)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 N_NEW = 16
 
 

@@ -34,7 +34,8 @@ class Server:
         env.pop("MOE_DEFERRED_FINALIZE", None)
         self.log = open(tmp / f"server-{self.port}.log", "w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "moe_runtime.cli", "serve", "--model", str(model),
-                                      "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16", *extra],
+                                      "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16", "--threads", "1",
+                                      *extra],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout=60):
@@ -183,7 +184,7 @@ def test_overload_answers_429(model, tmp_path):
     try:
         async def go():
             async with httpx.AsyncClient(timeout=120) as c:
-                body = {"prompt": "overload", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+                body = {"prompt": "overload", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
                 return await asyncio.gather(*[c.post(s.url + "/v1/completions", json=body) for _ in range(6)])
 
         codes = sorted(r.status_code for r in asyncio.run(go()))
@@ -198,7 +199,7 @@ def test_sigterm_drains_in_flight_then_exits_0(model, tmp_path):
     s = Server(model, "--max-batch", "2", tmp=tmp_path).wait_ready()
     try:
         with httpx.stream("POST", s.url + "/v1/completions", timeout=120,
-                          json={"prompt": "long", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+                          json={"prompt": "long", "max_tokens": 60, "temperature": 0, "ignore_eos": True,
                                 "stream": True}) as st:
             lines = st.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
