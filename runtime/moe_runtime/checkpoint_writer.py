@@ -188,7 +188,9 @@ def quant_config(fmt: str, cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, 
 
 def make_checkpoint(out_dir: str | Path, arch: str, fmt: str, size: str = "tiny", seed: int = 0,
                     device: str = "cpu", shard_bytes: int | None = None,
-                    log: Callable[[str], None] = lambda s: None) -> Path:
+                    log: Callable[[str], None] = lambda s: None, overrides: dict[str, Any] | None = None) -> Path:
+    """`overrides` (Python API only) replaces config.json keys of the chosen size, e.g. for GPU tests
+    that need kernel-friendly shapes without the `small` size's gigabytes."""
     if fmt not in FORMATS:
         raise RuntimeFailure(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if size not in SIZES:
@@ -196,6 +198,7 @@ def make_checkpoint(out_dir: str | Path, arch: str, fmt: str, size: str = "tiny"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = make_config(arch, size)
+    cfg.update(overrides or {})
     ids = build_tokenizer_files(out, min(cfg["vocab_size"], 512), cfg["max_position_embeddings"])
     cfg.update(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["eos"])
     qc, hfq = quant_config(fmt, cfg)
