@@ -106,14 +106,17 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                last_only: bool = False) -> torch.Tensor:
-        """input_ids/positions [B, S], slots [B] -> logits fp32 [B, S or 1, V]."""
+                last_only: bool = False, last_index: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids/positions [B, S], slots [B] -> logits fp32 [B, S, V]; [B, 1, V] with `last_only`
+        (the last column) or `last_index` [B] (each row's own last real token: right-padded prefill)."""
         x = F.embedding(input_ids, self.embed_tokens)
         kv_len = int(positions.max()) + 1
         cos_sin = self.rope.cos_sin(positions, x.dtype)
         for layer in self.layers:
             x = layer(x, positions, slots, cos_sin, kv_len)
-        if last_only:
+        if last_index is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
+        elif last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x)).float()
 

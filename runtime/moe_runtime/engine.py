@@ -1,8 +1,9 @@
 """Scheduler: continuous batching over one decode loop, in a background thread.
 
 - Requests wait in a bounded queue (`max_queue`); a full queue raises QueueFull (HTTP 429).
-- Each step: admit waiting requests into free KV-cache slots (prefill one at a time, which yields
-  the first token), then one batched decode step for every running sequence (B = running, S = 1).
+- Each step: admit waiting requests into free KV-cache slots and prefill them together (right-padded,
+  which yields their first tokens), then one batched decode step for every running sequence
+  (B = running, S = 1).
 - Tokens go back to the asyncio side through `loop.call_soon_threadsafe` onto a per-request queue.
 - `drain()` stops admissions from the HTTP side and returns once nothing is queued or running.
 torch releases the GIL inside kernels, so the HTTP event loop stays responsive while decoding.
@@ -71,8 +72,9 @@ class Finished:
 
 class Engine:
     def __init__(self, model, device: str, max_batch: int, max_queue: int, max_len: int, stop_ids: set[int],
-                 metrics=None):
+                 metrics=None, max_prefill_tokens: int = 8192):
         self.model, self.device = model, device
+        self.max_prefill_tokens = max_prefill_tokens
         self.max_batch, self.max_queue, self.max_len = max_batch, max_queue, max_len
         self.stop_ids = stop_ids
         self.metrics = metrics
@@ -155,8 +157,15 @@ class Engine:
                     admit.append(r)
                 self._gauges()
             try:
-                for r in admit:
-                    self._prefill(r)
+                # prefill in groups of at most `max_prefill_tokens` padded tokens
+                group: list[Request] = []
+                for r in sorted(admit, key=lambda r: len(r.prompt_ids)):
+                    if group and (len(group) + 1) * len(r.prompt_ids) > self.max_prefill_tokens:
+                        self._prefill(group)
+                        group = []
+                    group.append(r)
+                if group:
+                    self._prefill(group)
                 if self.running:
                     self._decode_step()
             except Exception as e:  # a failing step must not kill the server: fail those requests
@@ -181,19 +190,33 @@ class Engine:
                 out[i] = int(torch.multinomial(probs, 1, generator=r.generator))
         return out
 
-    def _prefill(self, r: Request) -> None:
-        if r.cancelled:
+    def _prefill(self, reqs: list[Request]) -> None:
+        """One forward for all newly admitted prompts, right-padded to the longest.
+
+        Padding is harmless: a padded position p of a row is never attended by that row's real
+        tokens (causal mask), and decoding writes the row's token p into cache[slot, p] before any
+        query attends to it."""
+        for r in [r for r in reqs if r.cancelled]:
             self._finish(r, "cancelled")
+        reqs = [r for r in reqs if not r.cancelled]
+        if not reqs:
             return
-        n = len(r.prompt_ids)
-        ids = torch.tensor([r.prompt_ids], device=self.device)
-        pos = torch.arange(n, device=self.device)[None]
-        logits = self.model(ids, pos, torch.tensor([r.slot], device=self.device), last_only=True)[:, -1]
-        r.position = n
-        if self.metrics:
-            self.metrics.prompt_tokens.inc(n)
-        self.running.append(r)
-        self._accept(r, self._sample(logits, [r])[0])
+        n = max(len(r.prompt_ids) for r in reqs)
+        ids = torch.zeros(len(reqs), n, dtype=torch.long)
+        for i, r in enumerate(reqs):
+            ids[i, : len(r.prompt_ids)] = torch.tensor(r.prompt_ids)
+        pos = torch.arange(n).expand(len(reqs), n)
+        last = torch.tensor([len(r.prompt_ids) - 1 for r in reqs])
+        slots = torch.tensor([r.slot for r in reqs])
+        d = self.device
+        logits = self.model(ids.to(d), pos.to(d), slots.to(d), last_index=last.to(d))[:, -1]
+        for r in reqs:
+            r.position = len(r.prompt_ids)
+            if self.metrics:
+                self.metrics.prompt_tokens.inc(len(r.prompt_ids))
+            self.running.append(r)
+        for r, tok in zip(reqs, self._sample(logits, reqs)):
+            self._accept(r, tok)
 
     def _decode_step(self) -> None:
         for r in [r for r in self.running if r.cancelled]:
