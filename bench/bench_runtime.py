@@ -66,8 +66,9 @@ def sync():
         torch.cuda.synchronize()
 
 
-def run_engine(model, batch: int, prompt_len: int, new_tokens: int, vocab: int) -> dict:
-    eng = Engine(model, DEVICE, max_batch=batch, max_queue=batch, max_len=prompt_len + new_tokens + 2, stop_ids=set())
+def run_engine(model, batch: int, prompt_len: int, new_tokens: int, vocab: int, graphs: bool) -> dict:
+    eng = Engine(model, DEVICE, max_batch=batch, max_queue=batch, max_len=prompt_len + new_tokens + 2, stop_ids=set(),
+                 cuda_graphs=graphs)
     eng.start()
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
@@ -191,15 +192,17 @@ def main() -> int:
             say(results["notes"][-1])
     say("models built")
 
+    variants = [(f"{name}{' + CUDA graphs' if g else ''}", m, g) for name, m in models.items()
+                for g in ((False, True) if DEVICE == "cuda" else (False,))]
     for b in batches:
-        for name, m in models.items():
+        for name, m, graphs in variants:
             if time.time() - T0 > a.budget_s:
                 results["notes"].append(f"skipped {name} batch {b}: time budget")
                 continue
-            run_engine(m, b, a.prompt_len, 4, vocab)  # warm-up: Triton JIT for these shapes
-            r = run_engine(m, b, a.prompt_len, a.new_tokens, vocab)
+            run_engine(m, b, a.prompt_len, 4, vocab, graphs)  # warm-up: Triton JIT for these shapes
+            r = run_engine(m, b, a.prompt_len, a.new_tokens, vocab, graphs)
             results["rows"].append({"engine": name, "batch": b, **{k: round(v, 2) for k, v in r.items()}})
-            say(f"{name:28s} B={b:3d} TTFT {r['ttft_ms']:8.1f} ms  decode {r['decode_tok_s']:9.1f} tok/s")
+            say(f"{name:42s} B={b:3d} TTFT {r['ttft_ms']:8.1f} ms  decode {r['decode_tok_s']:9.1f} tok/s")
             dump()
         if hf is not None:
             if time.time() - T0 > a.budget_s:
@@ -211,11 +214,12 @@ def main() -> int:
             say(f"{'transformers generate (bf16)':28s} B={b:3d} TTFT {r['ttft_ms']:8.1f} ms  decode {r['decode_tok_s']:9.1f} tok/s")
             dump()
 
-    print("\n| engine | batch | TTFT ms | decode tok/s | vs bf16 experts | vs transformers |")
+    print("\n| engine | batch | TTFT ms | decode tok/s | vs bf16 experts (same graphs setting) | vs transformers |")
     print("|---|---|---|---|---|---|")
     by = {(r["engine"], r["batch"]): r for r in results["rows"]}
     for r in results["rows"]:
-        base = by.get(("runtime bf16 experts", r["batch"]))
+        suffix = " + CUDA graphs" if r["engine"].endswith("CUDA graphs") else ""
+        base = by.get(("runtime bf16 experts" + suffix, r["batch"]))
         hfr = by.get(("transformers generate (bf16)", r["batch"]))
         rb = f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x" if base else "-"
         rh = f"{r['decode_tok_s'] / hfr['decode_tok_s']:.2f}x" if hfr else "-"

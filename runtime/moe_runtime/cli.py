@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--threads", type=int, default=0,
                    help="CPU threads for torch (0: torch's default). Small CPU models decode faster on 1")
+    s.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="replay captured CUDA graphs for decode steps on GPU (default on)")
     s.add_argument("--skip-selftest", action="store_true", help="do not self-test the MoE backend (tests only)")
     return p
 

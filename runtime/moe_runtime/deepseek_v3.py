@@ -106,11 +106,14 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                last_only: bool = False, last_index: torch.Tensor | None = None) -> torch.Tensor:
+                last_only: bool = False, last_index: torch.Tensor | None = None,
+                kv_len: int | None = None) -> torch.Tensor:
         """input_ids/positions [B, S], slots [B] -> logits fp32 [B, S, V]; [B, 1, V] with `last_only`
-        (the last column) or `last_index` [B] (each row's own last real token: right-padded prefill)."""
+        (the last column) or `last_index` [B] (each row's own last real token: right-padded prefill).
+        `kv_len` fixes how many cache positions are attended (CUDA graphs: no host sync, static shapes);
+        by default the longest position in the batch."""
         x = F.embedding(input_ids, self.embed_tokens)
-        kv_len = int(positions.max()) + 1
+        kv_len = kv_len or int(positions.max()) + 1
         cos_sin = self.rope.cos_sin(positions, x.dtype)
         for layer in self.layers:
             x = layer(x, positions, slots, cos_sin, kv_len)

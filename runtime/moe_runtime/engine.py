@@ -72,7 +72,7 @@ class Finished:
 
 class Engine:
     def __init__(self, model, device: str, max_batch: int, max_queue: int, max_len: int, stop_ids: set[int],
-                 metrics=None, max_prefill_tokens: int = 8192):
+                 metrics=None, max_prefill_tokens: int = 8192, cuda_graphs: bool = False):
         self.model, self.device = model, device
         self.max_prefill_tokens = max_prefill_tokens
         self.max_batch, self.max_queue, self.max_len = max_batch, max_queue, max_len
@@ -86,7 +86,12 @@ class Engine:
         self.stopped = False
         self._ids = itertools.count(1)
         self.thread: threading.Thread | None = None
-        model.allocate_cache(max_batch, max_len)
+        model.allocate_cache(max_batch + 1, max_len)  # + a scratch slot for CUDA-graph padding rows
+        self.decoder = None
+        if cuda_graphs and str(device).startswith("cuda"):
+            from .cuda_graphs import GraphDecoder
+
+            self.decoder = GraphDecoder(model, max_batch, max_len, scratch_slot=max_batch, device=device)
 
     # ------------------------------------------------------------------ called from the HTTP side
     def submit(self, req: Request) -> Request:
@@ -227,7 +232,15 @@ class Engine:
         ids = torch.tensor([[r.last_token] for r in reqs], device=self.device)
         pos = torch.tensor([[r.position] for r in reqs], device=self.device)
         slots = torch.tensor([r.slot for r in reqs], device=self.device)
-        logits = self.model(ids, pos, slots)[:, -1]
+        if self.decoder is not None:
+            try:
+                logits = self.decoder(ids, pos, slots)[:, -1]
+            except Exception as e:  # capture failed (e.g. a kernel that syncs): stay correct, run eager
+                log("cuda_graph", f"disabled: {type(e).__name__}: {e}")
+                self.decoder = None
+                logits = self.model(ids, pos, slots)[:, -1]
+        else:
+            logits = self.model(ids, pos, slots)[:, -1]
         if self.metrics:
             self.metrics.decode_steps.inc()
         for r, tok in zip(reqs, self._sample(logits, reqs)):

@@ -170,7 +170,7 @@ def serve(args) -> int:
             metrics.load_seconds.set(ck.seconds)
             metrics.load_bytes.set(ck.nbytes)
             engine = Engine(model, prep["device"], args.max_batch, args.max_queue, max_len,
-                            state.tokenizer.stop_ids, metrics)
+                            state.tokenizer.stop_ids, metrics, cuda_graphs=args.cuda_graphs)
             engine.start()
             state.engine = engine
             metrics.backend.labels(backend, prep["resolution"].expert_format, prep["family"], str(deferred).lower()).set(1)
