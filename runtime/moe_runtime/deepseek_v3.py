@@ -95,6 +95,9 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(w("model.norm.weight"), cfg.get("rms_norm_eps", 1e-6))
         head = self.embed_tokens if cfg.get("tie_word_embeddings") else w("lm_head.weight")
         self.lm_head = Linear(head)
+        # the rope table lives with the weights: a CPU buffer would mean a host->device copy (and a
+        # sync, which CUDA-graph capture refuses) in every forward
+        rope.inv_freq = rope.inv_freq.to(self.embed_tokens.device)
         self.rope = rope
         self.max_len = 0
 
