@@ -9,7 +9,7 @@ The order of rows inside an expert is therefore arbitrary, which is harmless: ev
 depends only on that row (finalize reads rows back through `perm`, in slot order).
 
 Buffers are sized for the worst case on the host, from T*K, E and BLOCK_M only:
-blocks <= min(E, T*K) + T*K // BLOCK_M.
+blocks = sum_e ceil(c_e / BLOCK_M) <= m + (T*K - m) // BLOCK_M with m = min(E, T*K).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class Alignment:
 
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
-    return max(1, min(num_experts, num_pairs) + num_pairs // block_m)
+    m = min(num_experts, num_pairs)
+    return max(1, m + (num_pairs - m) // block_m)
 
 
 @triton.jit

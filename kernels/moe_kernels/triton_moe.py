@@ -121,7 +121,7 @@ def _fp4_load(w_base, s_base, kb, HALF, ok, BKH: tl.constexpr, GROUP: tl.constex
 @triton.jit
 def _fp4_dequant(q, s_lo, s_hi, smul, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BKH: tl.constexpr,
                  GROUP: tl.constexpr, ASM: tl.constexpr):
-    """bf16 (lo [BLOCK_N, BKH], hi [BLOCK_N, BKH]), each weight * 2^-c (c: per-expert exponent offset,
+    """bf16 (lo, hi) [BLOCK_N, BKH/GROUP, GROUP], each weight * 2^-c (c: per-expert exponent offset,
     applied to the accumulator)."""
     NG: tl.constexpr = BKH // GROUP
     f_lo = _fp4_group_scale(s_lo, smul, FMT)[:, :, None]
@@ -135,9 +135,14 @@ def _fp4_dequant(q, s_lo, s_hi, smul, FMT: tl.constexpr, BLOCK_N: tl.constexpr, 
         qi = q.to(tl.int32)
         lo = (_e2m1_times_2pow_m14(qi & 15) * (f_lo * 1.925929944387236e-34)).to(tl.bfloat16)  # * 2^-112
         hi = (_e2m1_times_2pow_m14(qi >> 4) * (f_hi * 1.925929944387236e-34)).to(tl.bfloat16)
-    lo = tl.reshape(lo, (BLOCK_N, BKH))
-    hi = tl.reshape(hi, (BLOCK_N, BKH))
     return lo, hi
+
+
+@triton.jit
+def _fp4_dequant2(q, s_lo, s_hi, smul, FMT: tl.constexpr, BLOCK_N: tl.constexpr, BKH: tl.constexpr,
+                  GROUP: tl.constexpr, ASM: tl.constexpr):
+    lo, hi = _fp4_dequant(q, s_lo, s_hi, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
+    return tl.reshape(lo, (BLOCK_N, BKH)), tl.reshape(hi, (BLOCK_N, BKH))
 
 
 @triton.jit
@@ -176,6 +181,67 @@ def _mma(a, w, acc, SWAP: tl.constexpr, F32: tl.constexpr):
     return out
 
 
+@triton.jit
+def _accumulate(a_lo, a_hi, lo, hi, acc, SWAP: tl.constexpr, F32: tl.constexpr):
+    out = _mma(a_lo, lo, acc, SWAP, F32)
+    return _mma(a_hi, hi, out, SWAP, F32)
+
+
+@triton.jit
+def _fp4_fma_loop(a_row_ptr, w_g, s_g, w_u, s_u, HALF, n_ok, offs_n, smul, FMT: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BKH: tl.constexpr, GROUP: tl.constexpr, ASM: tl.constexpr,
+                  GATED: tl.constexpr):
+    """One token row times FP4 weight rows, on the CUDA cores: fp32 ([BLOCK_N] gate, [BLOCK_N] up).
+
+    For decode (one row per expert) tensor-core tiles were latency-bound: every K step staged
+    operands through shared memory behind barriers and waited for the MMA. Here each thread
+    multiplies its own dequantised weights by the matching activations (loaded in the very same
+    [BLOCK_N, BKH/GROUP, GROUP] layout, so no layout conversion), accumulates in fp32 registers, and
+    the K reduction across threads happens once at the end."""
+    NG: tl.constexpr = BKH // GROUP
+    kk = (tl.arange(0, NG)[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]) + offs_n[:, None, None] * 0
+    acc_g = tl.zeros([BLOCK_N, NG, GROUP], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, NG, GROUP], dtype=tl.float32)
+    a_lo = tl.load(a_row_ptr + kk)
+    a_hi = tl.load(a_row_ptr + HALF + kk)
+    # raw weight bytes three tiles ahead: they are what bounds the decode (bytes in flight per SM),
+    # and cost only 16 bytes per thread per tile
+    ok1 = n_ok & ((offs_n * 0 + BKH) < HALF)
+    ok2 = n_ok & ((offs_n * 0 + 2 * BKH) < HALF)
+    qg0, slg0, shg0 = _fp4_load(w_g, s_g, 0, HALF, n_ok, BKH, GROUP)
+    qg1, slg1, shg1 = _fp4_load(w_g, s_g, BKH, HALF, ok1, BKH, GROUP)
+    qg2, slg2, shg2 = _fp4_load(w_g, s_g, 2 * BKH, HALF, ok2, BKH, GROUP)
+    qu0, slu0, shu0, qu1, slu1, shu1, qu2, slu2, shu2 = qg0, slg0, shg0, qg1, slg1, shg1, qg2, slg2, shg2
+    if GATED:
+        qu0, slu0, shu0 = _fp4_load(w_u, s_u, 0, HALF, n_ok, BKH, GROUP)
+        qu1, slu1, shu1 = _fp4_load(w_u, s_u, BKH, HALF, ok1, BKH, GROUP)
+        qu2, slu2, shu2 = _fp4_load(w_u, s_u, 2 * BKH, HALF, ok2, BKH, GROUP)
+    for kb in range(0, HALF, BKH):
+        nxt = kb + BKH
+        far = kb + 3 * BKH
+        more = (kk + nxt) < HALF
+        okf = n_ok & ((offs_n * 0 + far) < HALF)
+        a_lo_n = tl.load(a_row_ptr + nxt + kk, mask=more, other=0.0)
+        a_hi_n = tl.load(a_row_ptr + HALF + nxt + kk, mask=more, other=0.0)
+        qgf, slgf, shgf = _fp4_load(w_g, s_g, far, HALF, okf, BKH, GROUP)
+        x_lo = a_lo.to(tl.float32)
+        x_hi = a_hi.to(tl.float32)
+        lo, hi = _fp4_dequant(qg0, slg0, shg0, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
+        acc_g += lo.to(tl.float32) * x_lo + hi.to(tl.float32) * x_hi
+        qg0, slg0, shg0 = qg1, slg1, shg1
+        qg1, slg1, shg1 = qg2, slg2, shg2
+        qg2, slg2, shg2 = qgf, slgf, shgf
+        if GATED:
+            quf, sluf, shuf = _fp4_load(w_u, s_u, far, HALF, okf, BKH, GROUP)
+            lo, hi = _fp4_dequant(qu0, slu0, shu0, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
+            acc_u += lo.to(tl.float32) * x_lo + hi.to(tl.float32) * x_hi
+            qu0, slu0, shu0 = qu1, slu1, shu1
+            qu1, slu1, shu1 = qu2, slu2, shu2
+            qu2, slu2, shu2 = quf, sluf, shuf
+        a_lo, a_hi = a_lo_n, a_hi_n
+    return tl.sum(tl.sum(acc_g, axis=2), axis=1), tl.sum(tl.sum(acc_u, axis=2), axis=1)
+
+
 # --------------------------------------------------------------------------------- kernel
 @triton.jit
 def _moe_gemm_kernel(
@@ -188,7 +254,7 @@ def _moe_gemm_kernel(
     N, K, num_pairs, up_offset, num_pid_m,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, GATED: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr,
+    SWAP: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, FMA: tl.constexpr, DEPTH: tl.constexpr,
 ):
     """C[rows of one expert block, N tile] = A[rows] @ W[e]^T; GATED: silu(A Wg^T) * (A Wu^T).
     p_ptr: per-expert fp32 [gate multiplier, up multiplier, FP4 scale multiplier, -]."""
@@ -232,48 +298,62 @@ def _moe_gemm_kernel(
     else:
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if FMT >= 2:
+    if FMA:  # FP4, BLOCK_M == 1: one token row per block (see _fp4_fma_loop)
+        smul = tl.load(p_ptr + e * stride_pe + 2)
+        a_row_ptr = a_ptr + tl.sum(a_rows.to(tl.int64), axis=0) * stride_am
+        g, u = _fp4_fma_loop(a_row_ptr, w_g, s_g, w_u, s_u, K // 2, n_ok, offs_n, smul, FMT, BLOCK_N, BLOCK_K // 2,
+                             GROUP, ASM, GATED)
+        acc_g = g[None, :]
+        acc_u = u[None, :]
+    elif FMT >= 2:
         smul = tl.load(p_ptr + e * stride_pe + 2)
         BKH: tl.constexpr = BLOCK_K // 2
         HALF = K // 2
         offs_b = tl.arange(0, BKH)[None, :]
         # Triton does not software-pipeline loads whose values go through ALU work before the dot, so
-        # the raw weight bytes are prefetched by hand, three tiles ahead (the bytes in flight per SM are
-        # what bounds a weight-streaming kernel; raw tiles are small, the decoded bf16 tile is not).
+        # the raw weight bytes are prefetched by hand, DEPTH (1 or 3) tiles ahead.
         a_lo = tl.load(a_base + offs_b, mask=row_ok[:, None], other=0.0)
         a_hi = tl.load(a_base + HALF + offs_b, mask=row_ok[:, None], other=0.0)
-        ok1 = n_ok & ((offs_n * 0 + BKH) < HALF)
-        ok2 = n_ok & ((offs_n * 0 + 2 * BKH) < HALF)
         qg0, slg0, shg0 = _fp4_load(w_g, s_g, 0, HALF, n_ok, BKH, GROUP)
-        qg1, slg1, shg1 = _fp4_load(w_g, s_g, BKH, HALF, ok1, BKH, GROUP)
-        qg2, slg2, shg2 = _fp4_load(w_g, s_g, 2 * BKH, HALF, ok2, BKH, GROUP)
+        qu0, slu0, shu0 = qg0, slg0, shg0
         if GATED:
             qu0, slu0, shu0 = _fp4_load(w_u, s_u, 0, HALF, n_ok, BKH, GROUP)
-            qu1, slu1, shu1 = _fp4_load(w_u, s_u, BKH, HALF, ok1, BKH, GROUP)
-            qu2, slu2, shu2 = _fp4_load(w_u, s_u, 2 * BKH, HALF, ok2, BKH, GROUP)
+        qg1, slg1, shg1, qg2, slg2, shg2 = qg0, slg0, shg0, qg0, slg0, shg0
+        qu1, slu1, shu1, qu2, slu2, shu2 = qu0, slu0, shu0, qu0, slu0, shu0
+        if DEPTH == 3:
+            ok1 = n_ok & ((offs_n * 0 + BKH) < HALF)
+            ok2 = n_ok & ((offs_n * 0 + 2 * BKH) < HALF)
+            qg1, slg1, shg1 = _fp4_load(w_g, s_g, BKH, HALF, ok1, BKH, GROUP)
+            qg2, slg2, shg2 = _fp4_load(w_g, s_g, 2 * BKH, HALF, ok2, BKH, GROUP)
+            if GATED:
+                qu1, slu1, shu1 = _fp4_load(w_u, s_u, BKH, HALF, ok1, BKH, GROUP)
+                qu2, slu2, shu2 = _fp4_load(w_u, s_u, 2 * BKH, HALF, ok2, BKH, GROUP)
         for kb in range(0, HALF, BKH):
             nxt = kb + BKH
-            far = kb + 3 * BKH
-            ok3 = n_ok & ((offs_n * 0 + far) < HALF)  # tensor masks: interpreter-safe
+            far = kb + DEPTH * BKH
+            okf = n_ok & ((offs_n * 0 + far) < HALF)  # tensor masks: interpreter-safe
             a_ok = row_ok[:, None] & ((offs_b + nxt) < HALF)
             a_lo_n = tl.load(a_base + nxt + offs_b, mask=a_ok, other=0.0)
             a_hi_n = tl.load(a_base + HALF + nxt + offs_b, mask=a_ok, other=0.0)
-            qg3, slg3, shg3 = _fp4_load(w_g, s_g, far, HALF, ok3, BKH, GROUP)
+            qgf, slgf, shgf = _fp4_load(w_g, s_g, far, HALF, okf, BKH, GROUP)
+            lo, hi = _fp4_dequant2(qg0, slg0, shg0, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
+            acc_g = _accumulate(a_lo, a_hi, lo, hi, acc_g, SWAP, DOT_F32)
+            if DEPTH == 3:
+                qg0, slg0, shg0 = qg1, slg1, shg1
+                qg1, slg1, shg1 = qg2, slg2, shg2
+                qg2, slg2, shg2 = qgf, slgf, shgf
+            else:
+                qg0, slg0, shg0 = qgf, slgf, shgf
             if GATED:
-                qu3, slu3, shu3 = _fp4_load(w_u, s_u, far, HALF, ok3, BKH, GROUP)
-            lo, hi = _fp4_dequant(qg0, slg0, shg0, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
-            acc_g = _mma(a_lo, lo, acc_g, SWAP, DOT_F32)
-            acc_g = _mma(a_hi, hi, acc_g, SWAP, DOT_F32)
-            qg0, slg0, shg0 = qg1, slg1, shg1
-            qg1, slg1, shg1 = qg2, slg2, shg2
-            qg2, slg2, shg2 = qg3, slg3, shg3
-            if GATED:
-                lo, hi = _fp4_dequant(qu0, slu0, shu0, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
-                acc_u = _mma(a_lo, lo, acc_u, SWAP, DOT_F32)
-                acc_u = _mma(a_hi, hi, acc_u, SWAP, DOT_F32)
-                qu0, slu0, shu0 = qu1, slu1, shu1
-                qu1, slu1, shu1 = qu2, slu2, shu2
-                qu2, slu2, shu2 = qu3, slu3, shu3
+                quf, sluf, shuf = _fp4_load(w_u, s_u, far, HALF, okf, BKH, GROUP)
+                lo, hi = _fp4_dequant2(qu0, slu0, shu0, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
+                acc_u = _accumulate(a_lo, a_hi, lo, hi, acc_u, SWAP, DOT_F32)
+                if DEPTH == 3:
+                    qu0, slu0, shu0 = qu1, slu1, shu1
+                    qu1, slu1, shu1 = qu2, slu2, shu2
+                    qu2, slu2, shu2 = quf, sluf, shuf
+                else:
+                    qu0, slu0, shu0 = quf, sluf, shuf
             a_lo, a_hi = a_lo_n, a_hi_n
     else:
         offs_k = tl.arange(0, BLOCK_K)[None, :]
@@ -293,10 +373,10 @@ def _moe_gemm_kernel(
         out = acc_g
     if SWAP:
         c = c_ptr + offs_m.to(tl.int64)[None, :] * stride_cm + offs_n[:, None]
-        tl.store(c, out.to(tl.bfloat16), mask=n_ok[:, None])
+        tl.store(c, out.to(c_ptr.dtype.element_ty), mask=n_ok[:, None])
     else:
         c = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-        tl.store(c, out.to(tl.bfloat16), mask=n_ok[None, :])
+        tl.store(c, out.to(c_ptr.dtype.element_ty), mask=n_ok[None, :])
 
 
 # --------------------------------------------------------------------------------- config
@@ -308,6 +388,8 @@ class GemmConfig:
     num_stages: int
     group_m: int = 1
     swap: bool = False  # weights as the MMA's left operand (token rows as its N dimension)
+    depth: int = 1      # FP4: raw tiles prefetched ahead (1 or 3)
+    fma: bool = False   # FP4: CUDA-core FMA instead of tensor cores (decode: 1-8 rows per block)
 
 
 @dataclass(frozen=True)
@@ -318,25 +400,31 @@ class MoEConfig:
 
 
 def default_config(fmt: str, num_pairs: int, num_experts: int) -> MoEConfig:
-    """Tile choice by rows per touched expert.
+    """Tile choice by rows per touched expert (measured on an H200, see bench/README.md).
 
-    Decode and small batches (<= 16 rows per expert) stream weights: the weights are the MMA's left
-    operand (swap) so 16 token rows fill the N side, and K steps are short (64) so the dequantised
-    tile plus the prefetched next tile fit in ~100 registers (no spills, several programs per SM).
-    Large batches are compute-bound: 128-row tiles reuse each dequantised weight tile 128 times.
-    Register counts were read from the compiled SM90 cubins (see bench/README.md)."""
+    FP4 decode (about one row per expert): one row per block on the CUDA cores (_fp4_fma_loop), narrow
+    column blocks so every SM holds several programs with raw weight tiles in flight. Up to 16 rows
+    per expert: 16-row tensor-core tiles. Large batches: 128-row tiles reuse each dequantised weight
+    tile 128 times. Register counts were read from the compiled SM90 cubins (no spills)."""
     rows = num_pairs / max(1, min(num_experts, num_pairs))
     if fmt not in ("nvfp4", "mxfp4"):  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
         return MoEConfig(64, GemmConfig(64, 64, 4, 3, 8), GemmConfig(128, 64, 8, 3, 8))
+    if rows <= FMA_MAX_ROWS:
+        return MoEConfig(1, GemmConfig(32, 64, 4, 1, fma=True), GemmConfig(64, 64, 4, 1, fma=True))
     if rows <= 16:
-        return MoEConfig(16, GemmConfig(64, 64, 4, 2, swap=True), GemmConfig(128, 128, 8, 2, swap=True))
+        return MoEConfig(16, GemmConfig(64, 64, 4, 2), GemmConfig(64, 64, 4, 2))
     if rows <= 48:
         return MoEConfig(32, GemmConfig(64, 64, 4, 2, 4, swap=True), GemmConfig(128, 64, 8, 2, 4, swap=True))
     if rows <= 96:
         return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
-    return MoEConfig(128, GemmConfig(64, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8))
+    return MoEConfig(128, GemmConfig(128, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8))
+
+
+# Rows per expert up to which the one-row CUDA-core path wins: it re-reads an expert's weights for
+# every row, so it pays off only while nearly every expert has a single row.
+FMA_MAX_ROWS = 1.5
 
 
 def _fit(dim: int, want: int, minimum: int) -> int:
@@ -426,6 +514,10 @@ class TritonExperts:
             if (k // 2) % (bk // 2):
                 raise ValueError(f"K={k} does not split into FP4 tiles of {bk}")
         bn = min(cfg.block_n, max(16, triton.next_power_of_2(n)))
+        fp4 = self.fmt_id >= FMT_NVFP4
+        fma = cfg.fma and fp4
+        if fma and al.block_m != 1:
+            raise ValueError("the FMA path handles one row per block (block_m=1)")
         grid = (al.max_blocks * triton.cdiv(n, bn),)
         _moe_gemm_kernel[grid](
             a, a.stride(0),
@@ -436,8 +528,8 @@ class TritonExperts:
             al.sorted_ids, al.expert_ids, al.num_post_pad,
             n, k, num_pairs, self.I if gated else 0, al.max_blocks,
             TOP_K=top_k, GATHER_A=gather, GATED=gated, FMT=self.fmt_id, GROUP=_GROUP[self.fmt_id],
-            BLOCK_M=al.block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWAP=cfg.swap,
-            ASM=self.asm and not _INTERPRET, DOT_F32=_INTERPRET,
+            BLOCK_M=al.block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWAP=cfg.swap and not fma,
+            ASM=self.asm and not _INTERPRET, DOT_F32=_INTERPRET, FMA=fma, DEPTH=cfg.depth if fp4 else 1,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
@@ -450,7 +542,9 @@ class TritonExperts:
         cfg = self.config or default_config(self.fmt, num_pairs, self.E)
         x = x.to(torch.bfloat16).contiguous()
         al = align_by_expert(topk_ids, self.E, cfg.block_m)
-        inter = torch.empty(al.p_max, self.I, dtype=torch.bfloat16, device=x.device)
+        # the CUDA-core path keeps the SiLU*up activations in fp32 (no bf16 rounding between the GEMMs)
+        fma = cfg.gemm1.fma and cfg.gemm2.fma and self.fmt_id >= FMT_NVFP4
+        inter = torch.empty(al.p_max, self.I, dtype=torch.float32 if fma else torch.bfloat16, device=x.device)
         gemm2_out = torch.empty(al.p_max, self.H, dtype=torch.bfloat16, device=x.device)
         if num_pairs:
             self._launch(self.w13, x, inter, al, self.I, self.H, cfg.gemm1, True, True, top_k, num_pairs)

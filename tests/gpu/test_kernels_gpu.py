@@ -43,8 +43,9 @@ def _problem(fmt, e, h, i, t, k, seed):
     return weights, x, w, ids, shared
 
 
-SHAPES = [  # E, H, I, T, K: covers the BLOCK_M 16 / 32 / 64 / 128 configs
+SHAPES = [  # E, H, I, T, K: covers the one-row (FP4 decode) and BLOCK_M 16 / 32 / 64 / 128 configs
     (8, 256, 128, 1, 2),
+    (64, 512, 256, 5, 8),
     (8, 256, 128, 13, 2),
     (16, 512, 256, 100, 4),
     (32, 1024, 512, 300, 8),

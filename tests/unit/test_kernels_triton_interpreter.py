@@ -19,7 +19,8 @@ from moe_kernels.routing import softmax_topk
 from moe_kernels.triton_align import align_by_expert
 torch.manual_seed(0)
 E, H, I = 8, 256, 128
-fmt, t, k, swap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+fmt, t, k, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+swap = mode == "swap"
 w13 = torch.randn(E, 2 * I, H) / 16
 w2 = torch.randn(E, H, I) / 11
 ew = ExpertWeights.from_dense(w13, w2, fmt)
@@ -29,6 +30,8 @@ ids[0, -1] = -1   # an expert of another rank
 shared = torch.randn(t, H).bfloat16()
 ref = TorchExperts(ew).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
 cfg = MoEConfig(16, GemmConfig(32, 128, 4, 1, swap=swap), GemmConfig(64, 64, 4, 1, swap=swap))
+if mode == "fma":  # one row per block on the CUDA cores (FP4 decode path)
+    cfg = MoEConfig(1, GemmConfig(32, 64, 4, 1, fma=True), GemmConfig(64, 64, 4, 1, fma=True))
 out = TritonExperts(ew, cfg).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
 err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 al = align_by_expert(ids, E, 16)
@@ -42,11 +45,11 @@ print("RESULT", err, ok_perm)
 """
 
 
-@pytest.mark.parametrize("swap", [False, True])
-@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4", "mxfp4"])
-def test_triton_moe_in_interpreter(fmt, swap):
+@pytest.mark.parametrize("fmt,mode", [(f, m) for f in ("bf16", "fp8", "nvfp4", "mxfp4") for m in ("mma", "swap")]
+                         + [("nvfp4", "fma"), ("mxfp4", "fma")])
+def test_triton_moe_in_interpreter(fmt, mode):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    res = subprocess.run([sys.executable, "-c", SCRIPT, fmt, "5", "3", "1" if swap else "0"], env=env, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-c", SCRIPT, fmt, "5", "3", mode], env=env, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")][-1]
