@@ -111,9 +111,7 @@ SWEEP = {
         _f((64, 64, 4), (64, 64, 4)),
         _f((32, 64, 4), (32, 64, 4)),
         _f((16, 64, 4), (32, 64, 4)),
-        _f((32, 128, 4), (64, 128, 4)),
         _c(16, (64, 64, 4, 2, 1, False), (64, 64, 4, 2, 1, False)),
-        _c(16, (64, 64, 4, 2, 1, True), (64, 64, 4, 2, 1, True)),
     ],
     "large": [
         _c(128, (128, 64, 8, 2, 8, False), (128, 64, 8, 2, 8, False)),
@@ -130,7 +128,7 @@ def sweep(ex: TritonExperts, tokens: list[int], g):
         cands = SWEEP["decode"] if t * K / min(E, t * K) <= 16 else SWEEP["large"]
         for i, cfg in enumerate(cands):
             ex.config = cfg
-            for asm in ((True, False) if i == 0 else (True,)):
+            for asm in ((True, False) if i == 0 and t == tokens[0] else (True,)):
                 ex.asm = asm
                 try:
                     us = bench(lambda: ex.forward(x, w, ids)) * 1e6
