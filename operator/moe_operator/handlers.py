@@ -50,8 +50,29 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # kopf serves the webhook with a self-signed certificate and manages the
         # ValidatingWebhookConfiguration (caBundle included) itself.
         host, _, port = CONFIG.admission.rpartition(":")
-        settings.admission.server = kopf.WebhookServer(addr="0.0.0.0", port=int(port), host=host or "localhost")
+        certfile, pkeyfile = webhook_certificate(host or "localhost")
+        settings.admission.server = kopf.WebhookServer(addr="0.0.0.0", port=int(port), host=host or "localhost",
+                                                       certfile=certfile, pkeyfile=pkeyfile, cafile=certfile)
         settings.admission.managed = "validate.moe.serving.dev"
+
+
+def webhook_certificate(host: str) -> tuple[str, str]:
+    """A self-signed serving certificate for the webhook (openssl CLI; kopf's own generator needs
+    oscrypto, which cannot read OpenSSL 3). In production, mount one from cert-manager instead."""
+    import ipaddress
+    import subprocess
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="moe-webhook-")
+    try:
+        ipaddress.ip_address(host)
+        san = f"IP:{host}"
+    except ValueError:
+        san = f"DNS:{host}"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365", "-subj", f"/CN={host}",
+                    "-addext", f"subjectAltName={san}", "-keyout", f"{d}/tls.key", "-out", f"{d}/tls.crt"],
+                   check=True, capture_output=True)
+    return f"{d}/tls.crt", f"{d}/tls.key"
 
 
 # --- inventory -------------------------------------------------------------------------------

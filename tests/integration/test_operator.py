@@ -244,3 +244,33 @@ def test_deletion_leaves_nothing_behind(kubectl, namespace, operator):
         pods = get_json(kubectl, "pods", "-n", namespace, "-l", f"moe.serving.dev/deployment={name}")["items"]
         return not left and not pods
     wait_for(gone, 60, "garbage collection of owned objects", operator.log_tail)
+
+
+def test_admission_webhook_rejects_backend_impossible_on_every_allowed_class(kubectl, kubeconfig, namespace, crd, tmp_path):
+    """kopf serves the validating webhook; the API server calls it and refuses with the planner's message."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    op = OperatorProcess(kubeconfig, tmp_path / "admission.log", ["--admission", f"127.0.0.1:{port}"])
+    op.start()
+    try:
+        wait_for(lambda: get_json(kubectl, "validatingwebhookconfiguration", "validate.moe.serving.dev"), 30,
+                 "managed ValidatingWebhookConfiguration", op.log_tail)
+        doc = yaml.safe_load((SAMPLES / "deepseek-v3-nvfp4-b200.yaml").read_text())
+        doc["metadata"] = {"name": "adm", "namespace": namespace}
+        doc["spec"]["moe"] = {"runnerBackend": "flashinfer_trtllm"}
+        doc["spec"]["gpu"] = {"allowedArchitectures": ["sm90", "sm120"]}
+
+        def refused():
+            r = kubectl("apply", "-f", "-", input=json.dumps(doc), check=False)
+            return r.stderr if r.returncode != 0 and "denied the request" in r.stderr else None
+        err = wait_for(refused, 30, "webhook refusal", op.log_tail)
+        assert "impossible on every allowed GPU class" in err and "SM100" in err
+        doc["spec"]["gpu"] = {"allowedArchitectures": ["sm90", "sm100"]}
+        kubectl("apply", "-f", "-", input=json.dumps(doc))  # possible on B200: accepted
+    finally:
+        op.stop()
+        # The managed webhook outlives the process; with no server behind it, it must go.
+        kubectl("delete", "validatingwebhookconfiguration", "validate.moe.serving.dev", "--ignore-not-found")
