@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     s.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="activation dtype (auto: bf16 on GPU, fp32 on CPU)")
+                   help="activation dtype (auto: bf16, which runs the planned backend; float32: exact mode "
+                        "with the fp32 reference experts)")
     s.add_argument("--max-batch", type=int, default=8, help="sequences decoded together per step")
     s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429")
     s.add_argument("--max-model-len", type=int, default=None, help="KV cache length per sequence")

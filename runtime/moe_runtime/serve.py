@@ -20,11 +20,11 @@ from .log import log
 
 
 def _dtype(name: str, device: str):
+    """auto = bf16 on every device, so the planned backend is what runs (the kernels are bf16 by
+    contract); float32 is the exact mode (fp32 reference experts) for checks and debugging."""
     import torch
 
-    if name == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+    return {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
 
 
 def prepare(args) -> dict[str, Any]:

@@ -46,6 +46,15 @@ class _Sampling(BaseModel):
     seed: int | None = None
     ignore_eos: bool = False
     user: str | None = None
+    logprobs: int | bool | None = None
+    echo: bool = False
+
+    @field_validator("logprobs", "echo")
+    @classmethod
+    def _unsupported(cls, v, info):
+        if v:  # refuse rather than silently ignore what a client relies on
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return v
 
     def sampling(self, default_max: int) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
