@@ -13,8 +13,8 @@ from typing import Any
 
 from .errors import RuntimeFailure
 
-SUPPORTED_ARCHS = {"DeepseekV3ForCausalLM": "deepseek_v3", "KimiK2ForCausalLM": "deepseek_v3",
-                   "Qwen3MoeForCausalLM": "qwen3_moe"}
+# Kimi-K2 checkpoints declare DeepseekV3ForCausalLM (model_type kimi_k2), so they map here too.
+SUPPORTED_ARCHS = {"DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 
 

@@ -60,6 +60,11 @@ def effective_env(plan: Mapping[str, Any] | None, environ: Mapping[str, str]) ->
     return env
 
 
+def _norm(product: str) -> str:
+    """'NVIDIA-H200' (GPU feature discovery label) == 'NVIDIA H200' (NVML name)."""
+    return "".join(ch for ch in product.lower() if ch.isalnum())
+
+
 def _where(family: str, product: str | None) -> str:
     return f"{family} ({product})" if product and product != family else family
 
@@ -80,7 +85,7 @@ def resolve(plan: Mapping[str, Any] | None, family: str, product: str | None, in
     if pg.get("family") and pg["family"] != family:
         raise RuntimeFailure(f"plan is for {_where(pg['family'], pg.get('product'))} but this node is "
                              f"{_where(family, product)}")
-    if pg.get("product") and product and pg["product"] != product and family != "cpu":
+    if pg.get("product") and product and _norm(pg["product"]) != _norm(product) and family != "cpu":
         warnings.append(f"plan was made for {pg['product']}, this node has {product} (same family {family})")
     pc = plan.get("checkpoint") or {}
     if pc.get("architecture") and pc["architecture"] != info.architecture:

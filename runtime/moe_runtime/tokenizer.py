@@ -79,6 +79,11 @@ class Tokenizer:
         self.eos_token = cfg.get("eos_token") if isinstance(cfg.get("eos_token"), str) else None
         self.bos_token = cfg.get("bos_token") if isinstance(cfg.get("bos_token"), str) else None
         self.stop_ids = {i for i in (self.token_id(self.eos_token), self.token_id(IM_END)) if i is not None}
+        # generation_config.json / config.json eos ids (an int or a list, e.g. Qwen's two)
+        for name in ("generation_config.json", "config.json"):
+            if (root / name).is_file():
+                eos = json.loads((root / name).read_text()).get("eos_token_id")
+                self.stop_ids.update(e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int))
 
     def token_id(self, token: str | None) -> int | None:
         return self._tok.token_to_id(token) if token else None
