@@ -18,7 +18,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="moe-runtime", description="MoE inference runtime")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    sub.add_parser("probe", help="GPUs of this node as JSON (NVML)")
+    pr = sub.add_parser("probe", help="GPUs of this node as JSON (NVML)")
+    pr.add_argument("--annotate-node", metavar="NODE", default=None,
+                    help="also write moe.serving.dev/gpu.* annotations on this Node (the node-probe DaemonSet)")
 
     i = sub.add_parser("inspect", help="checkpoint facts as JSON")
     i.add_argument("path")
@@ -58,9 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.cmd == "probe":
-            from .probe import probe_nvml
+            from .probe import annotate_node, node_annotations, probe_nvml
 
-            print(json.dumps(probe_nvml().to_dict(), indent=2))
+            result = probe_nvml()
+            print(json.dumps(result.to_dict(), indent=2))
+            if args.annotate_node:
+                annotate_node(args.annotate_node, node_annotations(result))
             return 0
         if args.cmd == "inspect":
             from .inspect_cmd import run_inspect

@@ -11,16 +11,19 @@ from typing import Any
 
 from .errors import RuntimeFailure
 
-_FAMILY_BY_CC = {(8, 0): "sm80", (8, 6): "sm80", (8, 7): "sm80", (8, 9): "sm89", (9, 0): "sm90",
-                 (10, 0): "sm100", (10, 3): "sm100", (11, 0): "sm110", (12, 0): "sm120", (12, 1): "sm121"}
-
-
 def gpu_family(major: int, minor: int) -> str:
-    """Compute capability -> registry family key (sm86/sm87 share sm80's kernels)."""
-    fam = _FAMILY_BY_CC.get((major, minor))
-    if fam is None:
-        fam = f"sm{major}{minor}"
-    return fam
+    """Compute capability -> registry family key, by the operator's own mapping (one table)."""
+    from moe_operator.gpu import GpuClassError, family_from_compute
+
+    try:
+        return family_from_compute(major, minor)
+    except GpuClassError:  # still report the device; the plan check will refuse it by name
+        return f"sm{major}{minor}"
+
+
+_GFD_FAMILY = {"sm80": "ampere", "sm89": "ada-lovelace", "sm90": "hopper", "sm100": "blackwell",
+               "sm120": "blackwell", "sm121": "blackwell"}
+ANNOTATION_PREFIX = "moe.serving.dev/gpu."
 
 
 @dataclass
@@ -96,6 +99,37 @@ def probe_nvml() -> ProbeResult:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def node_annotations(result: ProbeResult) -> dict[str, str]:
+    """The node-probe annotations: GPU Feature Discovery's label names under our prefix
+    (`nvidia.com/gpu.product` -> `moe.serving.dev/gpu.product`), read by moe_operator.gpu."""
+    g = result.gpus[0]
+    major, minor = g.computeCapability.split(".")
+    ann = {"product": g.name.replace(" ", "-"),  # GFD sanitises the NVML name the same way
+           "compute.major": major, "compute.minor": minor, "count": str(result.count),
+           "memory": str(g.memoryTotalBytes // (1024 * 1024))}
+    if g.family in _GFD_FAMILY:
+        ann["family"] = _GFD_FAMILY[g.family]
+    if len({x.name for x in result.gpus}) > 1:  # mixed GPUs: the operator must not assume a class
+        ann["product"] = "MIXED-" + "-".join(sorted({x.name.replace(" ", "-") for x in result.gpus}))
+    return {ANNOTATION_PREFIX + k: v for k, v in ann.items()}
+
+
+def annotate_node(node: str, annotations: dict[str, str]) -> None:
+    """Merge-patch the annotations onto the Node (in-cluster ServiceAccount, else kubeconfig)."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise RuntimeFailure("the kubernetes Python client is not installed; cannot annotate the node") from None
+    try:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        client.CoreV1Api().patch_node(node, {"metadata": {"annotations": annotations}})
+    except Exception as e:
+        raise RuntimeFailure(f"cannot annotate node {node}: {type(e).__name__}: {e}") from None
 
 
 def probe_device(requested: str = "auto") -> tuple[str, ProbeResult | None]:

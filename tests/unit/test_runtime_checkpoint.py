@@ -122,3 +122,23 @@ def test_gpu_family_mapping():
 
     assert gpu_family(9, 0) == "sm90" and gpu_family(10, 0) == "sm100" and gpu_family(8, 6) == "sm80"
     assert gpu_family(12, 1) == "sm121" and gpu_family(8, 9) == "sm89"
+
+
+def test_probe_annotations_are_read_back_by_the_operator(monkeypatch, capsys):
+    import moe_runtime.probe as probe
+    from moe_operator.gpu import from_node_labels
+
+    result = probe.ProbeResult(count=8, driverVersion="580.159.03", cudaDriverVersion="13.0", gpus=[
+        probe.GpuInfo(i, "NVIDIA H200", "9.0", "sm90", 143771 * 1024 * 1024) for i in range(8)])
+    ann = probe.node_annotations(result)
+    assert ann["moe.serving.dev/gpu.product"] == "NVIDIA-H200" and ann["moe.serving.dev/gpu.family"] == "hopper"
+    facts = from_node_labels({}, {}, ann)
+    assert facts.gpu_class is not None, facts.reason
+    assert facts.gpu_class.family == "sm90" and facts.gpu_class.count == 8 and facts.gpu_class.memoryMiB == 143771
+
+    patched = {}
+    monkeypatch.setattr(probe, "probe_nvml", lambda: result)
+    monkeypatch.setattr(probe, "annotate_node", lambda node, a: patched.update({node: a}))
+    assert main(["probe", "--annotate-node", "gpu-node-1"]) == 0
+    assert patched["gpu-node-1"] == ann
+    assert json.loads(capsys.readouterr().out)["family"] == "sm90"
