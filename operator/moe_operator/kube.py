@@ -126,14 +126,26 @@ class Kube:
         import hashlib
 
         name = "moe-inspect-" + hashlib.sha256(uri.encode()).hexdigest()[:10]
+        if uri.startswith("pvc://"):
+            claim = uri[len("pvc://"):].split("/", 1)[0]
+            try:
+                self.core.read_namespaced_persistent_volume_claim(claim, namespace)
+            except ApiException as e:
+                if e.status == 404:
+                    return {"error": f"PersistentVolumeClaim {claim!r} not found in namespace {namespace}"}
+                raise
         job = self.get("Job", namespace, name)
         if job is None:
             self.apply(render_inspection_job(namespace, name, uri, image, owner))
             return None
         st = job.get("status") or {}
-        if not st.get("succeeded") and not st.get("failed"):
-            return None
         pods = self.core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
+        if not st.get("succeeded") and not st.get("failed"):
+            for pod in pods:  # a pod that cannot be scheduled will not finish: say why now
+                for c in pod.status.conditions or []:
+                    if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+                        return {"error": f"inspection pod cannot be scheduled: {c.message}"}
+            return None
         for pod in pods:
             for cs in (pod.status.container_statuses or []):
                 term = cs.state.terminated if cs.state else None

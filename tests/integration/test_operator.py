@@ -274,3 +274,49 @@ def test_admission_webhook_rejects_backend_impossible_on_every_allowed_class(kub
         op.stop()
         # The managed webhook outlives the process; with no server behind it, it must go.
         kubectl("delete", "validatingwebhookconfiguration", "validate.moe.serving.dev", "--ignore-not-found")
+
+
+def test_pvc_checkpoint_is_inspected_by_a_job(kubectl, namespace, operator):
+    """pvc:// runs `moe-runtime inspect` in a Job with the claim mounted read-only and reads the
+    pod's termination message. kwok completes Job pods without a message, so the operator must say so."""
+    missing = {"apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment",
+               "metadata": {"name": "no-claim", "namespace": namespace},
+               "spec": {"model": {"uri": "pvc://nosuchclaim/x"}}}
+    kubectl("apply", "-f", "-", input=json.dumps(missing))
+
+    def no_claim():
+        cnd = condition(get_json(kubectl, "moed", "no-claim", "-n", namespace), "CheckpointInspected")
+        return cnd if cnd and cnd["status"] == "False" else None
+    cnd = wait_for(no_claim, 30, "CheckpointInspected=False for a missing claim", operator.log_tail)
+    assert "PersistentVolumeClaim 'nosuchclaim' not found" in cnd["message"]
+
+    # A statically bound claim, so the inspection pod can be scheduled.
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"models-{namespace}"},
+          "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                   "hostPath": {"path": "/models"},
+                   "claimRef": {"namespace": namespace, "name": "models"}}}
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": namespace},
+           "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": f"models-{namespace}",
+                    "resources": {"requests": {"storage": "1Gi"}}}}
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [pv, pvc]}))
+    doc = {"apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment",
+           "metadata": {"name": "from-pvc", "namespace": namespace},
+           "spec": {"model": {"uri": "pvc://models/deepseek/v3"}}}
+    kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+    def job():
+        jobs = get_json(kubectl, "jobs", "-n", namespace, "-l", "moe.serving.dev/role=inspect")["items"]
+        return jobs[0] if jobs else None
+    j = wait_for(job, 30, "inspection Job", operator.log_tail)
+    c = j["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"][:3] == ["moe-runtime", "inspect", "/models/models/deepseek/v3"]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    vol = j["spec"]["template"]["spec"]["volumes"][0]
+    assert vol["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+
+    def failed():
+        cnd = condition(get_json(kubectl, "moed", "from-pvc", "-n", namespace), "CheckpointInspected")
+        return cnd if cnd and cnd["status"] == "False" else None
+    cnd = wait_for(failed, 60, "CheckpointInspected=False from the Job result", operator.log_tail)
+    assert "without a termination message" in cnd["message"]
+    kubectl("delete", "pv", f"models-{namespace}", "--wait=false")
