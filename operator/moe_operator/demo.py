@@ -98,11 +98,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _demo(args, k, op, kubeconfig, t0, cluster)
     finally:
-        op.send_signal(signal.SIGTERM)
-        try:
-            op.wait(20)
-        except subprocess.TimeoutExpired:
-            op.kill()
+        _stop(op, 20)
         if cluster is not None:
             if args.down:
                 cluster.down()
@@ -253,8 +249,13 @@ def _runtime(k, op, kubeconfig: str) -> int:
             print("   " + ln)
         return 0
     finally:
-        srv.send_signal(signal.SIGTERM)
-        try:
-            srv.wait(30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+        _stop(srv, 30)
+
+
+def _stop(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM (the runtime drains, the operator finishes its handlers), then SIGKILL after `grace`."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
