@@ -55,8 +55,6 @@ def prepare(args) -> dict[str, Any]:
         log("decision", r)
     for w in res.warnings:
         log("warning", w)
-    if kcompat.MISSING:
-        log("warning", f"moe_kernels parts missing, local fallbacks used: {', '.join(kcompat.MISSING)}")
     return {"device": device, "family": family, "product": product, "validated": v, "resolution": res,
             "dtype": _dtype(args.dtype, device)}
 

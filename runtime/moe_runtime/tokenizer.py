@@ -103,6 +103,11 @@ class Tokenizer:
 
         template = self.chat_template or CHAT_TEMPLATE
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message):  # HF templates call this to reject a conversation
+            raise ValueError(message)
+
+        env.globals["raise_exception"] = raise_exception
         return env.from_string(template).render(
             messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
