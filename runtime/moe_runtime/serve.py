@@ -133,7 +133,10 @@ def serve(args) -> int:
     v = prep["validated"]
     name = args.served_model_name or v.root.name
     state = ServerState(model_name=name, metrics=metrics)
-    state.tokenizer = Tokenizer(v.root)
+    try:
+        state.tokenizer = Tokenizer(v.root)
+    except Exception as e:  # missing/corrupt tokenizer files: refuse before the port opens
+        raise RuntimeFailure(f"{v.root / 'tokenizer.json'}: cannot load the tokenizer ({type(e).__name__}: {e})") from None
     max_len = args.max_model_len or min(int(v.config.get("max_position_embeddings", 2048)), 2048)
     app = create_app(state)
     failure: list[RuntimeFailure] = []

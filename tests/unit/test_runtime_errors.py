@@ -104,6 +104,11 @@ def test_unsupported_architecture(ck, capsys):
     assert "unsupported architecture 'LlamaForCausalLM'" in serve_fails(ck, capsys)
 
 
+def test_missing_tokenizer(ck, capsys):
+    (ck / "tokenizer.json").unlink()
+    assert "tokenizer.json: cannot load the tokenizer" in serve_fails(ck, capsys)
+
+
 def _plan(tmp_path, **over):
     plan = {"gpu": {"family": "cpu", "product": "cpu"},
             "checkpoint": {"architecture": "DeepseekV3ForCausalLM", "format": "nvfp4"},
