@@ -71,8 +71,10 @@ def validate_checkpoint(path: str | Path) -> Validated:
             if m.name in headers:
                 raise RuntimeFailure(f"tensor {m.name} appears in both {where[m.name]} and {f.name}")
             headers[m.name], where[m.name] = m, f.name
-    fp8_linears = {n for n, m in headers.items() if m.dtype == "F8_E4M3" and is_fp8_linear(n)} if expert_format == "fp8" else None
-    specs = tensor_specs(config, expert_format, fp8_linears)
+    packed = {"fp8": "F8_E4M3", "nvfp4": "U8", "mxfp4": "U8"}.get(expert_format)
+    quantized = {n for n, m in headers.items() if m.dtype == packed and is_fp8_linear(n)
+                 and not is_routed_expert_weight(n)} if packed else None
+    specs = tensor_specs(config, expert_format, quantized)
     missing = [n for n, s in specs.items() if n not in headers and not s.optional]
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
@@ -232,14 +234,21 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
             stacked = _stack_experts(raw, f"model.layers.{i}.mlp.", num_experts(cfg), v.expert_format, log)
             experts[i] = kcompat.make_expert_weights(v.expert_format, stacked)
     dense: dict[str, torch.Tensor] = {}
-    for n in list(raw):
-        if n.endswith("weight_scale_inv"):
-            continue
+    for n in [n for n in raw if n.endswith(".weight")]:
         t = raw.pop(n)
-        sinv = raw.get(n[: -len("weight")] + "weight_scale_inv")
-        if sinv is not None:  # FP8 attention/dense/shared linears: dequantised once at load
+        stem = n[: -len("weight")]
+        # quantized non-expert linears (attention/dense/shared): dequantised once at load
+        if (sinv := raw.pop(stem + "weight_scale_inv", None)) is not None:
             t = kcompat.dequantize("fp8", kcompat.Fp8BlockTensor(t, sinv.float()), torch.float32)
-        dense[n] = t if n.endswith("e_score_correction_bias") else t.to(dtype)
+        elif (bs := raw.pop(stem + "weight_scale", None)) is not None:
+            if v.expert_format == "nvfp4":
+                raw.pop(stem + "input_scale", None)
+                t = kcompat.dequantize("nvfp4", kcompat.NvFp4Tensor(t, bs, raw.pop(stem + "weight_scale_2").float()),
+                                       torch.float32)
+            else:
+                t = kcompat.dequantize("mxfp4", kcompat.MxFp4Tensor(t, bs), torch.float32)
+        dense[n] = t.to(dtype)
+    dense.update({n: t for n, t in raw.items() if n.endswith("e_score_correction_bias")})  # kept fp32
     return LoadedCheckpoint(v, dense, experts, secs, v.nbytes)
 
 

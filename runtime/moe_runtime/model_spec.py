@@ -102,7 +102,8 @@ def is_routed_expert_weight(name: str) -> bool:
 
 
 def is_fp8_linear(name: str) -> bool:
-    """Linears that block-FP8 checkpoints (DeepSeek-V3, Qwen3-FP8) quantize: decoder projections only."""
+    """Decoder projections: what block-FP8 checkpoints (DeepSeek-V3, Qwen3-FP8) quantize, and what
+    ModelOpt may quantize besides the routed experts (dense MLPs, shared experts)."""
     return name.startswith("model.layers.") and name.endswith("proj.weight") or name.endswith("kv_a_proj_with_mqa.weight")
 
 
@@ -120,15 +121,20 @@ class Spec:
         return f"shape {list(self.shape)} dtype {'/'.join(self.dtypes)}"
 
 
-def tensor_specs(cfg: dict[str, Any], expert_format: str, fp8_linears: set[str] | None = None) -> dict[str, Spec]:
-    """Expected tensors. `fp8_linears`: for fp8 checkpoints, the linears the headers show as F8
-    (each needs a `weight_scale_inv`); others may stay BF16 as real checkpoints leave some."""
+def tensor_specs(cfg: dict[str, Any], expert_format: str, quantized_linears: set[str] | None = None) -> dict[str, Spec]:
+    """Expected tensors. Routed experts must be in `expert_format`. `quantized_linears`: other
+    decoder linears that the headers show quantized in the same scheme (F8 for fp8, U8 for
+    nvfp4/mxfp4); real checkpoints differ in which of those they quantize (DeepSeek-V3 FP8: all,
+    ModelOpt NVFP4: often dense MLPs and shared experts too), so those are accepted either way and
+    dequantised at load. With None (fp8 only), every decoder linear is expected quantized."""
     specs: dict[str, Spec] = {}
     for _, group in dense_shapes(cfg):
         for name, shape in group.items():
             stem = name[: -len("weight")]
-            if expert_format in ("nvfp4", "mxfp4") and is_routed_expert_weight(name):
-                out, inp = shape
+            out = shape[0]
+            inp = shape[-1]
+            if is_routed_expert_weight(name) and expert_format in ("nvfp4", "mxfp4") or (
+                    expert_format in ("nvfp4", "mxfp4") and quantized_linears and name in quantized_linears):
                 block = 16 if expert_format == "nvfp4" else 32
                 if inp % block:
                     raise RuntimeFailure(f"{name}: input dim {inp} is not a multiple of the {expert_format} block {block}")
@@ -139,12 +145,10 @@ def tensor_specs(cfg: dict[str, Any], expert_format: str, fp8_linears: set[str] 
                     specs[stem + "input_scale"] = Spec((), ("F32",), optional=True, alt_shapes=((1,),))
                 else:
                     specs[stem + "weight_scale"] = Spec((out, inp // 32), ("U8",))
-            elif expert_format == "fp8" and is_fp8_linear(name) and (fp8_linears is None or name in fp8_linears):
-                out, inp = shape
+            elif expert_format == "fp8" and is_fp8_linear(name) and (
+                    is_routed_expert_weight(name) or quantized_linears is None or name in quantized_linears):
                 specs[name] = Spec(shape, ("F8_E4M3",))
                 specs[stem + "weight_scale_inv"] = Spec((math.ceil(out / 128), math.ceil(inp / 128)), ("F32", "BF16"))
-            elif name.endswith("e_score_correction_bias"):
-                specs[name] = Spec(shape, FLOAT_DTYPES)
             else:
                 specs[name] = Spec(shape, FLOAT_DTYPES)
     return specs

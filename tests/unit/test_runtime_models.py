@@ -198,3 +198,30 @@ def test_batched_decode_equals_sequential(tiny):
         assert asyncio.run(run()) == solo
     finally:
         eng.stop()
+
+
+def test_modelopt_checkpoint_with_quantized_shared_and_dense_mlps(tiny, tmp_path):
+    """ModelOpt NVFP4 exports often quantize dense MLPs and shared experts too: accepted and
+    dequantised at load; the result is exactly transformers on the dequantised weights."""
+    d = tmp_path / "mo"
+    shutil.copytree(tiny("deepseek_v3", "nvfp4"), d)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    for f in {d / v for v in index["weight_map"].values()}:
+        with safe_open(str(f), "pt") as h:
+            t = {k: h.get_tensor(k) for k in h.keys()}
+        for k in [k for k in t if ("shared_experts." in k or "layers.0.mlp." in k) and k.endswith("_proj.weight")]:
+            q = kcompat.quantize_nvfp4(t[k].float())
+            stem = k[: -len("weight")]
+            t[k], t[stem + "weight_scale"] = q.packed, q.block_scale
+            t[stem + "weight_scale_2"] = q.global_scale.reshape(()).float()
+            t[stem + "input_scale"] = torch.tensor(1.0)
+            index["weight_map"].update({stem + s: f.name for s in ("weight_scale", "weight_scale_2", "input_scale")})
+        save_file(t, str(f))
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    mine = runtime_model(d)
+    ids = torch.tensor([PROMPT])
+    a = mine(ids, torch.arange(len(PROMPT))[None], torch.tensor([0]))
+    ref = hf_model(dequantized_copy(d, tmp_path / "deq"))
+    with torch.no_grad():
+        c = ref(ids).logits
+    assert (a - c).abs().max() / a.abs().max() < 1e-4
