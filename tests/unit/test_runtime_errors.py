@@ -204,3 +204,20 @@ def test_selftest_failure_falls_back_and_counts(monkeypatch):
     assert b'moe_runtime_backend_fallbacks_total{from_backend="triton",to_backend="torch"} 1.0' in m.render()
     with pytest.raises(RuntimeFailure, match="no MoE backend passed its self-test.*triton: wrong results"):
         select_backend(Resolution("sm90", "nvfp4", ["triton"], True, True), "cpu", m)
+
+
+def test_real_planner_output_is_accepted_and_checked(tmp_path):
+    """Contract with moe_operator.planner: its JSON plan for this node passes; one for another GPU fails."""
+    from moe_operator import gpu, planner
+    from moe_operator.checkpoint import inspect_dir
+    from moe_runtime.plan_check import resolve
+
+    d = make_checkpoint(tmp_path / "c", "deepseek_v3", "nvfp4", "tiny")
+    info = inspect_dir(d)
+    installed = {"triton": "3.6.0", "flashinfer-python": None}
+    h200 = json.loads(planner.plan(info, gpu.from_name("H200")).model_dump_json())
+    r = resolve(h200, "sm90", "NVIDIA H200", info, {}, installed)
+    assert r.backends == ["triton", "torch"] and r.deferred and not r.warnings
+    b200 = json.loads(planner.plan(info, gpu.from_name("B200")).model_dump_json())
+    with pytest.raises(RuntimeFailure, match=r"plan is for sm100 \(NVIDIA-B200\) but this node is sm90 \(NVIDIA H200\)"):
+        resolve(b200, "sm90", "NVIDIA H200", info, {}, installed)
