@@ -214,7 +214,8 @@ class Engine:
         last = torch.tensor([len(r.prompt_ids) - 1 for r in reqs])
         slots = torch.tensor([r.slot for r in reqs])
         d = self.device
-        logits = self.model(ids.to(d), pos.to(d), slots.to(d), last_index=last.to(d))[:, -1]
+        # kv_len from the host: no device->host sync to find the longest position
+        logits = self.model(ids.to(d), pos.to(d), slots.to(d), last_index=last.to(d), kv_len=n)[:, -1]
         for r in reqs:
             r.position = len(r.prompt_ids)
             if self.metrics:
@@ -240,7 +241,7 @@ class Engine:
                 self.decoder = None
                 logits = self.model(ids, pos, slots)[:, -1]
         else:
-            logits = self.model(ids, pos, slots)[:, -1]
+            logits = self.model(ids, pos, slots, kv_len=max(r.position for r in reqs) + 1)[:, -1]
         if self.metrics:
             self.metrics.decode_steps.inc()
         for r, tok in zip(reqs, self._sample(logits, reqs)):
