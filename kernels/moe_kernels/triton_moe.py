@@ -1,22 +1,25 @@
-"""Triton MoE experts for SM90 (and any NVIDIA GPU Triton supports): weight-only, bf16 tensor-core math.
+"""Triton MoE experts for SM90 (and any NVIDIA GPU Triton supports): weight-only (W4A16 / W8A16).
 
-Pipeline per forward (4 launches + finalize):
+Pipeline per forward (4 launches + finalize; no host synchronisation, CUDA-graph capturable):
   align (2 launches, triton_align.py) -> GEMM1 (gathered x @ [gate; up]^T, SiLU(gate)*up fused in the
   epilogue, rows in expert-padded order) -> GEMM2 (act @ w2^T, un-weighted rows = gemm2_out)
   -> finalize (weights, top-k sum, shared add; triton_finalize.py), or hand gemm2_out over (deferred).
 
 Weights are dequantised in registers, tile by tile, to bf16 (exact for FP4: e2m1 * e4m3/e8m0 has at
-most 6 significant bits), and the NVFP4 per-expert global scale is applied to the fp32 accumulator.
+most 6 significant bits); per-expert factors (NVFP4 global scale, exponent offsets) are applied to
+the fp32 accumulator. Two inner loops: bf16 tensor-core tiles (tl.dot) for >= 2 rows per expert,
+and, for FP4 decode (one row per expert), a CUDA-core loop (_fp4_fma_loop).
 
-FP4 layout (re-packed once in __init__): "split-half" packing. Byte j of a row holds element j in its
-low nibble and element K/2 + j in its high nibble, so one contiguous byte tile gives two contiguous
-K ranges, each multiplied against a contiguous slice of the activations. No nibble interleaving is
-needed in registers, and a 16-byte vector load covers exactly one NVFP4 scale group per half.
+FP4 storage (re-laid out once in __init__):
+- "split-half" packing: byte j of a row holds element j (low nibble) and element K/2 + j (high
+  nibble), so one byte tile gives two contiguous K ranges; no nibble interleaving in registers.
+- K-tiled: [E, K/2/32, N, 32] bytes, so a block of rows x one 64-weight K step is one contiguous
+  read (row-major rows gave 32-byte pieces 3.5 KB apart). Scales are K-tiled the same way.
 
-Decoding without lookup tables: an E2M1 code c placed as fp16 bits ((c & 8) << 12) | ((c & 7) << 9)
-is exactly value * 2^-14 (e=0 codes land on fp16 subnormals, which convert to fp32 exactly); an e4m3
-byte b as fp16 bits ((b & 0x80) << 8) | ((b & 0x7F) << 7) is exactly value * 2^-8. The 2^14 and 2^8
-are folded into the per-group scale, so each weight costs a few integer ops and one fp32 multiply.
+Decoding without lookup tables (inline PTX, _FP4_ASM): a code c placed as bf16 bits
+(c & 8) << 12 | (c & 7) << 6 is exactly value * 2^-126; one bf16x2 FMA by scale * 2^(126-c) gives
+the weight, two per instruction. The portable path (CPU interpreter) computes the same products in
+fp32 via fp16 bit patterns.
 """
 
 from __future__ import annotations
