@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
             mod.add_arguments(p)
             p.set_defaults(_run=mod.run)
     args = parser.parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except BrokenPipeError:  # `moe-operator plan ... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
