@@ -75,7 +75,7 @@ def inspect_hf(uri: str, token: str | None) -> CheckpointInfo:
         raise InspectionFailed(reason, f"{uri}: {e}", retry=status not in (401, 403, 404)) from None
     except Exception as e:  # network errors, gated repos without token, ...
         raise InspectionFailed("HubError", f"{uri}: {type(e).__name__}: {e}") from None
-    tensors = [TensorMeta(name, t.dtype, tuple(t.shape), 0)
+    tensors = [TensorMeta(name, t.dtype, tuple(t.shape), int(t.data_offsets[1]) - int(t.data_offsets[0]))
                for fm in meta.files_metadata.values() for name, t in fm.tensors.items()]
     info = classify(config, hq, tensors, where=uri)
     info.numFiles = len(meta.files_metadata)

@@ -33,7 +33,7 @@ def hub(monkeypatch, tmp_path):
             pass
 
         def get_safetensors_metadata(self, repo, revision=None):
-            t = SimpleNamespace(dtype="U8", shape=[8, 8])
+            t = SimpleNamespace(dtype="U8", shape=[8, 8], data_offsets=[0, 64])
             return SimpleNamespace(files_metadata={"model-00001.safetensors": SimpleNamespace(
                 tensors={"model.layers.3.mlp.experts.0.w1.weight": t})})
 
@@ -55,7 +55,7 @@ def test_hf_dsv4_fp4_from_headers_with_revision_and_token(hub):
     files["config.json"] = json.dumps({"architectures": ["DeepseekV4ForCausalLM"], "n_routed_experts": 256,
                                        "quantization_config": {"quant_method": "fp8"}})
     info = inspection.inspect_spec(spec("hf://deepseek-ai/DeepSeek-V4-Flash@abc123", token=True), hf_token=lambda: "tok")
-    assert info.format == "dsv4_fp4" and "safetensors" in info.formatSource
+    assert info.format == "dsv4_fp4" and "safetensors" in info.formatSource and info.totalBytes == 64
     assert calls[0] == ("deepseek-ai/DeepSeek-V4-Flash", "config.json", "abc123", "tok")
     # cached per (uri, revision): no second round trip
     inspection.inspect_spec(spec("hf://deepseek-ai/DeepSeek-V4-Flash@abc123"))
