@@ -16,7 +16,11 @@ from moe_kernels import registry
 from .checkpoint import FORMATS, CheckpointInfo
 from .gpu import FAMILIES
 from .plan import Plan
-from .planner import ALL_A2A, ALL_RUNNERS
+from .planner import ALL_A2A, ALL_RUNNERS, SGLANG_A2A, SGLANG_RUNNERS, VLLM_MOE_BACKENDS
+
+
+def _cel_list(values) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
 MODEL_URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?|file:///.*)$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
@@ -118,6 +122,12 @@ class MoEDeploymentSpec(_Model):
         ("self.engine.name != 'bundled' || self.moe.runnerBackend in ['auto', "
          + ", ".join(f"'{n}'" for n in registry.names()) + "]",
          "engine bundled supports moe.runnerBackend auto, " + ", ".join(registry.names())),
+        ("self.engine.name != 'sglang' || self.moe.runnerBackend in " + _cel_list(SGLANG_RUNNERS),
+         "not an sglang --moe-runner-backend; valid: " + ", ".join(SGLANG_RUNNERS)),
+        ("self.engine.name != 'sglang' || self.moe.a2aBackend in " + _cel_list(SGLANG_A2A),
+         "not an sglang --moe-a2a-backend; valid: " + ", ".join(SGLANG_A2A)),
+        ("self.engine.name != 'vllm' || self.moe.runnerBackend in " + _cel_list(VLLM_MOE_BACKENDS),
+         "not a vLLM --moe-backend; valid: " + ", ".join(VLLM_MOE_BACKENDS)),
         ("self.engine.name != 'vllm' || self.moe.deferredFinalize != 'on'",
          "vLLM has no deferred-finalize switch; use engine sglang or bundled"),
     ))

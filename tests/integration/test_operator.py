@@ -221,6 +221,8 @@ def test_unreadable_checkpoint_sets_condition_with_cause(kubectl, namespace, ope
     ({"moe": {"runnerBackend": "marlin"}}, "engine bundled supports moe.runnerBackend"),
     ({"nodesPerReplica": 2, "gpusPerReplica": 16, "parallelism": {"tp": 16}}, "bundled engine serves one node per replica"),
     ({"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
+    ({"engine": {"name": "sglang"}, "moe": {"runnerBackend": "flashinfer_b12x"}}, "not an sglang --moe-runner-backend"),
+    ({"engine": {"name": "vllm"}, "moe": {"runnerBackend": "flashinfer_mxfp4"}}, "not a vLLM --moe-backend"),
 ])
 def test_invalid_crs_are_refused_by_the_api_server(kubectl, namespace, crd, patch, message):
     spec = {"model": {"uri": "hf://deepseek-ai/DeepSeek-V3"}}
