@@ -7,14 +7,19 @@ Pipeline per forward (4 launches + finalize; no host synchronisation, CUDA-graph
 
 Weights are dequantised in registers, tile by tile, to bf16 (exact for FP4: e2m1 * e4m3/e8m0 has at
 most 6 significant bits); per-expert factors (NVFP4 global scale, exponent offsets) are applied to
-the fp32 accumulator. Two inner loops: bf16 tensor-core tiles (tl.dot) for >= 2 rows per expert,
-and, for FP4 decode (one row per expert), a CUDA-core loop (_fp4_fma_loop).
+the fp32 accumulator. Inner loops: bf16 tensor-core tiles (tl.dot) for >= 2 rows per expert, and,
+for FP4 decode (one row per expert), a software-pipelined one-row loop (_fp4_fma_loop_pipe:
+cp.async stages via tl.range(num_stages), the dot products on mma.sync straight from the registers of
+the decoded tile, or on CUDA-core FMAs). The older hand-prefetched CUDA-core loop (_fp4_fma_loop,
+GemmConfig.pipe=0) is kept selectable: its register prefetch never stayed in flight (each K step
+waited a full memory round trip), which is what held decode at ~220 us (bench/README.md).
 
 FP4 storage (re-laid out once in __init__):
 - "split-half" packing: byte j of a row holds element j (low nibble) and element K/2 + j (high
   nibble), so one byte tile gives two contiguous K ranges; no nibble interleaving in registers.
 - K-tiled: [E, K/2/32, N, 32] bytes, so a block of rows x one 64-weight K step is one contiguous
-  read (row-major rows gave 32-byte pieces 3.5 KB apart). Scales are K-tiled the same way.
+  read (row-major rows gave 32-byte pieces 3.5 KB apart). Scales: [E, K/2/32, N, 4], per row and K
+  tile the scales of its low and its high half in one 4-byte entry (cp.async needs >= 4 bytes).
 
 Decoding without lookup tables (inline PTX, _FP4_ASM): a code c placed as bf16 bits
 (c & 8) << 12 | (c & 7) << 6 is exactly value * 2^-126; one bf16x2 FMA by scale * 2^(126-c) gives
@@ -112,13 +117,14 @@ fma.rn.bf16x2 $3, a, $8, z;
 def _fp4_load(w_base, s_base, kb, HALF, ok, stride_wt, stride_st, BKH: tl.constexpr, GROUP: tl.constexpr):
     """Raw bytes of one split-half FP4 tile in the K-tiled layout (see _prepare): packed
     [BLOCK_N, BKH/GROUP, GROUP] (one contiguous BLOCK_N*BKH-byte block), scales of the low and the
-    high half [BLOCK_N, BKH/GROUP]. `ok` masks rows (and, for prefetches past the end, everything)."""
+    high half [BLOCK_N, BKH/GROUP] (bytes 0-1 and 2-3 of the row's 4-byte scale entry, see _prepare).
+    `ok` masks rows (and, for prefetches past the end, everything)."""
     NG: tl.constexpr = BKH // GROUP
     og = tl.arange(0, NG)[None, :, None]
     oe = tl.arange(0, GROUP)[None, None, :]
     q = tl.load(w_base[:, :, None] + (kb // BKH) * stride_wt + og * GROUP + oe, mask=ok[:, None, None], other=0)
     s_lo = tl.load(s_base + (kb // BKH) * stride_st + tl.arange(0, NG)[None, :], mask=ok[:, None], other=0)
-    s_hi = tl.load(s_base + ((HALF + kb) // BKH) * stride_st + tl.arange(0, NG)[None, :], mask=ok[:, None], other=0)
+    s_hi = tl.load(s_base + (kb // BKH) * stride_st + 2 + tl.arange(0, NG)[None, :], mask=ok[:, None], other=0)
     return q, s_lo, s_hi
 
 
@@ -246,6 +252,256 @@ def _fp4_fma_loop(a_row_ptr, w_g, s_g, w_u, s_u, HALF, n_ok, offs_n, smul, strid
     return tl.sum(tl.sum(acc_g, axis=2), axis=1), tl.sum(tl.sum(acc_u, axis=2), axis=1)
 
 
+# Same decode as _FP4_ASM, but each bf16x2 product is split into two fp32 values in the asm itself
+# (low half << 16, high half & 0xffff0000): 8 fp32 weights per 4 packed bytes, no bf16 unpacking.
+_FP4_ASM_F32 = tl.constexpr("""
+{
+.reg .b32 t0, t1, a, b, z, r;
+mov.b32 z, 0x80008000;
+prmt.b32 t0, $8, 0, 0x4140;
+prmt.b32 t1, $8, 0, 0x4342;
+shl.b32 a, t0, 6;
+shl.b32 b, t0, 12;
+and.b32 a, a, 0x01C001C0;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.bf16x2 r, a, $9, z;
+shl.b32 $0, r, 16;
+and.b32 $1, r, 0xFFFF0000;
+shl.b32 a, t1, 6;
+shl.b32 b, t1, 12;
+and.b32 a, a, 0x01C001C0;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.bf16x2 r, a, $10, z;
+shl.b32 $2, r, 16;
+and.b32 $3, r, 0xFFFF0000;
+shl.b32 a, t0, 2;
+shl.b32 b, t0, 8;
+and.b32 a, a, 0x01C001C0;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.bf16x2 r, a, $11, z;
+shl.b32 $4, r, 16;
+and.b32 $5, r, 0xFFFF0000;
+shl.b32 a, t1, 2;
+shl.b32 b, t1, 8;
+and.b32 a, a, 0x01C001C0;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+fma.rn.bf16x2 r, a, $12, z;
+shl.b32 $6, r, 16;
+and.b32 $7, r, 0xFFFF0000;
+}
+""")
+
+
+@triton.jit
+def _fp4_pipe_step(w, s4, kb, n_ok, x_lo, x_hi, acc, smul, stride_wt, stride_st, FMT: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BKH: tl.constexpr, GROUP: tl.constexpr, ASM: tl.constexpr):
+    """acc += one K tile of one weight matrix times the activations, fp32 [BLOCK_N, BKH/GROUP, GROUP].
+    The raw bytes and the row's 4-byte scale entry are plain loads in the loop body, so Triton's
+    software pipeliner turns them into cp.async copies several tiles ahead."""
+    NG: tl.constexpr = BKH // GROUP
+    og = tl.arange(0, NG)[None, :, None]
+    oe = tl.arange(0, GROUP)[None, None, :]
+    q = tl.load(w[:, :, None] + (kb // BKH) * stride_wt + og * GROUP + oe, mask=n_ok[:, None, None], other=0)
+    # the row's 4 scale bytes as one int32 (lo0, lo1, hi0, hi1; MXFP4: lo, 0, hi, 0)
+    s = tl.load(s4 + (kb // BKH) * (stride_st // 4), mask=n_ok, other=0)
+    if NG == 1:
+        f_lo = _fp4_group_scale(s & 0xFF, smul, FMT)[:, None]
+        f_hi = _fp4_group_scale((s >> 16) & 0xFF, smul, FMT)[:, None]
+    else:
+        f_lo = tl.join(_fp4_group_scale(s & 0xFF, smul, FMT), _fp4_group_scale((s >> 8) & 0xFF, smul, FMT))
+        f_hi = tl.join(_fp4_group_scale((s >> 16) & 0xFF, smul, FMT), _fp4_group_scale((s >> 24) & 0xFF, smul, FMT))
+    if ASM:
+        b_lo = tl.broadcast_to(f_lo[:, :, None].to(tl.bfloat16), (BLOCK_N, NG, GROUP))
+        b_hi = tl.broadcast_to(f_hi[:, :, None].to(tl.bfloat16), (BLOCK_N, NG, GROUP))
+        lo, hi = tl.inline_asm_elementwise(_FP4_ASM_F32, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r", [q, b_lo, b_hi],
+                                           dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+    else:
+        qi = q.to(tl.int32)
+        lo = (_e2m1_times_2pow_m14(qi & 15) * (f_lo[:, :, None] * 1.925929944387236e-34)).to(tl.bfloat16).to(tl.float32)
+        hi = (_e2m1_times_2pow_m14(qi >> 4) * (f_hi[:, :, None] * 1.925929944387236e-34)).to(tl.bfloat16).to(tl.float32)
+    acc += lo * x_lo
+    acc += hi * x_hi
+    return acc
+
+
+# Tensor cores without a layout change (decode, one row per expert): mma.sync m16n8k16 with the
+# activations as A (the same k slice in all 16 rows) and the weights as B (k x 8 rows). With Triton's
+# blocked layout of a [BLOCK_N, BKH/GROUP, GROUP] byte tile at 8 bytes per thread, the 4 lanes of a
+# lane group (lane // 4) hold one weight row and lane t holds bytes 8t..8t+7 of it, which is exactly
+# the B fragment (column = lane group; k = 2t, 2t+1, 2t+8, 2t+9 <- bytes (0,1), (4,5) of the lane's 8
+# in one mma, bytes (2,3), (6,7) in a second) when every lane feeds the activations of its own 8 bytes
+# as A: rows g get bytes 0,1 / 4,5, rows g+8 bytes 2,3 / 6,7, so the first mma's rows g (c0, c1) and the
+# second's rows g+8 (c2, c3) are the wanted dot products (the other halves are discarded). Each lane
+# passes only its own registers (no moves), the mma does the k reduction across the 4 lanes. Row n's
+# partial sums come back in the lanes with t = n // 2; _FP4_MMA_OUT moves them to row n's lane.
+# Decode of two codes in a bf16x2 register: (t & 0x000F000F) * 0x1040 puts (c & 7) << 6 and
+# (c & 8) << 12 in place without carries; the mask keeps those bits (high nibble: 0x00F000F0, 0x104).
+_FP4_ASM_MMA = tl.constexpr("""
+{
+.reg .b32 t0, t1, t2, t3, a, w0, w1, w2, w3, z;
+mov.b32 z, 0x80008000;
+prmt.b32 t0, $8, 0, 0x4140;
+prmt.b32 t1, $8, 0, 0x4342;
+prmt.b32 t2, $9, 0, 0x4140;
+prmt.b32 t3, $9, 0, 0x4342;
+and.b32 a, t0, 0x000F000F;
+mul.lo.u32 a, a, 0x1040;
+and.b32 a, a, 0x81C081C0;
+fma.rn.bf16x2 w0, a, $10, z;
+and.b32 a, t1, 0x000F000F;
+mul.lo.u32 a, a, 0x1040;
+and.b32 a, a, 0x81C081C0;
+fma.rn.bf16x2 w1, a, $11, z;
+and.b32 a, t2, 0x000F000F;
+mul.lo.u32 a, a, 0x1040;
+and.b32 a, a, 0x81C081C0;
+fma.rn.bf16x2 w2, a, $12, z;
+and.b32 a, t3, 0x000F000F;
+mul.lo.u32 a, a, 0x1040;
+and.b32 a, a, 0x81C081C0;
+fma.rn.bf16x2 w3, a, $13, z;
+mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$18, $19, $20, $21}, {w0, w2}, {$26, $27, $28, $29};
+mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$4, $5, $6, $7}, {$18, $19, $20, $21}, {w1, w3}, {$30, $31, $32, $33};
+and.b32 a, t0, 0x00F000F0;
+mul.lo.u32 a, a, 0x104;
+and.b32 a, a, 0x81C081C0;
+fma.rn.bf16x2 w0, a, $14, z;
+and.b32 a, t1, 0x00F000F0;
+mul.lo.u32 a, a, 0x104;
+and.b32 a, a, 0x81C081C0;
+fma.rn.bf16x2 w1, a, $15, z;
+and.b32 a, t2, 0x00F000F0;
+mul.lo.u32 a, a, 0x104;
+and.b32 a, a, 0x81C081C0;
+fma.rn.bf16x2 w2, a, $16, z;
+and.b32 a, t3, 0x00F000F0;
+mul.lo.u32 a, a, 0x104;
+and.b32 a, a, 0x81C081C0;
+fma.rn.bf16x2 w3, a, $17, z;
+mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$22, $23, $24, $25}, {w0, w2}, {$0, $1, $2, $3};
+mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$4, $5, $6, $7}, {$22, $23, $24, $25}, {w1, w3}, {$4, $5, $6, $7};
+}
+""")
+
+# Per 8-element pack of the mma accumulators: row n's partial sum (c0/c1 of the first mma, c2/c3 of the
+# second, in lane n // 2) to lane group n, lane t == 0, element 0; every other element 0.
+_MMA_CONS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 26))
+_MMA_OUT_CONS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
+_FP4_MMA_OUT = tl.constexpr("""
+{
+.reg .b32 l, g, src, v0, v1, s;
+.reg .f32 e0, e1;
+.reg .pred p, q;
+mov.u32 l, %laneid;
+shr.u32 g, l, 2;
+shr.u32 src, g, 1;
+add.f32 e0, $8, $14;
+add.f32 e1, $9, $15;
+mov.b32 v0, e0;
+mov.b32 v1, e1;
+shfl.sync.idx.b32 v0, v0, src, 0x1f, 0xffffffff;
+shfl.sync.idx.b32 v1, v1, src, 0x1f, 0xffffffff;
+and.b32 s, g, 1;
+setp.ne.u32 p, s, 0;
+selp.b32 v0, v1, v0, p;
+and.b32 s, l, 3;
+setp.eq.u32 q, s, 0;
+selp.b32 $0, v0, 0, q;
+mov.b32 $1, 0;
+mov.b32 $2, 0;
+mov.b32 $3, 0;
+mov.b32 $4, 0;
+mov.b32 $5, 0;
+mov.b32 $6, 0;
+mov.b32 $7, 0;
+}
+""")
+
+
+@triton.jit
+def _fp4_pipe_step_mma(w, s4, kb, n_ok, x_lo, x_hi, acc, smul, stride_wt, stride_st, FMT: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BKH: tl.constexpr, GROUP: tl.constexpr):
+    """_fp4_pipe_step on the tensor cores (see _FP4_ASM_MMA); x_lo / x_hi bf16 [1, 1, BKH], acc in mma
+    form. The tile is [BLOCK_N, 1, BKH] for both formats: Triton then lays it out 8 bytes per thread,
+    4 threads per row (a [BLOCK_N, 2, 16] NVFP4 tile got 2 threads per row from Triton 3.6)."""
+    oe = tl.arange(0, BKH)[None, None, :]
+    q = tl.load(w[:, :, None] + (kb // BKH) * stride_wt + oe, mask=n_ok[:, None, None], other=0)
+    s = tl.load(s4 + (kb // BKH) * (stride_st // 4), mask=n_ok, other=0)[:, None, None]
+    if BKH == GROUP:  # MXFP4: one scale per half and tile
+        b_lo = _fp4_group_scale(s & 0xFF, smul, FMT).to(tl.bfloat16)
+        b_hi = _fp4_group_scale((s >> 16) & 0xFF, smul, FMT).to(tl.bfloat16)
+    else:  # NVFP4: two groups of 16 per half and tile
+        first = oe < GROUP
+        b_lo = tl.where(first, _fp4_group_scale(s & 0xFF, smul, FMT).to(tl.bfloat16),
+                        _fp4_group_scale((s >> 8) & 0xFF, smul, FMT).to(tl.bfloat16))
+        b_hi = tl.where(first, _fp4_group_scale((s >> 16) & 0xFF, smul, FMT).to(tl.bfloat16),
+                        _fp4_group_scale((s >> 24) & 0xFF, smul, FMT).to(tl.bfloat16))
+    b_lo = tl.broadcast_to(b_lo, (BLOCK_N, 1, BKH))
+    b_hi = tl.broadcast_to(b_hi, (BLOCK_N, 1, BKH))
+    xl = tl.broadcast_to(x_lo, (BLOCK_N, 1, BKH))
+    xh = tl.broadcast_to(x_hi, (BLOCK_N, 1, BKH))
+    return tl.inline_asm_elementwise(_FP4_ASM_MMA, _MMA_CONS,
+                                     [q, b_lo, b_hi, xl, xh, acc], dtype=tl.float32, is_pure=True, pack=8)
+
+@triton.jit
+def _fp4_fma_loop_pipe(a_row_ptr, w_g, s_g, w_u, s_u, HALF, n_ok, smul, stride_wt, stride_st,
+                       FMT: tl.constexpr, BLOCK_N: tl.constexpr, BKH: tl.constexpr, GROUP: tl.constexpr,
+                       ASM: tl.constexpr, GATED: tl.constexpr, PIPE: tl.constexpr, MMA: tl.constexpr):
+    """_fp4_fma_loop with the prefetch left to Triton's software pipeliner (PIPE stages, cp.async into
+    shared memory). The hand-rotated register prefetch of _fp4_fma_loop does not stay in flight: the
+    rotation (and the uint8 unpacking) reads the just-loaded registers in the same iteration, so every
+    K step waits a full memory round trip. Activations: one row slice per step, broadcast over rows.
+    MMA: mma.sync on the decoded tiles (_fp4_pipe_step_mma), two K tiles per iteration."""
+    NG: tl.constexpr = BKH // GROUP
+    if MMA:  # tensor cores, bf16 activations (8 bytes per thread: BLOCK_N * BKH == 8 * 32 * num_warps)
+        kk = tl.arange(0, BKH)[None, None, :]
+        acc_g = tl.zeros([BLOCK_N, 1, BKH], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, 1, BKH], dtype=tl.float32)
+        for kb in tl.range(0, HALF, 2 * BKH, num_stages=PIPE):  # two K tiles per iteration (loop overhead)
+            x_lo = tl.load(a_row_ptr + kb + kk).to(tl.bfloat16)
+            x_hi = tl.load(a_row_ptr + HALF + kb + kk).to(tl.bfloat16)
+            acc_g = _fp4_pipe_step_mma(w_g, s_g, kb, n_ok, x_lo, x_hi, acc_g, smul, stride_wt, stride_st, FMT, BLOCK_N,
+                                       BKH, GROUP)
+            if GATED:
+                acc_u = _fp4_pipe_step_mma(w_u, s_u, kb, n_ok, x_lo, x_hi, acc_u, smul, stride_wt, stride_st, FMT,
+                                           BLOCK_N, BKH, GROUP)
+            k2 = kb + BKH
+            ok2 = n_ok & ((n_ok.to(tl.int32) * 0 + k2) < HALF)
+            more = (kk + k2) < HALF
+            x_lo = tl.load(a_row_ptr + k2 + kk, mask=more, other=0.0).to(tl.bfloat16)
+            x_hi = tl.load(a_row_ptr + HALF + k2 + kk, mask=more, other=0.0).to(tl.bfloat16)
+            acc_g = _fp4_pipe_step_mma(w_g, s_g, k2, ok2, x_lo, x_hi, acc_g, smul, stride_wt, stride_st, FMT, BLOCK_N,
+                                       BKH, GROUP)
+            if GATED:
+                acc_u = _fp4_pipe_step_mma(w_u, s_u, k2, ok2, x_lo, x_hi, acc_u, smul, stride_wt, stride_st, FMT,
+                                           BLOCK_N, BKH, GROUP)
+        acc_g = tl.inline_asm_elementwise(_FP4_MMA_OUT, _MMA_OUT_CONS, [acc_g], dtype=tl.float32,
+                                          is_pure=True, pack=8)
+        acc_u = tl.inline_asm_elementwise(_FP4_MMA_OUT, _MMA_OUT_CONS, [acc_u], dtype=tl.float32,
+                                          is_pure=True, pack=8)
+        g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
+        u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+    else:
+        kk = tl.arange(0, NG)[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
+        acc_g = tl.zeros([BLOCK_N, NG, GROUP], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, NG, GROUP], dtype=tl.float32)
+        for kb in tl.range(0, HALF, BKH, num_stages=PIPE):
+            x_lo = tl.load(a_row_ptr + kb + kk).to(tl.float32)
+            x_hi = tl.load(a_row_ptr + HALF + kb + kk).to(tl.float32)
+            acc_g = _fp4_pipe_step(w_g, s_g, kb, n_ok, x_lo, x_hi, acc_g, smul, stride_wt, stride_st, FMT, BLOCK_N,
+                                   BKH, GROUP, ASM)
+            if GATED:
+                acc_u = _fp4_pipe_step(w_u, s_u, kb, n_ok, x_lo, x_hi, acc_u, smul, stride_wt, stride_st, FMT,
+                                       BLOCK_N, BKH, GROUP, ASM)
+        g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
+        u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+    return g, u
+
+
 # --------------------------------------------------------------------------------- kernel
 @triton.jit
 def _moe_gemm_kernel(
@@ -259,6 +515,7 @@ def _moe_gemm_kernel(
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, GATED: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, FMA: tl.constexpr, DEPTH: tl.constexpr,
+    PIPE: tl.constexpr = 0, PMMA: tl.constexpr = False,
 ):
     """C[rows of one expert block, N tile] = A[rows] @ W[e]^T; GATED: silu(A Wg^T) * (A Wu^T).
     p_ptr: per-expert fp32 [gate multiplier, up multiplier, FP4 scale multiplier, -]."""
@@ -305,9 +562,15 @@ def _moe_gemm_kernel(
     if FMA:  # FP4, BLOCK_M == 1: one token row per block (see _fp4_fma_loop)
         smul = tl.load(p_ptr + e * stride_pe + 2)
         a_row_ptr = a_ptr + tl.sum(a_rows.to(tl.int64), axis=0) * stride_am
-        g, u = _fp4_fma_loop(a_row_ptr, w_g, s_g, w_u, s_u, K // 2, n_ok, offs_n, smul, stride_wt, stride_st, FMT,
-                             BLOCK_N, BLOCK_K // 2,
-                             GROUP, ASM, GATED)
+        if PIPE > 0:  # scale rows are 4 bytes (constexpr stride: aligned 4-byte cp.async)
+            s_g4 = (s_ptr + e * stride_se).to(tl.pointer_type(tl.int32)) + rows_g
+            s_u4 = (s_ptr + e * stride_se).to(tl.pointer_type(tl.int32)) + rows_u
+            g, u = _fp4_fma_loop_pipe(a_row_ptr, w_g, s_g4, w_u, s_u4, K // 2, n_ok, smul, stride_wt, stride_st,
+                                      FMT, BLOCK_N, BLOCK_K // 2, GROUP, ASM, GATED, PIPE, PMMA and ASM)
+        else:
+            g, u = _fp4_fma_loop(a_row_ptr, w_g, s_g, w_u, s_u, K // 2, n_ok, offs_n, smul, stride_wt, stride_st, FMT,
+                                 BLOCK_N, BLOCK_K // 2,
+                                 GROUP, ASM, GATED)
         acc_g = g[None, :]
         acc_u = u[None, :]
     elif FMT >= 2:
@@ -395,6 +658,8 @@ class GemmConfig:
     swap: bool = False  # weights as the MMA's left operand (token rows as its N dimension)
     depth: int = 1      # FP4: raw tiles prefetched ahead (1 or 3)
     fma: bool = False   # FP4: CUDA-core FMA instead of tensor cores (decode: 1-8 rows per block)
+    pipe: int = 0       # FP4 + fma: software-pipeline stages of the cp.async loop (0: hand-prefetch loop)
+    mma: bool = False   # FP4 + pipe: mma.sync instead of CUDA-core FMAs (num_warps := block_n / 8)
 
 
 @dataclass(frozen=True)
@@ -407,8 +672,8 @@ class MoEConfig:
 def default_config(fmt: str, num_pairs: int, num_experts: int) -> MoEConfig:
     """Tile choice by rows per touched expert (measured on an H200, see bench/README.md).
 
-    FP4 decode (about one row per expert): one row per block on the CUDA cores (_fp4_fma_loop), narrow
-    column blocks so every SM holds several programs with raw weight tiles in flight. Up to 16 rows
+    FP4 decode (about one row per expert): one row per block, cp.async-pipelined (4 stages) with
+    mma.sync on the decoded tiles (_fp4_fma_loop_pipe), 32-row column blocks. Up to 16 rows
     per expert: 16-row tensor-core tiles. Large batches: 128-row tiles reuse each dequantised weight
     tile 128 times. Register counts were read from the compiled SM90 cubins (no spills)."""
     rows = num_pairs / max(1, min(num_experts, num_pairs))
@@ -417,7 +682,8 @@ def default_config(fmt: str, num_pairs: int, num_experts: int) -> MoEConfig:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
         return MoEConfig(64, GemmConfig(64, 64, 4, 3, 8), GemmConfig(128, 64, 8, 3, 8))
     if rows <= FMA_MAX_ROWS:
-        return MoEConfig(1, GemmConfig(32, 64, 4, 1, fma=True), GemmConfig(64, 64, 4, 1, fma=True))
+        return MoEConfig(1, GemmConfig(32, 64, 4, 1, fma=True, pipe=4, mma=True),
+                         GemmConfig(32, 64, 4, 1, fma=True, pipe=4, mma=True))
     if rows <= 16:
         return MoEConfig(16, GemmConfig(64, 64, 4, 2), GemmConfig(64, 64, 4, 2))
     if rows <= 48:
@@ -506,7 +772,21 @@ def _prepare(t, fmt: str) -> _Operand:
         p[:, 0] = p[:, 1] = torch.exp2(c)
         p[:, 2] = torch.exp2(126.0 - c)
     per_tile = FP4_KT // (F.NVFP4_BLOCK if fmt == "nvfp4" else F.MXFP4_BLOCK)
-    return _Operand(_tile_k(w, FP4_KT), _tile_k(s, per_tile), p, FP4_KT, n * FP4_KT, per_tile, n * per_tile)
+    return _Operand(_tile_k(w, FP4_KT), _scale_tiles(s, per_tile), p, FP4_KT, n * FP4_KT, 4, n * 4)
+
+
+def _scale_tiles(s: torch.Tensor, per_tile: int) -> torch.Tensor:
+    """Block scales uint8 [E, N, K/G] -> [E, K/2/FP4_KT, N, 4]: per row and K tile of the split-half
+    packing, the scales of its low half (bytes 0-1) and of its high half (bytes 2-3); MXFP4 (one
+    scale per half and tile) leaves bytes 1 and 3 zero. 4 bytes per row, so the pipelined decode
+    loop can copy them with cp.async (1-byte loads cannot be)."""
+    e, n, g = s.shape
+    lo = s[..., : g // 2].reshape(e, n, -1, per_tile)
+    hi = s[..., g // 2:].reshape(e, n, -1, per_tile)
+    if per_tile == 1:
+        lo = torch.nn.functional.pad(lo, (0, 1))
+        hi = torch.nn.functional.pad(hi, (0, 1))
+    return torch.cat([lo, hi], dim=-1).permute(0, 2, 1, 3).contiguous()
 
 
 class TritonExperts:
@@ -540,6 +820,10 @@ class TritonExperts:
         fma = cfg.fma and fp4
         if fma and al.block_m != 1:
             raise ValueError("the FMA path handles one row per block (block_m=1)")
+        pmma = bool(cfg.mma and fma and cfg.pipe)
+        num_warps = cfg.num_warps
+        if pmma:  # 8 bytes of a [block_n, 32-byte] tile per thread (see _FP4_ASM_MMA)
+            num_warps = bn * FP4_KT // (8 * 32)
         grid = (al.max_blocks * triton.cdiv(n, bn),)
         _moe_gemm_kernel[grid](
             a, a.stride(0),
@@ -552,7 +836,8 @@ class TritonExperts:
             TOP_K=top_k, GATHER_A=gather, GATED=gated, FMT=self.fmt_id, GROUP=_GROUP[self.fmt_id],
             BLOCK_M=al.block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWAP=cfg.swap and not fma,
             ASM=self.asm and not _INTERPRET, DOT_F32=_INTERPRET, FMA=fma, DEPTH=cfg.depth if fp4 else 1,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PIPE=cfg.pipe if fma else 0, PMMA=pmma,
+            num_warps=num_warps, num_stages=cfg.num_stages,
         )
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
@@ -565,7 +850,9 @@ class TritonExperts:
         x = x.to(torch.bfloat16).contiguous()
         al = align_by_expert(topk_ids, self.E, cfg.block_m)
         # the CUDA-core path keeps the SiLU*up activations in fp32 (no bf16 rounding between the GEMMs)
-        fma = cfg.gemm1.fma and cfg.gemm2.fma and self.fmt_id >= FMT_NVFP4
+        # (not with mma.sync in GEMM2: its operands are bf16, as in the reference)
+        fma = (cfg.gemm1.fma and cfg.gemm2.fma and self.fmt_id >= FMT_NVFP4
+               and not (cfg.gemm2.mma and cfg.gemm2.pipe))
         inter = torch.empty(al.p_max, self.I, dtype=torch.float32 if fma else torch.bfloat16, device=x.device)
         gemm2_out = torch.empty(al.p_max, self.H, dtype=torch.bfloat16, device=x.device)
         if num_pairs:
