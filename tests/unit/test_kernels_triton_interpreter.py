@@ -32,6 +32,8 @@ ref = TorchExperts(ew).forward(x, w, ids, shared_output=shared, routed_scale=1.5
 cfg = MoEConfig(16, GemmConfig(32, 128, 4, 1, swap=swap), GemmConfig(64, 64, 4, 1, swap=swap))
 if mode == "fma":  # one row per block on the CUDA cores (FP4 decode path)
     cfg = MoEConfig(1, GemmConfig(32, 64, 4, 1, fma=True), GemmConfig(64, 64, 4, 1, fma=True))
+if mode == "pipe":  # the same with the cp.async-pipelined loop
+    cfg = MoEConfig(1, GemmConfig(32, 64, 4, 1, fma=True, pipe=3), GemmConfig(64, 64, 4, 1, fma=True, pipe=3))
 out = TritonExperts(ew, cfg).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
 err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 al = align_by_expert(ids, E, 16)
@@ -46,7 +48,7 @@ print("RESULT", err, ok_perm)
 
 
 @pytest.mark.parametrize("fmt,mode", [(f, m) for f in ("bf16", "fp8", "nvfp4", "mxfp4") for m in ("mma", "swap")]
-                         + [("nvfp4", "fma"), ("mxfp4", "fma")])
+                         + [(f, m) for f in ("nvfp4", "mxfp4") for m in ("fma", "pipe")])
 def test_triton_moe_in_interpreter(fmt, mode):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     res = subprocess.run([sys.executable, "-c", SCRIPT, fmt, "5", "3", mode], env=env, capture_output=True, text=True,
