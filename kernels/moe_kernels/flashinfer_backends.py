@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .experts import ExpertWeights
-from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
+from .finalize import DeferredMoEOutput
 from .reference import _check_inputs
 
 
@@ -80,7 +80,7 @@ class FlashinferTrtllmExperts(_Base):
     def __init__(self, weights: ExpertWeights):
         super().__init__(weights)
         if weights.format != "nvfp4":
-            raise NotImplementedError(f"flashinfer_trtllm wrapper handles nvfp4 only, not {weights.format}")
+            raise ValueError(f"flashinfer_trtllm loads nvfp4 experts only (registry weight_formats), not {weights.format}")
         if _arch(weights.device) // 10 != 10:
             raise RuntimeError("trtllm-gen MoE runs on SM100-family GPUs only")
         fi, _ = _flashinfer()
@@ -140,7 +140,7 @@ class FlashinferMxfp4Experts(_Base):
         if weights.format != "mxfp4":
             raise ValueError(f"flashinfer_mxfp4 loads mxfp4 experts only, not {weights.format}")
         if _arch(weights.device) != 90:
-            raise NotImplementedError("flashinfer_mxfp4 wrapper implements the SM90 CUTLASS W4A16 path only")
+            raise RuntimeError("flashinfer_mxfp4 runs the SM90 CUTLASS W4A16 path only (registry families: sm90)")
         _, fm = _flashinfer()
         w13, w2 = weights.w13, weights.w2
         self.w13 = fm.interleave_moe_weights_for_sm90_mixed_gemm(_swap_gate_up(w13.packed), "fp4")
@@ -151,7 +151,7 @@ class FlashinferMxfp4Experts(_Base):
     def forward(self, x, topk_weights, topk_ids, *, shared_output=None, routed_scale=1.0, defer_finalize=False):
         _check_inputs(x, topk_weights, topk_ids, self.H)
         if defer_finalize:
-            raise NotImplementedError("flashinfer_mxfp4 has no deferred finalize (registry: deferred_finalize=False)")
+            raise ValueError("flashinfer_mxfp4 cannot defer finalize (registry: deferred_finalize=False)")
         _, fm = _flashinfer()
         out = fm.cutlass_fused_moe(
             input=x.to(torch.bfloat16).contiguous(), token_selected_experts=topk_ids.to(torch.int32).contiguous(),
@@ -190,7 +190,7 @@ class FlashinferCutlassExperts(_Base):
     def forward(self, x, topk_weights, topk_ids, *, shared_output=None, routed_scale=1.0, defer_finalize=False):
         _check_inputs(x, topk_weights, topk_ids, self.H)
         if defer_finalize:
-            raise NotImplementedError("flashinfer_cutlass has no deferred finalize (registry: deferred_finalize=False)")
+            raise ValueError("flashinfer_cutlass cannot defer finalize (registry: deferred_finalize=False)")
         fi, fm = _flashinfer()
         x_fp4, x_sf = fi.fp4_quantize(x.to(torch.bfloat16), self.a1_quant, 16, False, True)
         out = fm.cutlass_fused_moe(

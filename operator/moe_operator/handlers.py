@@ -14,7 +14,7 @@ from . import API_GROUP, API_VERSION, PLURAL
 from .api import MoEDeploymentSpec
 from .gpu import FAMILIES, from_name
 from .inspection import InspectionFailed, InspectionPending, inspect_spec
-from .inventory import GPU_RESOURCES, NodeInfo, build, node_info, pod_gpu_requests
+from .inventory import NodeInfo, build, node_info, pod_gpu_requests
 from .kube import Kube
 from .metrics import GPU_CLASSES, RECONCILES
 from .placement import impossible_everywhere
@@ -99,25 +99,40 @@ def current_classes(gpu_nodes: kopf.Index, gpu_pods: kopf.Index) -> dict:
 
 # --- MoEDeployment ---------------------------------------------------------------------------
 
-async def _reconcile(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any) -> None:
+# The live kopf indexes, remembered from the first handler call so that the resync loop (which
+# kopf does not call with indexes) plans against the same inventory.
+_INDEXES: dict[str, kopf.Index] = {}
+
+
+async def _reconcile_and_report(moed: dict[str, Any], gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any,
+                                source: str) -> Any:
+    """The one path every trigger takes: reconcile, write status, post Events, count, log."""
     _INDEXES.update(nodes=gpu_nodes, pods=gpu_pods)
     classes = current_classes(gpu_nodes, gpu_pods)
-    outcome = await asyncio.to_thread(reconcile, _plain(body), classes, kube(), CONFIG)
-    await asyncio.to_thread(kube().patch_status, body.metadata.namespace, body.metadata.name, outcome.status)
+    outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
+    meta = moed["metadata"]
+    await asyncio.to_thread(kube().patch_status, meta["namespace"], meta["name"], outcome.status)
     for type_, reason, message in outcome.events:
-        (kopf.warn if type_ == "Warning" else kopf.info)(body, reason=reason, message=message[:1000])
+        (kopf.warn if type_ == "Warning" else kopf.info)(moed, reason=reason, message=message[:1000])
+    st = outcome.status
+    logger.debug("reconciled %s/%s (%s): gpuClass=%s backend=%s deferredFinalize=%s ready=%s/%s",
+                 meta["namespace"], meta["name"], source, st.get("gpuClass"), st.get("runnerBackend"),
+                 st.get("deferredFinalize"), st.get("readyReplicas"), st.get("replicas"))
+    RECONCILES.labels(source if not outcome.retry_after else "retry").inc()
+    return outcome
+
+
+async def _reconcile(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any) -> None:
+    moed = {"apiVersion": f"{G}/{V}", "kind": "MoEDeployment", "metadata": dict(body.metadata),
+            "spec": dict(body.spec), "status": dict(body.status)}
+    outcome = await _reconcile_and_report(moed, gpu_nodes, gpu_pods, logger, "handler")
     st = outcome.status
     logger.info("reconciled: gpuClass=%s backend=%s deferredFinalize=%s ready=%s/%s",
                 st.get("gpuClass"), st.get("runnerBackend"), st.get("deferredFinalize"),
                 st.get("readyReplicas"), st.get("replicas"))
-    RECONCILES.labels("retry" if outcome.retry_after else "ok").inc()
     if outcome.retry_after:
         raise kopf.TemporaryError("will retry: " + "; ".join(m for _, _, m in outcome.events)[:200] or "pending",
                                   delay=outcome.retry_after)
-
-
-def _plain(body: kopf.Body) -> dict[str, Any]:
-    return {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}
 
 
 @kopf.on.resume(G, V, P)
@@ -129,7 +144,6 @@ async def on_change(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index
 
 # One cluster-wide resync loop instead of per-object kopf timers: timers make kopf put a finalizer
 # on every MoEDeployment, and a finalizer would block deletion whenever the operator is down.
-_INDEXES: dict[str, kopf.Index] = {}
 
 
 async def _resync_loop(logger: Any) -> None:
@@ -140,16 +154,9 @@ async def _resync_loop(logger: Any) -> None:
             continue  # no MoEDeployment handled yet: nothing to resync
         try:
             items = await asyncio.to_thread(kube().list_moeds, CONFIG.namespaces)
-            classes = current_classes(_INDEXES["nodes"], _INDEXES["pods"])
             for moed in items:
-                if moed["metadata"].get("deletionTimestamp"):
-                    continue
-                outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
-                await asyncio.to_thread(kube().patch_status, moed["metadata"]["namespace"], moed["metadata"]["name"],
-                                        outcome.status)
-                for type_, reason, message in outcome.events:
-                    (kopf.warn if type_ == "Warning" else kopf.info)(moed, reason=reason, message=message[:1000])
-                RECONCILES.labels("resync").inc()
+                if not moed["metadata"].get("deletionTimestamp"):
+                    await _reconcile_and_report(moed, _INDEXES["nodes"], _INDEXES["pods"], logger, "resync")
         except asyncio.CancelledError:
             raise
         except Exception as e:  # keep resyncing; the next tick retries
@@ -175,13 +182,9 @@ async def owned_workload_changed(body: kopf.Body, type: str, gpu_nodes: kopf.Ind
     owner = next((o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "MoEDeployment"), None)
     if owner is None:
         return
-    _INDEXES.update(nodes=gpu_nodes, pods=gpu_pods)
     moed = await asyncio.to_thread(kube().get_moed, body.metadata.namespace, owner["name"])
-    if moed is None or moed["metadata"].get("deletionTimestamp"):
-        return
-    classes = current_classes(gpu_nodes, gpu_pods)
-    outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
-    await asyncio.to_thread(kube().patch_status, moed["metadata"]["namespace"], moed["metadata"]["name"], outcome.status)
+    if moed is not None and not moed["metadata"].get("deletionTimestamp"):
+        await _reconcile_and_report(moed, gpu_nodes, gpu_pods, logger, "owned-workload")
 
 
 # --- admission -------------------------------------------------------------------------------

@@ -15,9 +15,8 @@ from .render import FIELD_MANAGER
 
 log = logging.getLogger("moe_operator.kube")
 
-_PLURALS = {"Deployment": ("apps/v1", "deployments"), "Service": ("v1", "services"),
-            "ConfigMap": ("v1", "configmaps"), "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
-            "Job": ("batch/v1", "jobs")}
+_API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "ConfigMap": "v1",
+                 "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1", "Job": "batch/v1"}
 
 
 class ApplyError(Exception):
@@ -51,9 +50,8 @@ class Kube:
     def _resource(self, kind: str):
         from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-        api_version, _ = _PLURALS[kind]
         try:
-            return self.dynamic.resources.get(api_version=api_version, kind=kind)
+            return self.dynamic.resources.get(api_version=_API_VERSIONS[kind], kind=kind)
         except ResourceNotFoundError:
             if kind == "LeaderWorkerSet":
                 raise ApplyError("LeaderWorkerSetMissing", "multi-node replicas need the LeaderWorkerSet CRD "

@@ -145,10 +145,6 @@ class Check:
     message: str
 
 
-def _fmt(template: str, f: Facts, value: str = "") -> str:
-    return template.format(arch=f.arch, fmt=f.fmt, gpu=f.gpu_name, value=value, version=f.version,
-                           fi=f.flashinfer or "none")
-
 
 # ------------------------------------------------------------------------------------------
 # SGLang (tuning-rules.md 6.1, 6.2)

@@ -28,7 +28,6 @@ expert-dominated like the real model).
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable

@@ -131,14 +131,21 @@ def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_moe: Calla
     """`w(name)` returns a loaded dense tensor; `make_moe(layer, prefix)` builds the MoE block."""
     inv_freq, cs_scale, softmax_mult = rope_parameters(cfg, cfg["qk_rope_head_dim"])
     rope = Rope(inv_freq, cs_scale, interleave=cfg.get("rope_interleave", True))
+    layers = build_layers(cfg, w, lambda p: MLAttention(cfg, w, p + "self_attn.", rope, softmax_mult), make_moe)
+    return CausalLM(cfg, w, layers, rope)
+
+
+def build_layers(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_attn: Callable[[str], nn.Module],
+                 make_moe: Callable[[int, str], nn.Module]) -> list[DecoderLayer]:
+    """Decoder layers of either family: attention by `make_attn(prefix)`, MoE or dense SwiGLU MLP."""
     eps = cfg.get("rms_norm_eps", 1e-6)
     layers = []
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        attn = MLAttention(cfg, w, p + "self_attn.", rope, softmax_mult)
         if is_moe_layer(cfg, i):
             mlp = make_moe(i, p + "mlp.")
         else:
             mlp = SwiGLU(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"), w(p + "mlp.down_proj.weight"))
-        layers.append(DecoderLayer(attn, mlp, w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"), eps))
-    return CausalLM(cfg, w, layers, rope)
+        layers.append(DecoderLayer(make_attn(p), mlp, w(p + "input_layernorm.weight"),
+                                   w(p + "post_attention_layernorm.weight"), eps))
+    return layers

@@ -9,9 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .deepseek_v3 import CausalLM, DecoderLayer
-from .model_common import Linear, RMSNorm, Rope, SwiGLU, causal_slot_mask, rope_parameters
-from .model_spec import is_moe_layer
+from .deepseek_v3 import CausalLM, build_layers
+from .model_common import Linear, RMSNorm, Rope, causal_slot_mask, rope_parameters
 
 
 class GQAttention(nn.Module):
@@ -52,14 +51,5 @@ def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_moe: Calla
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     inv_freq, cs_scale, _ = rope_parameters(cfg, hd)
     rope = Rope(inv_freq, cs_scale, interleave=False)
-    eps = cfg.get("rms_norm_eps", 1e-6)
-    layers = []
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        attn = GQAttention(cfg, w, p + "self_attn.", rope)
-        if is_moe_layer(cfg, i):
-            mlp = make_moe(i, p + "mlp.")
-        else:
-            mlp = SwiGLU(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"), w(p + "mlp.down_proj.weight"))
-        layers.append(DecoderLayer(attn, mlp, w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"), eps))
+    layers = build_layers(cfg, w, lambda p: GQAttention(cfg, w, p + "self_attn.", rope), make_moe)
     return CausalLM(cfg, w, layers, rope)
