@@ -1,0 +1,471 @@
+"""FP4 expert GEMMs for few token rows per expert (decode to ~16 rows), on mma.sync fragments.
+
+The weights are stored once in *fragment order*: for each expert, 16-row tile and K step, the 32
+lanes of a warp each read 16 contiguous bytes (one 128-bit load, one 512-byte coalesced read per
+warp), and those 32 codes are exactly that lane's A fragments (weights = the MMA's M side,
+`mma.sync.m16n8k16`) for four MMAs. The token rows are the MMA's N side (8 per tile), so one
+decoded fragment serves up to 8 (NT=1) or 16 (NT=2) tokens and nothing is staged through shared
+memory besides the cp.async pipeline Triton builds (`tl.range(num_stages=PIPE)`).
+
+K is permuted inside each step (weights and activations alike, so the products are unchanged):
+lane t of a lane group covers 16*SUB contiguous K values per loop step, so
+- its activations are two contiguous 16-byte loads per 64-K sub-step (B fragments of four MMAs),
+- its block scales are two groups per loop step (SUB=2 for NVFP4's 16-groups, SUB=4 for MXFP4's
+  32-groups): one 4-byte word per lane and step holds (row g, row g+8) x (group 0, group 1).
+
+Decode (inline PTX, per 32-bit word = 8 codes = one A fragment): nibbles (0,4), (1,5) and, after
+`>> 8`, (2,6), (3,7) become bf16x2 registers with `(w & 0x000F000F) * 0x1040 & 0x81C081C0`
+(code c -> bf16 bits (c & 8) << 12 | (c & 7) << 6 = value * 2^-126, no carries), then one bf16x2 FMA by
+the block scale pair S (exact: at most 6 significant bits). S comes from one stored byte B per
+(row, group) with `prmt` (B into both halves) and one `mad`: NVFP4 stores e4m3 re-encoded as
+B = (E + 3) << 3 | m' (subnormal scales become normals; exact), S = B * 16 + 234 << 7 per half
+= scale * 2^(126 - 9); MXFP4 stores B = s + 126 - c, S = B << 7 = 2^(s-127) * 2^(126 - c).
+Zero scales store B = 0 with their codes zeroed; negative NVFP4 scales flip their codes' signs;
+the per-expert factors (NVFP4 global scale * 2^9, MXFP4 2^c) multiply the fp32 accumulators.
+
+`FragWeights.dequantize` inverts the packing with the same bit operations in torch; the CPU tests
+check it bit-exactly against the formats' own decoders, and `emulate` runs the whole lane/fragment
+schedule in torch, so the layout logic is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import formats as F
+
+# bf16 bit constants of the decode (see module docstring)
+_NV_C = 9                      # NVFP4 exponent offset: weights come out * 2^-9, the 2^9 goes to the accumulator
+_NV_MUL, _NV_ADD = 16, ((243 - _NV_C) << 7) * 0x00010001
+_MX_MUL, _MX_ADD = 128, 0
+STEP_K = {"nvfp4": 128, "mxfp4": 256}   # K per loop step (2 scale groups per lane)
+SUB = {"nvfp4": 2, "mxfp4": 4}          # 64-K sub-steps (16-byte loads per lane) per loop step
+
+
+# ------------------------------------------------------------------------------ packing (torch)
+def _lane_maps(sub: int):
+    """Index maps of one (row tile, loop step): for [sub, lane, word, nibble] the row (0..15) and the
+    K offset (0..64*sub-1) inside the tile and step. Pair p = nibble % 4 is the A register (rows g,
+    g+8, g, g+8; K +0, +0, +8, +8), e = nibble // 4 its low/high bf16."""
+    s = torch.arange(sub).view(sub, 1, 1, 1)
+    lane = torch.arange(32).view(1, 32, 1, 1)
+    j = torch.arange(4).view(1, 1, 4, 1)
+    i = torch.arange(8).view(1, 1, 1, 8)
+    g, t, p, e = lane // 4, lane % 4, i % 4, i // 4
+    row = g + 8 * (p % 2)
+    k = 16 * sub * t + 16 * s + 8 * (p // 2) + 2 * j + e
+    return row.expand(sub, 32, 4, 8), k.expand(sub, 32, 4, 8)
+
+
+def _scale_maps():
+    """[lane, byte] -> (row 0..15, group 0..1 of the lane's pair of scale groups in a loop step)."""
+    lane = torch.arange(32).view(32, 1)
+    b = torch.arange(4).view(1, 4)
+    return (lane // 4 + 8 * (b % 2)).expand(32, 4), (b // 2).expand(32, 4), (lane % 4).expand(32, 4)
+
+
+_NV_TABLE = None
+
+
+def _nv_scale_bytes(code: torch.Tensor):
+    """e4m3 bit patterns (uint8) -> (B, negative, zero): B = (E + 3) << 3 | m' of |scale| as a normal
+    number with a 5-bit exponent (E = -2..15), so that bf16 bits B << 4 = |scale| * 2^-117."""
+    global _NV_TABLE
+    if _NV_TABLE is None:
+        vals = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().abs()
+        table = torch.zeros(256, dtype=torch.int32)
+        for c in range(256):
+            v = float(vals[c])
+            if v != v or v == 0.0:   # NaN (rejected by the caller) or +-0
+                continue
+            m, ex = torch.frexp(torch.tensor(v, dtype=torch.float64))   # v = m * 2^ex, m in [0.5, 1)
+            e = int(ex) - 1                                              # v = 1.f * 2^e
+            frac = int(round((float(m) * 2 - 1) * 8))
+            table[c] = ((e + 7 + 3) << 3) | frac
+        _NV_TABLE = table
+    c = code.to(torch.int64)
+    return _NV_TABLE.to(code.device)[c], (c & 0x80) != 0, (c & 0x7F) == 0
+
+
+@dataclass
+class FragWeights:
+    """One FP4 weight matrix [E, N, K] in fragment order (see module docstring)."""
+    fmt: str
+    w: torch.Tensor      # int32 [E, N/16, K/STEP, SUB, 32, 4]
+    s: torch.Tensor      # int32 [E, N/16, K/STEP, 32]: per lane (row g, g+8) x (group 0, 1) bytes
+    p: torch.Tensor      # fp32 [E, 2]: accumulator multipliers of the first / second half of the rows
+    #                      (NVFP4 global scale * 2^9: w13 may carry gate and up scales; MXFP4 2^c)
+    n: int
+    k: int
+
+    @property
+    def sub(self) -> int:
+        return SUB[self.fmt]
+
+    @classmethod
+    def pack(cls, t, fmt: str) -> "FragWeights":
+        """From NvFp4Tensor / MxFp4Tensor ([E, N, K/2] packed codes + block scales; NVFP4 global scale
+        [E] or [E, 2] = separate scales of the two row halves, e.g. gate and up)."""
+        if fmt not in SUB:
+            raise ValueError(f"fragment packing is for nvfp4/mxfp4, not {fmt}")
+        packed = t.packed
+        e, n, half = packed.shape
+        k = 2 * half
+        step = STEP_K[fmt]
+        if n % 16 or k % step:
+            raise ValueError(f"{fmt} fragment kernels need N % 16 == 0 and K % {step} == 0 (N={n}, K={k})")
+        group = F.NVFP4_BLOCK if fmt == "nvfp4" else F.MXFP4_BLOCK
+        p = torch.empty(e, 2, dtype=torch.float32, device=packed.device)
+        rows, ks = _lane_maps(SUB[fmt])
+        rows, ks = rows.to(packed.device), ks.to(packed.device)
+        s_rows, s_grp, s_t = (x.to(packed.device) for x in _scale_maps())
+        shifts = (4 * torch.arange(8, device=packed.device, dtype=torch.int64))
+        w_out = torch.empty(e, n // 16, k // step, SUB[fmt], 32, 4, dtype=torch.int32, device=packed.device)
+        s_out = torch.empty(e, n // 16, k // step, 32, dtype=torch.int32, device=packed.device)
+        for x in range(e):   # one expert at a time: bounded temporaries
+            codes = F.unpack_e2m1(packed[x]).to(torch.int64)            # [N, K]
+            if fmt == "nvfp4":
+                raw = t.block_scale[x].view(torch.uint8)
+                if ((raw & 0x7F) == 0x7F).any():
+                    raise ValueError("NVFP4 block scales contain NaN")
+                b, neg, zero = _nv_scale_bytes(raw)
+                gs = t.global_scale.reshape(e, -1).float()
+                if gs.shape[1] not in (1, 2):
+                    raise ValueError(f"NVFP4 global scale must be [E] or [E, 2], got {tuple(t.global_scale.shape)}")
+                p[x] = gs[x].expand(2) * 2.0 ** _NV_C
+            else:
+                sc = t.scale[x].to(torch.int64)
+                if (sc == 255).any():
+                    raise ValueError("MXFP4 scales contain NaN (E8M0 0xFF)")
+                c = max(int(sc.max()) - 127, 0)
+                b = sc + 126 - c
+                zero = b <= 0           # more than 2^126 below the expert's largest scale: flushed
+                b = torch.where(zero, torch.zeros_like(b), b)
+                neg = torch.zeros_like(zero)
+                p[x] = 2.0 ** c
+            # blocks with a zero scale decode to zero: zero their codes (S is not zero for B = 0);
+            # negative scales: |scale| with the codes' signs flipped (exact)
+            zero_k = zero.repeat_interleave(group, dim=1)
+            neg_k = neg.repeat_interleave(group, dim=1)
+            codes = torch.where(zero_k, torch.zeros_like(codes), codes ^ (neg_k.to(torch.int64) << 3))
+            # weights: [N/16, 16, K/step, step] -> gather [sub, lane, word, nibble] per (tile, step)
+            c5 = codes.view(n // 16, 16, k // step, step)
+            g = c5[:, rows, :, ks]                        # [sub, 32, 4, 8, N/16, K/step]
+            words = (g << shifts.view(1, 1, 1, 8, 1, 1)).sum(dim=3)   # [sub, 32, 4, N/16, K/step]
+            words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+            w_out[x] = words.permute(3, 4, 0, 1, 2)
+            # scales: [N/16, 16, K/step, 8 groups per step] (group of lane t's pair q = 2t + q)
+            b4 = b.view(n // 16, 16, k // step, step // group)
+            sb = b4[:, s_rows, :, 2 * s_t + s_grp]        # [32, 4, N/16, K/step]
+            word = (sb << (8 * torch.arange(4, device=packed.device).view(1, 4, 1, 1))).sum(dim=1)
+            s_out[x] = word.to(torch.int32).permute(1, 2, 0)
+        return cls(fmt, w_out.contiguous(), s_out.contiguous(), p, n, k)
+
+    # -------------------------------------------------------------- torch mirrors of the kernel
+    def _decoded(self, x: int) -> torch.Tensor:
+        """fp32 [N/16, K/step, sub, 32 lanes, 4 words, 8] = weight * 2^-c in the kernel's order, with
+        the kernel's own bit operations (decode masks, prmt/mad scale, bf16 product)."""
+        w = self.w[x].to(torch.int64) & 0xFFFFFFFF                     # [T, S, sub, 32, 4]
+        sw = self.s[x].to(torch.int64) & 0xFFFFFFFF                    # [T, S, 32]
+        mul, add = (_NV_MUL, _NV_ADD) if self.fmt == "nvfp4" else (_MX_MUL, _MX_ADD)
+
+        def bf16(bits16):
+            return bits16.to(torch.int32).to(torch.int16).view(torch.bfloat16).float()
+
+        def lo(v):
+            return (v & 0xFFFF)
+
+        pairs = []
+        for p_ in range(4):   # A registers 0..3
+            src = w if p_ < 2 else (w >> 8)
+            mask, m = (0x000F000F, 0x1040) if p_ % 2 == 0 else (0x00F000F0, 0x104)
+            pairs.append(((src & mask) * m) & 0x81C081C0)
+        out = torch.empty(*w.shape, 8, dtype=torch.float32, device=w.device)
+        for s in range(self.sub):
+            q = s // (self.sub // 2)
+            sg = ((((sw >> (16 * q)) & 0xFF) * mul + add) & 0xFFFF)     # row g   (byte 2q)
+            sh = ((((sw >> (16 * q + 8)) & 0xFF) * mul + add) & 0xFFFF)  # row g+8 (byte 2q+1)
+            for p_ in range(4):
+                sc = bf16(sg if p_ % 2 == 0 else sh)[..., None]
+                reg = pairs[p_][:, :, s]
+                # e2m1 * scale has <= 6 significant bits: exact in bf16 and fp32
+                out[:, :, s, :, :, p_] = bf16(lo(reg)) * sc
+                out[:, :, s, :, :, p_ + 4] = bf16(reg >> 16) * sc
+        return out
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [E, N, K] from the fragment storage, through the kernel's decode arithmetic."""
+        e = self.w.shape[0]
+        rows, ks = _lane_maps(self.sub)
+        rows, ks = rows.to(self.w.device), ks.to(self.w.device)
+        step = STEP_K[self.fmt]
+        out = torch.empty(e, self.n // 16, 16, self.k // step, step, dtype=torch.float32, device=self.w.device)
+        for x in range(e):
+            d = self._decoded(x).permute(2, 3, 4, 5, 0, 1)          # [sub, 32, 4, 8, T, S]
+            o = out[x]
+            o[:, rows, :, ks] = d
+        out = out.view(e, self.n, self.k)
+        half = self.n // 2
+        out[:, :half] *= self.p[:, 0, None, None]
+        out[:, half:] *= self.p[:, 1, None, None]
+        return out
+
+
+# ------------------------------------------------------------------------------- inline PTX
+def _asm(nt: int, rt: int, q: int, mul: int, add: int) -> str:
+    """One 64-K sub-step: decode rt weight words x 4 (rt row tiles) and run rt * nt * 4 MMAs.
+    Operands: outputs acc[r][n] (4 f32 each); inputs w[r] (4), sw[r] (4), x_lo[n] (4), x_hi[n] (4),
+    acc_in[r][n] (4)."""
+    nout = 4 * rt * nt
+    base = nout
+    w = [[f"${base + 4 * r + j}" for j in range(4)] for r in range(rt)]
+    base += 4 * rt
+    sw = [f"${base + 4 * r}" for r in range(rt)]
+    base += 4 * rt
+    xlo = [[f"${base + 8 * n + j}" for j in range(4)] for n in range(nt)]
+    xhi = [[f"${base + 8 * n + 4 + j}" for j in range(4)] for n in range(nt)]
+    base += 8 * nt
+    acc_in = [[[f"${base + 4 * (r * nt + n) + i}" for i in range(4)] for n in range(nt)] for r in range(rt)]
+    acc_out = [[[f"${4 * (r * nt + n) + i}" for i in range(4)] for n in range(nt)] for r in range(rt)]
+    sel_g, sel_h = 0x4040 + 0x0101 * (2 * q), 0x4040 + 0x0101 * (2 * q + 1)
+    lines = ["{", ".reg .b32 z, sg, sh, v, q, a0, a1, a2, a3;", "mov.b32 z, 0x80008000;"]
+    for r in range(rt):
+        lines += [f"prmt.b32 sg, {sw[r]}, 0, {sel_g:#x};", f"mad.lo.u32 sg, sg, {mul}, {add:#x};",
+                  f"prmt.b32 sh, {sw[r]}, 0, {sel_h:#x};", f"mad.lo.u32 sh, sh, {mul}, {add:#x};"]
+        for j in range(4):
+            wj = w[r][j]
+            lines += [
+                f"and.b32 v, {wj}, 0x000F000F;", "mul.lo.u32 v, v, 0x1040;", "and.b32 v, v, 0x81C081C0;",
+                "fma.rn.bf16x2 a0, v, sg, z;",
+                f"and.b32 v, {wj}, 0x00F000F0;", "mul.lo.u32 v, v, 0x104;", "and.b32 v, v, 0x81C081C0;",
+                "fma.rn.bf16x2 a1, v, sh, z;",
+                f"shr.b32 q, {wj}, 8;",
+                "and.b32 v, q, 0x000F000F;", "mul.lo.u32 v, v, 0x1040;", "and.b32 v, v, 0x81C081C0;",
+                "fma.rn.bf16x2 a2, v, sg, z;",
+                "and.b32 v, q, 0x00F000F0;", "mul.lo.u32 v, v, 0x104;", "and.b32 v, v, 0x81C081C0;",
+                "fma.rn.bf16x2 a3, v, sh, z;",
+            ]
+            for n in range(nt):
+                c = acc_in[r][n] if j == 0 else acc_out[r][n]
+                d = acc_out[r][n]
+                lines.append("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                             f"{{{', '.join(d)}}}, {{a0, a1, a2, a3}}, {{{xlo[n][j]}, {xhi[n][j]}}}, "
+                             f"{{{', '.join(c)}}};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _constraints(nt: int, rt: int) -> str:
+    nout = 4 * rt * nt
+    nin = 4 * rt + 4 * rt + 8 * nt + 4 * rt * nt
+    return ",".join(["=r"] * nout + ["r"] * nin)
+
+
+# ---------------------------------------------------------------------------------- kernel
+@triton.jit
+def _substep(w0, w1, s0, s1, xl0, xh0, xl1, xh1, a00, a01, a10, a11,
+             ASM: tl.constexpr, CONS: tl.constexpr, NT: tl.constexpr, RT: tl.constexpr):
+    """acc[r][n] += decoded w[r] (rt row tiles) x activations of token tile n, one 64-K sub-step."""
+    if RT == 1:
+        if NT == 1:
+            a00 = tl.inline_asm_elementwise(ASM, CONS, [w0, s0, xl0, xh0, a00], dtype=tl.float32,
+                                            is_pure=True, pack=4)
+        else:
+            a00, a01 = tl.inline_asm_elementwise(ASM, CONS, [w0, s0, xl0, xh0, xl1, xh1, a00, a01],
+                                                 dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+    else:
+        if NT == 1:
+            a00, a10 = tl.inline_asm_elementwise(ASM, CONS, [w0, w1, s0, s1, xl0, xh0, a00, a10],
+                                                 dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+        else:
+            a00, a01, a10, a11 = tl.inline_asm_elementwise(
+                ASM, CONS, [w0, w1, s0, s1, xl0, xh0, xl1, xh1, a00, a01, a10, a11],
+                dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
+    return a00, a01, a10, a11
+
+
+@triton.jit
+def _store_tile(acc_g, acc_u, c_ptr, stride_cm, pg, pu, slot0, tile_base, N,
+                GATED: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, RT: tl.constexpr, RI: tl.constexpr):
+    """C fragment -> rows: lane (g, t) holds (row g, tokens 2t, 2t+1), (row g+8, tokens 2t, 2t+1) of
+    its warp's row tile RI; the WK partial sums of a warp row are added here."""
+    g3 = tl.sum(tl.reshape(acc_g, (WN, WK, 32, 4)), axis=1) * pg
+    wn = tl.arange(0, WN)[:, None, None]
+    lane = tl.arange(0, 32)[None, :, None]
+    i = tl.arange(0, 4)[None, None, :]
+    row = (tile_base + wn * RT + RI) * 16 + lane // 4 + 8 * (i // 2)
+    slot = slot0 + 2 * (lane % 4) + i % 2
+    if GATED:
+        u3 = tl.sum(tl.reshape(acc_u, (WN, WK, 32, 4)), axis=1) * pu
+        out = g3 / (1.0 + tl.exp(-g3)) * u3
+    else:
+        out = g3
+    tl.store(c_ptr + slot.to(tl.int64) * stride_cm + row, out.to(c_ptr.dtype.element_ty), mask=row < N)
+
+
+@triton.jit
+def _frag_moe_kernel(
+    a_ptr, stride_a32,             # activations bf16 [rows, K], row stride in int32 units
+    w_ptr, stride_we, stride_wt,   # FragWeights.w (int32), strides per expert and per 16-row tile
+    s_ptr, stride_se, stride_st,   # FragWeights.s (int32)
+    p_ptr,                         # fp32 [E, 2] accumulator multipliers (first-half rows, second-half rows)
+    c_ptr, stride_cm,
+    sorted_ids_ptr, expert_ids_ptr, num_post_pad_ptr,
+    N, num_steps, num_pairs, up_tiles, num_pid_m,
+    TOP_K: tl.constexpr, GATHER_A: tl.constexpr, GATED: tl.constexpr, SUBS: tl.constexpr,
+    NT: tl.constexpr, RT: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, GROUP_M: tl.constexpr,
+    PIPE: tl.constexpr, ASM0: tl.constexpr, ASM1: tl.constexpr, CONS: tl.constexpr,
+):
+    """C[token rows of one expert block, N tile] = A @ W[e]^T (GATED: silu(A Wg^T) * A Wu^T).
+    Program = one block of 8*NT token rows x WN*RT*16 weight rows; warp (wn, wk) takes RT row tiles
+    and every WK-th loop step; the WK partial sums are added at the end."""
+    BLOCK_M: tl.constexpr = 8 * NT
+    R: tl.constexpr = 32 * WN * WK
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, 16 * WN * RT)
+    # GROUP_M row blocks (of one expert, usually) per column sweep: their weight reads share L2
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % size_m
+    pid_n = (pid % in_group) // size_m
+    if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
+        return
+    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    r = tl.arange(0, R)
+    lane = r % 32
+    warp = r // 32
+    wn = warp // WK
+    wk = warp % WK
+    t = lane % 4
+    tile0 = (pid_n * WN + wn) * RT                 # first of the warp's RT row tiles
+    ok_w0 = tile0 * 16 < N
+    ok_w1 = (tile0 + 1) * 16 < N
+    j4 = tl.arange(0, 4)[None, :]
+    wb = w_ptr + e * stride_we + tile0.to(tl.int64) * stride_wt + lane * 4
+    sb = s_ptr + e * stride_se + tile0.to(tl.int64) * stride_st + lane
+    wbu = wb + up_tiles * stride_wt
+    sbu = sb + up_tiles * stride_st
+
+    # token rows of the two 8-row tiles (lane group g = lane // 4 is the MMA's N index)
+    slot0 = pid_m * BLOCK_M + lane // 4
+    slot1 = slot0 + 8
+    if GATHER_A:
+        pair0 = tl.load(sorted_ids_ptr + slot0)
+        ok0 = pair0 < num_pairs
+        row0 = tl.where(ok0, pair0 // TOP_K, 0)
+        if NT == 2:
+            pair1 = tl.load(sorted_ids_ptr + slot1)
+            ok1 = pair1 < num_pairs
+            row1 = tl.where(ok1, pair1 // TOP_K, 0)
+        else:
+            ok1 = ok0
+            row1 = row0
+    else:
+        ok0 = slot0 >= 0
+        ok1 = ok0
+        row0 = slot0
+        row1 = slot1
+    a32 = a_ptr.to(tl.pointer_type(tl.int32))
+    xb0 = a32 + row0.to(tl.int64) * stride_a32 + t * (8 * SUBS)
+    xb1 = a32 + row1.to(tl.int64) * stride_a32 + t * (8 * SUBS)
+
+    zero = tl.zeros([R, 4], dtype=tl.float32)
+    g00, g01, g10, g11 = zero, zero, zero, zero
+    u00, u01, u10, u11 = zero, zero, zero, zero
+    for it in tl.range(0, num_steps // WK, num_stages=PIPE):
+        ls = it * WK + wk
+        wo = (ls * (SUBS * 128))[:, None] + j4
+        xo = (ls * (32 * SUBS))[:, None] + j4
+        sg0 = tl.load(sb + ls * 32, mask=ok_w0, other=0)[:, None]
+        sg1 = sg0
+        if RT == 2:
+            sg1 = tl.load(sb + stride_st + ls * 32, mask=ok_w1, other=0)[:, None]
+        if GATED:
+            su0 = tl.load(sbu + ls * 32, mask=ok_w0, other=0)[:, None]
+            su1 = su0
+            if RT == 2:
+                su1 = tl.load(sbu + stride_st + ls * 32, mask=ok_w1, other=0)[:, None]
+        for s in tl.static_range(SUBS):
+            xl0 = tl.load(xb0[:, None] + xo + 8 * s, mask=ok0[:, None], other=0)
+            xh0 = tl.load(xb0[:, None] + xo + (8 * s + 4), mask=ok0[:, None], other=0)
+            xl1 = xl0
+            xh1 = xh0
+            if NT == 2:
+                xl1 = tl.load(xb1[:, None] + xo + 8 * s, mask=ok1[:, None], other=0)
+                xh1 = tl.load(xb1[:, None] + xo + (8 * s + 4), mask=ok1[:, None], other=0)
+            wg0 = tl.load(wb[:, None] + wo + s * 128, mask=ok_w0[:, None], other=0)
+            wg1 = wg0
+            if RT == 2:
+                wg1 = tl.load(wb[:, None] + stride_wt + wo + s * 128, mask=ok_w1[:, None], other=0)
+            if s < SUBS // 2:
+                g00, g01, g10, g11 = _substep(wg0, wg1, sg0, sg1, xl0, xh0, xl1, xh1, g00, g01, g10, g11,
+                                              ASM0, CONS, NT, RT)
+            else:
+                g00, g01, g10, g11 = _substep(wg0, wg1, sg0, sg1, xl0, xh0, xl1, xh1, g00, g01, g10, g11,
+                                              ASM1, CONS, NT, RT)
+            if GATED:
+                wu0 = tl.load(wbu[:, None] + wo + s * 128, mask=ok_w0[:, None], other=0)
+                wu1 = wu0
+                if RT == 2:
+                    wu1 = tl.load(wbu[:, None] + stride_wt + wo + s * 128, mask=ok_w1[:, None], other=0)
+                if s < SUBS // 2:
+                    u00, u01, u10, u11 = _substep(wu0, wu1, su0, su1, xl0, xh0, xl1, xh1, u00, u01, u10, u11,
+                                                  ASM0, CONS, NT, RT)
+                else:
+                    u00, u01, u10, u11 = _substep(wu0, wu1, su0, su1, xl0, xh0, xl1, xh1, u00, u01, u10, u11,
+                                                  ASM1, CONS, NT, RT)
+
+    pg = tl.load(p_ptr + e * 2)
+    pu = tl.load(p_ptr + e * 2 + 1)
+    base_m = pid_m * BLOCK_M
+    tile_base = pid_n * WN * RT
+    # warp wn's row tiles are tile_base + wn * RT + r: store tile r of every warp with WN-strided tiles
+    _store_tile(g00, u00, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 0)
+    if NT == 2:
+        _store_tile(g01, u01, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 0)
+    if RT == 2:
+        _store_tile(g10, u10, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 1)
+        if NT == 2:
+            _store_tile(g11, u11, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 1)
+
+
+def emulate(fw: FragWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
+    """fp32 [M, N] = x [M <= 8, K] @ W[expert]^T computed the way the kernel does: per (row tile, step,
+    sub-step, word) an A fragment from the decoded lane registers, a B fragment from the activation
+    addresses the kernel loads (lane t: K offset 16*SUB*t + 16*s + 2*j, +8 for the high register),
+    the m16n8k16 products, and the per-half multipliers. Pure torch (CPU tests of the layout)."""
+    sub, step = fw.sub, STEP_K[fw.fmt]
+    dec = fw._decoded(expert)                                   # [T, S, sub, 32, 4, 8]
+    tiles, steps = dec.shape[0], dec.shape[1]
+    xb = torch.zeros(8, fw.k, dtype=torch.float32, device=x.device)
+    xb[: x.shape[0]] = x.float()
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    p = torch.arange(8) % 4
+    e = torch.arange(8) // 4
+    a_row = (g[:, None] + 8 * (p[None, :] % 2))                 # [32, 8]
+    a_kpos = (2 * t[:, None] + 8 * (p[None, :] // 2) + e[None, :])
+    out = torch.zeros(fw.n, 8, dtype=torch.float32, device=x.device)
+    for ls in range(steps):
+        for s in range(sub):
+            for j in range(4):
+                # B[kpos, col]: lane (col, t) registers x_lo (kpos 2t, 2t+1) and x_hi (2t+8, 2t+9)
+                bmat = torch.zeros(16, 8, dtype=torch.float32, device=x.device)
+                for tt in range(4):
+                    k0 = ls * step + 16 * sub * tt + 16 * s + 2 * j
+                    bmat[2 * tt: 2 * tt + 2] = xb[:, k0: k0 + 2].T
+                    bmat[2 * tt + 8: 2 * tt + 10] = xb[:, k0 + 8: k0 + 10].T
+                for tile in range(tiles):
+                    amat = torch.zeros(16, 16, dtype=torch.float32, device=x.device)
+                    amat[a_row, a_kpos] = dec[tile, ls, s, :, j, :]
+                    out[tile * 16: tile * 16 + 16] += amat @ bmat
+    half = fw.n // 2
+    out[:half] *= fw.p[expert, 0]
+    out[half:] *= fw.p[expert, 1]
+    return out[:, : x.shape[0]].T

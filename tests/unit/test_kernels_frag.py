@@ -1,0 +1,120 @@
+"""Fragment-order FP4 storage of the decode/small-batch GEMM (moe_kernels.triton_frag), on the CPU:
+the packing is inverted through the kernel's own bit operations and compared bit-exactly with the
+formats' decoders, and the kernel's lane/fragment schedule (activation addresses, m16n8k16 products,
+accumulator multipliers) is replayed in torch against a plain matmul. The GPU kernel itself is
+tested against the torch reference in tests/gpu."""
+
+import pytest
+import torch
+
+from moe_kernels import formats as F
+from moe_kernels.triton_frag import FragWeights, _asm, _constraints, emulate
+
+
+def _nvfp4(e, n, k, gen, gs_shape=None):
+    packed = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, generator=gen)
+    # every e4m3 bit pattern but NaN, negative and zero scales and subnormals included
+    codes = torch.randint(0, 256, (e, n, k // 16), dtype=torch.uint8, generator=gen)
+    codes = torch.where((codes & 0x7F) == 0x7F, torch.full_like(codes, 0x38), codes)
+    gs = torch.rand(gs_shape or (e,), generator=gen) * 1e-2 + 1e-4
+    return F.NvFp4Tensor(packed, codes.view(torch.float8_e4m3fn), gs)
+
+
+def _mxfp4(e, n, k, gen, lo=100, hi=140):
+    packed = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, generator=gen)
+    scale = torch.randint(lo, hi, (e, n, k // 32), dtype=torch.uint8, generator=gen)
+    return F.MxFp4Tensor(packed, scale)
+
+
+@pytest.mark.parametrize("gs_shape", [None, (2, 2)])
+def test_nvfp4_fragments_decode_bit_exact(gs_shape):
+    gen = torch.Generator().manual_seed(1)
+    t = _nvfp4(2, 32, 256, gen, gs_shape)
+    fw = FragWeights.pack(t, "nvfp4")
+    assert fw.w.shape == (2, 2, 2, 2, 32, 4) and fw.w.dtype == torch.int32
+    ours = fw.dequantize()
+    ref = F.dequantize_nvfp4(t, torch.float32)
+    assert torch.equal(ours, ref)
+
+
+def test_nvfp4_every_scale_pattern():
+    # one row per e4m3 pattern (NaN excluded): scale decode, zero and negative handling all exact
+    pats = [c for c in range(256) if (c & 0x7F) != 0x7F]
+    n = 16 * ((len(pats) + 15) // 16)
+    codes = torch.tensor(pats + [0x38] * (n - len(pats)), dtype=torch.uint8)
+    scales = codes.view(1, n, 1).expand(1, n, 8).contiguous()
+    gen = torch.Generator().manual_seed(2)
+    packed = torch.randint(0, 256, (1, n, 64), dtype=torch.uint8, generator=gen)
+    t = F.NvFp4Tensor(packed, scales.view(torch.float8_e4m3fn), torch.tensor([1.0]))
+    assert torch.equal(FragWeights.pack(t, "nvfp4").dequantize(), F.dequantize_nvfp4(t, torch.float32))
+
+
+def test_mxfp4_fragments_decode_bit_exact():
+    gen = torch.Generator().manual_seed(3)
+    t = _mxfp4(2, 48, 512, gen)
+    fw = FragWeights.pack(t, "mxfp4")
+    assert fw.w.shape == (2, 3, 2, 4, 32, 4)
+    assert torch.equal(fw.dequantize(), F.dequantize_mxfp4(t, torch.float32))
+
+
+def test_mxfp4_scales_far_below_the_largest_flush_to_zero():
+    # bf16 products cannot hold weights more than ~2^133 below the expert's largest scale: those
+    # blocks come out as zero (|ref| < 1e-36 there); every other block stays bit-exact
+    gen = torch.Generator().manual_seed(4)
+    t = _mxfp4(1, 16, 256, gen, 120, 124)
+    t.scale[0, 0, 0] = 250          # expert offset c = 123
+    t.scale[0, 1, 0] = 1            # 2^-126: below the bf16 product range
+    t.scale[0, 2, 0] = 0            # B = 126 - 123 + 0 = 3 > 0, also underflows
+    fw = FragWeights.pack(t, "mxfp4")
+    ours, ref = fw.dequantize(), F.dequantize_mxfp4(t, torch.float32)
+    tiny = torch.zeros_like(ref, dtype=torch.bool)
+    tiny[0, 1:3, :32] = True
+    assert torch.equal(ours[~tiny], ref[~tiny])
+    assert ours[tiny].abs().max() <= ref[tiny].abs().max() < 1e-36
+
+
+def test_nan_scales_are_refused():
+    gen = torch.Generator().manual_seed(5)
+    t = _nvfp4(1, 16, 128, gen)
+    t.block_scale.view(torch.uint8)[0, 3, 1] = 0x7F
+    with pytest.raises(ValueError, match="NaN"):
+        FragWeights.pack(t, "nvfp4")
+    m = _mxfp4(1, 16, 256, gen)
+    m.scale[0, 0, 0] = 255
+    with pytest.raises(ValueError, match="NaN"):
+        FragWeights.pack(m, "mxfp4")
+
+
+def test_shapes_the_fragment_kernel_cannot_take_are_refused():
+    gen = torch.Generator().manual_seed(6)
+    with pytest.raises(ValueError, match="K % 256"):
+        FragWeights.pack(_mxfp4(1, 16, 384, gen), "mxfp4")
+    with pytest.raises(ValueError, match="N % 16"):
+        FragWeights.pack(_nvfp4(1, 24, 128, gen), "nvfp4")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_lane_schedule_matches_matmul(fmt):
+    gen = torch.Generator().manual_seed(7)
+    t = _nvfp4(2, 32, 256, gen, (2, 2)) if fmt == "nvfp4" else _mxfp4(2, 32, 512, gen)
+    fw = FragWeights.pack(t, fmt)
+    deq = (F.dequantize_nvfp4 if fmt == "nvfp4" else F.dequantize_mxfp4)(t, torch.float32)
+    x = torch.randn(5, fw.k, generator=gen).bfloat16()
+    for e in range(2):
+        ours = emulate(fw, e, x)
+        ref = x.float() @ deq[e].T
+        assert torch.allclose(ours, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+def test_inline_ptx_operands_line_up():
+    # every operand of the generated PTX is declared by its constraint string, every output and
+    # weight/activation/accumulator register is used (only 1 of each lane's 4 scale copies is read)
+    import re
+    for nt in (1, 2):
+        for rt in (1, 2):
+            asm = _asm(nt, rt, 1, 16, 0x75007500)
+            used = {int(m) for m in re.findall(r"\$(\d+)", asm)}
+            n = len(_constraints(nt, rt).split(","))
+            scale_copies = {4 * rt * nt + 4 * rt + 4 * r + i for r in range(rt) for i in (1, 2, 3)}
+            assert used == set(range(n)) - scale_copies
+            assert asm.count("mma.sync") == 4 * nt * rt
