@@ -28,7 +28,7 @@ from moe_kernels.experts import ExpertWeights  # noqa: E402
 from moe_kernels.formats import MxFp4Tensor, NvFp4Tensor  # noqa: E402
 from moe_kernels.reference import TorchExperts  # noqa: E402
 from moe_kernels.routing import softmax_topk  # noqa: E402
-from moe_kernels.triton_moe import GemmConfig, MoEConfig, TritonExperts  # noqa: E402
+from moe_kernels.triton_moe import FragConfig, GemmConfig, MoEConfig, TritonExperts  # noqa: E402
 
 E, H, I, K = 256, 7168, 2048, 8
 DEV = "cuda"
@@ -120,6 +120,37 @@ SWEEP = {
 }
 
 
+# fragment-order kernel (<= 12 rows per expert): (rt, wn, wk, pipe) for GEMM1 and GEMM2
+FRAG_SWEEP = [
+    ((1, 2, 2, 4), (1, 4, 1, 4)),
+    ((1, 4, 1, 4), (1, 4, 1, 4)),
+    ((1, 1, 4, 4), (1, 2, 2, 4)),
+    ((2, 2, 1, 4), (2, 2, 1, 4)),
+    ((2, 1, 2, 4), (2, 4, 1, 3)),
+    ((1, 2, 2, 3), (1, 8, 1, 3)),
+    ((1, 4, 2, 3), (1, 2, 1, 4)),
+    ((2, 4, 1, 3), (1, 1, 2, 4)),
+]
+
+
+def frag_sweep(ex: TritonExperts, tokens: list[int], g):
+    for t in tokens:
+        x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
+        w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
+        rows = t * K / min(E, t * K)
+        nt = 1 if rows <= 3 else 2
+        for g1, g2 in FRAG_SWEEP:
+            cfg = MoEConfig(8 * nt, FragConfig(nt, *g1), FragConfig(nt, *g2))
+            ex.config = cfg
+            try:
+                us = bench(lambda: ex.forward(x, w, ids)) * 1e6
+                print(f"  frag-sweep {ex.fmt} T={t} nt={nt} g1={g1} g2={g2}: {us:.1f} us", flush=True)
+            except Exception as exc:  # noqa: BLE001
+                print(f"  frag-sweep {ex.fmt} T={t} {g1} {g2}: failed {type(exc).__name__}: {str(exc)[:300]}",
+                      flush=True)
+        ex.config = None
+
+
 def sweep(ex: TritonExperts, tokens: list[int], g):
     """Time a few tile configs per size (tuning aid; the table below uses the default config)."""
     for t in tokens:
@@ -144,6 +175,7 @@ def main():
     ap.add_argument("--tokens", default="1,8,64,256,1024,4096")
     ap.add_argument("--formats", default="nvfp4,mxfp4")
     ap.add_argument("--sweep", default="", help="token counts to sweep tile configs at, e.g. 1,64,4096")
+    ap.add_argument("--frag-sweep", default="", help="token counts to sweep fragment-kernel configs at")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -166,6 +198,8 @@ def main():
         print(f"[{fmt}] setup {time.time() - t0:.1f}s, {per_expert / 1e6:.2f} MB per expert", flush=True)
         if args.sweep and fmt == args.formats.split(",")[0]:
             sweep(ex, [int(t) for t in args.sweep.split(",")], g)
+        if args.frag_sweep:
+            frag_sweep(ex, [int(t) for t in args.frag_sweep.split(",")], g)
         for t in tokens:
             x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
             w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)

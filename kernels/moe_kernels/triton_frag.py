@@ -50,14 +50,16 @@ SUB = {"nvfp4": 2, "mxfp4": 4}          # 64-K sub-steps (16-byte loads per lane
 def _lane_maps(sub: int):
     """Index maps of one (row tile, loop step): for [sub, lane, word, nibble] the row (0..15) and the
     K offset (0..64*sub-1) inside the tile and step. Pair p = nibble % 4 is the A register (rows g,
-    g+8, g, g+8; K +0, +0, +8, +8), e = nibble // 4 its low/high bf16."""
+    g+8, g, g+8; K +0, +0, +2, +2), e = nibble // 4 its low/high bf16. Fragment j takes K 4j..4j+3 of
+    the lane's 16: its B registers (K pairs 4j, 4j+2) are adjacent words in memory, so the 16-byte
+    activation loads land in the register pairs mma.sync wants without moves."""
     s = torch.arange(sub).view(sub, 1, 1, 1)
     lane = torch.arange(32).view(1, 32, 1, 1)
     j = torch.arange(4).view(1, 1, 4, 1)
     i = torch.arange(8).view(1, 1, 1, 8)
     g, t, p, e = lane // 4, lane % 4, i % 4, i // 4
     row = g + 8 * (p % 2)
-    k = 16 * sub * t + 16 * s + 8 * (p // 2) + 2 * j + e
+    k = 16 * sub * t + 16 * s + 4 * j + 2 * (p // 2) + e
     return row.expand(sub, 32, 4, 8), k.expand(sub, 32, 4, 8)
 
 
@@ -218,18 +220,18 @@ class FragWeights:
 # ------------------------------------------------------------------------------- inline PTX
 def _asm(nt: int, rt: int, q: int, mul: int, add: int) -> str:
     """One 64-K sub-step: decode rt weight words x 4 (rt row tiles) and run rt * nt * 4 MMAs.
-    Operands: outputs acc[r][n] (4 f32 each); inputs w[r] (4), sw[r] (4), x_lo[n] (4), x_hi[n] (4),
-    acc_in[r][n] (4)."""
+    Operands: outputs acc[r][n] (4 f32 each); inputs w[r] (4), sw[r] (4), x[n] (8: K words 0-3, 4-7),
+    then acc[r][n] again, tied to the outputs."""
     nout = 4 * rt * nt
     base = nout
     w = [[f"${base + 4 * r + j}" for j in range(4)] for r in range(rt)]
     base += 4 * rt
     sw = [f"${base + 4 * r}" for r in range(rt)]
     base += 4 * rt
-    xlo = [[f"${base + 8 * n + j}" for j in range(4)] for n in range(nt)]
-    xhi = [[f"${base + 8 * n + 4 + j}" for j in range(4)] for n in range(nt)]
+    # activations: two [R, 4] words per token tile, words (2j, 2j + 1) = B registers of fragment j
+    xlo = [[f"${base + 8 * n + 2 * j}" for j in range(4)] for n in range(nt)]
+    xhi = [[f"${base + 8 * n + 2 * j + 1}" for j in range(4)] for n in range(nt)]
     base += 8 * nt
-    acc_in = [[[f"${base + 4 * (r * nt + n) + i}" for i in range(4)] for n in range(nt)] for r in range(rt)]
     acc_out = [[[f"${4 * (r * nt + n) + i}" for i in range(4)] for n in range(nt)] for r in range(rt)]
     sel_g, sel_h = 0x4040 + 0x0101 * (2 * q), 0x4040 + 0x0101 * (2 * q + 1)
     lines = ["{", ".reg .b32 z, sg, sh, v, q, a0, a1, a2, a3;", "mov.b32 z, 0x80008000;"]
@@ -250,8 +252,7 @@ def _asm(nt: int, rt: int, q: int, mul: int, add: int) -> str:
                 "fma.rn.bf16x2 a3, v, sh, z;",
             ]
             for n in range(nt):
-                c = acc_in[r][n] if j == 0 else acc_out[r][n]
-                d = acc_out[r][n]
+                c = d = acc_out[r][n]   # acc_in is tied to acc_out (constraints "0", "1", ...)
                 lines.append("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                              f"{{{', '.join(d)}}}, {{a0, a1, a2, a3}}, {{{xlo[n][j]}, {xhi[n][j]}}}, "
                              f"{{{', '.join(c)}}};")
@@ -260,9 +261,11 @@ def _asm(nt: int, rt: int, q: int, mul: int, add: int) -> str:
 
 
 def _constraints(nt: int, rt: int) -> str:
+    """Outputs, then weights, scales and activations; the accumulator inputs are tied to the outputs
+    (the MMAs accumulate in place, no register copies)."""
     nout = 4 * rt * nt
-    nin = 4 * rt + 4 * rt + 8 * nt + 4 * rt * nt
-    return ",".join(["=r"] * nout + ["r"] * nin)
+    nin = 4 * rt + 4 * rt + 8 * nt
+    return ",".join(["=r"] * nout + ["r"] * nin + [str(i) for i in range(nout)])
 
 
 # ---------------------------------------------------------------------------------- kernel
@@ -438,7 +441,7 @@ def _frag_moe_kernel(
 def emulate(fw: FragWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
     """fp32 [M, N] = x [M <= 8, K] @ W[expert]^T computed the way the kernel does: per (row tile, step,
     sub-step, word) an A fragment from the decoded lane registers, a B fragment from the activation
-    addresses the kernel loads (lane t: K offset 16*SUB*t + 16*s + 2*j, +8 for the high register),
+    addresses the kernel loads (lane t: K offset 16*SUB*t + 16*s + 4*j, +2 for the high register),
     the m16n8k16 products, and the per-half multipliers. Pure torch (CPU tests of the layout)."""
     sub, step = fw.sub, STEP_K[fw.fmt]
     dec = fw._decoded(expert)                                   # [T, S, sub, 32, 4, 8]
@@ -457,10 +460,10 @@ def emulate(fw: FragWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
             for j in range(4):
                 # B[kpos, col]: lane (col, t) registers x_lo (kpos 2t, 2t+1) and x_hi (2t+8, 2t+9)
                 bmat = torch.zeros(16, 8, dtype=torch.float32, device=x.device)
-                for tt in range(4):
-                    k0 = ls * step + 16 * sub * tt + 16 * s + 2 * j
+                for tt in range(4):   # int32 word 2j (low register) and 2j + 1 (high) of the lane's 16 K
+                    k0 = ls * step + 16 * sub * tt + 16 * s + 4 * j
                     bmat[2 * tt: 2 * tt + 2] = xb[:, k0: k0 + 2].T
-                    bmat[2 * tt + 8: 2 * tt + 10] = xb[:, k0 + 8: k0 + 10].T
+                    bmat[2 * tt + 8: 2 * tt + 10] = xb[:, k0 + 2: k0 + 4].T
                 for tile in range(tiles):
                     amat = torch.zeros(16, 16, dtype=torch.float32, device=x.device)
                     amat[a_row, a_kpos] = dec[tile, ls, s, :, j, :]
@@ -469,3 +472,14 @@ def emulate(fw: FragWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
     out[:half] *= fw.p[expert, 0]
     out[half:] *= fw.p[expert, 1]
     return out[:, : x.shape[0]].T
+
+
+frag_moe_kernel = _frag_moe_kernel
+
+
+def frag_asm_args(fmt: str, nt: int, rt: int) -> dict:
+    """Constexpr PTX of the two scale-group halves of a loop step, and its constraint string."""
+    if nt not in (1, 2) or rt not in (1, 2):
+        raise ValueError(f"fragment kernel takes nt, rt in (1, 2), got nt={nt}, rt={rt}")
+    mul, add = (_NV_MUL, _NV_ADD) if fmt == "nvfp4" else (_MX_MUL, _MX_ADD)
+    return dict(ASM0=_asm(nt, rt, 0, mul, add), ASM1=_asm(nt, rt, 1, mul, add), CONS=_constraints(nt, rt))

@@ -41,6 +41,7 @@ from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
 from .reference import _check_inputs
 from .triton_align import align_by_expert
+from .triton_frag import STEP_K, FragWeights, frag_asm_args, frag_moe_kernel
 
 FMT_BF16, FMT_FP8, FMT_NVFP4, FMT_MXFP4 = 0, 1, 2, 3
 _FMT_ID = {"bf16": FMT_BF16, "fp8": FMT_FP8, "nvfp4": FMT_NVFP4, "mxfp4": FMT_MXFP4}
@@ -663,13 +664,29 @@ class GemmConfig:
 
 
 @dataclass(frozen=True)
+class FragConfig:
+    """FP4 fragment-order kernel (triton_frag.py): 8*nt token rows per block; each warp takes rt
+    16-row weight tiles; wn x wk warps per program (wk: warps splitting K); pipe: cp.async stages."""
+    nt: int = 1
+    rt: int = 1
+    wn: int = 4
+    wk: int = 1
+    pipe: int = 4
+    group_m: int = 1
+
+
+@dataclass(frozen=True)
 class MoEConfig:
     block_m: int
-    gemm1: GemmConfig
-    gemm2: GemmConfig
+    gemm1: GemmConfig | FragConfig
+    gemm2: GemmConfig | FragConfig
+
+    @property
+    def frag(self) -> bool:
+        return isinstance(self.gemm1, FragConfig)
 
 
-def default_config(fmt: str, num_pairs: int, num_experts: int) -> MoEConfig:
+def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = False) -> MoEConfig:
     """Tile choice by rows per touched expert (measured on an H200, see bench/README.md).
 
     FP4 decode (about one row per expert): one row per block, cp.async-pipelined (4 stages) with
@@ -677,6 +694,9 @@ def default_config(fmt: str, num_pairs: int, num_experts: int) -> MoEConfig:
     per expert: 16-row tensor-core tiles. Large batches: 128-row tiles reuse each dequantised weight
     tile 128 times. Register counts were read from the compiled SM90 cubins (no spills)."""
     rows = num_pairs / max(1, min(num_experts, num_pairs))
+    if fmt in ("nvfp4", "mxfp4") and frag and rows <= FRAG_MAX_ROWS:
+        nt = 1 if rows <= 3 else 2
+        return MoEConfig(8 * nt, FragConfig(nt, 1, 2, 2, 4), FragConfig(nt, 1, 4, 1, 4))
     if fmt not in ("nvfp4", "mxfp4"):  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
@@ -692,6 +712,10 @@ def default_config(fmt: str, num_pairs: int, num_experts: int) -> MoEConfig:
         return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
     return MoEConfig(128, GemmConfig(128, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8))
 
+
+# Rows per expert up to which the fragment-order kernel (8 or 16 token rows per block, no shared-memory
+# operand staging) is used; above, tensor-core tiles share activations between warps.
+FRAG_MAX_ROWS = 12
 
 # Rows per expert up to which the one-row CUDA-core path wins: it re-reads an expert's weights for
 # every row, so it pays off only while nearly every expert has a single row.
@@ -792,7 +816,8 @@ def _scale_tiles(s: torch.Tensor, per_tile: int) -> torch.Tensor:
 class TritonExperts:
     """Weight-only (W4A16 / W8A16 / bf16) grouped-GEMM MoE experts in Triton. CUDA tensors only."""
 
-    def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None, asm: bool = True):
+    def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None, asm: bool = True,
+                 frag: bool | None = None):
         if weights.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("TritonExperts needs the expert weights on a CUDA device")
         self.weights = weights
@@ -807,6 +832,16 @@ class TritonExperts:
             raise ValueError(f"{self.fmt} needs H/2 and I/2 to be multiples of {group} (H={h}, I={i})")
         self.w13 = _prepare(weights.w13, self.fmt)
         self.w2 = _prepare(weights.w2, self.fmt)
+        # FP4: the fragment-order copy for <= FRAG_MAX_ROWS rows per expert (decode, small batches).
+        # A second copy of the weights (same bytes again); frag=False keeps only the tiled one.
+        fits = (self.fmt_id >= FMT_NVFP4 and i % 16 == 0 and h % 16 == 0
+                and h % STEP_K[self.fmt] == 0 and i % STEP_K[self.fmt] == 0)
+        if frag and not fits:
+            raise ValueError(f"the fragment kernel needs FP4 weights with H, I multiples of "
+                             f"{STEP_K.get(self.fmt, 128)} (got {self.fmt}, H={h}, I={i})")
+        self.frag = bool(fits if frag is None else frag) and not _INTERPRET
+        self.f13 = FragWeights.pack(weights.w13, self.fmt) if self.frag else None
+        self.f2 = FragWeights.pack(weights.w2, self.fmt) if self.frag else None
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
                 num_pairs: int):
@@ -840,15 +875,49 @@ class TritonExperts:
             num_warps=num_warps, num_stages=cfg.num_stages,
         )
 
+    def _launch_frag(self, fw: FragWeights, a, c, al, n: int, cfg: FragConfig, gather: bool, gated: bool,
+                     top_k: int, num_pairs: int):
+        steps = fw.k // STEP_K[self.fmt]
+        if steps % cfg.wk:
+            raise ValueError(f"{steps} K steps do not split over wk={cfg.wk} warps")
+        if al.block_m != 8 * cfg.nt:
+            raise ValueError(f"fragment kernel with nt={cfg.nt} needs block_m={8 * cfg.nt}, got {al.block_m}")
+        if a.stride(1) != 1 or a.stride(0) % 8 or a.data_ptr() % 16:
+            a = a.contiguous().clone()
+        grid = (al.max_blocks * triton.cdiv(n, 16 * cfg.wn * cfg.rt),)
+        frag_moe_kernel[grid](
+            a, a.stride(0) // 2,
+            fw.w, fw.w.stride(0), fw.w.stride(1),
+            fw.s, fw.s.stride(0), fw.s.stride(1),
+            fw.p,
+            c, c.stride(0),
+            al.sorted_ids, al.expert_ids, al.num_post_pad,
+            n, steps, num_pairs, (fw.n // 2) // 16 if gated else 0, al.max_blocks,
+            TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
+            WK=cfg.wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
+            num_warps=cfg.wn * cfg.wk,
+        )
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                 shared_output: torch.Tensor | None = None, routed_scale: float = 1.0,
                 defer_finalize: bool = False):
         _check_inputs(x, topk_weights, topk_ids, self.H)
         t, top_k = topk_ids.shape
         num_pairs = t * top_k
-        cfg = self.config or default_config(self.fmt, num_pairs, self.E)
+        cfg = self.config or default_config(self.fmt, num_pairs, self.E, self.frag)
+        if cfg.frag and not self.frag:
+            raise ValueError("a fragment-kernel config needs TritonExperts(frag=True) FP4 weights")
         x = x.to(torch.bfloat16).contiguous()
         al = align_by_expert(topk_ids, self.E, cfg.block_m)
+        if cfg.frag:
+            inter = torch.empty(al.p_max, self.I, dtype=torch.bfloat16, device=x.device)
+            gemm2_out = torch.empty(al.p_max, self.H, dtype=torch.bfloat16, device=x.device)
+            if num_pairs:
+                self._launch_frag(self.f13, x, inter, al, self.I, cfg.gemm1, True, True, top_k, num_pairs)
+                self._launch_frag(self.f2, inter, gemm2_out, al, self.H, cfg.gemm2, False, False, top_k, num_pairs)
+            if defer_finalize:
+                return DeferredMoEOutput(gemm2_out, topk_weights, al.perm, float(routed_scale))
+            return moe_finalize_fuse_shared(gemm2_out, topk_weights, al.perm, shared_output, float(routed_scale))
         # the CUDA-core path keeps the SiLU*up activations in fp32 (no bf16 rounding between the GEMMs)
         # (not with mma.sync in GEMM2: its operands are bf16, as in the reference)
         fma = (cfg.gemm1.fma and cfg.gemm2.fma and self.fmt_id >= FMT_NVFP4

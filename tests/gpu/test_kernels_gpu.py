@@ -135,3 +135,41 @@ def test_finalize_kernel_matches_reference(wdtype, t, k, h):
 def test_selftest_triton_passes(fmt):
     res = selftest("triton", fmt, DEV)
     assert res.ok, res.message
+
+
+# ------------------------------------------------------------------ FP4 fragment-order kernel
+FRAG_CONFIGS = [  # nt, rt, wn, wk, pipe: one row tile / two per warp, K split over warps, pipeline depth
+    (1, 1, 2, 2, 4), (1, 2, 2, 1, 3), (2, 1, 4, 1, 4), (2, 2, 1, 2, 2), (1, 1, 1, 4, 1),
+]
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("cfg", FRAG_CONFIGS, ids=lambda c: "nt{}rt{}wn{}wk{}p{}".format(*c))
+@pytest.mark.parametrize("t,k", [(1, 8), (7, 4), (40, 8)])
+def test_fragment_kernel_matches_reference(fmt, cfg, t, k):
+    from moe_kernels.triton_moe import FragConfig, MoEConfig
+    nt, rt, wn, wk, pipe = cfg
+    e, h, i = 16, 1024, 512
+    weights, x, w, ids, shared = _problem(fmt, e, h, i, t, k, seed=hash((fmt, cfg, t)) % 10000)
+    ref = TorchExperts(weights).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+    ex = TritonExperts(weights, MoEConfig(8 * nt, FragConfig(nt, rt, wn, wk, pipe), FragConfig(nt, rt, wn, wk, pipe)),
+                       frag=True)
+    _poison_allocator()
+    out = ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+    assert _rel(out, ref) < 1e-2
+    d = ex.forward(x, w, ids, routed_scale=1.5, defer_finalize=True)
+    assert torch.equal(d.finalize(shared), out)
+
+
+def test_fragment_kernel_is_the_default_for_few_rows_and_graph_capturable():
+    weights, x, w, ids, shared = _problem("nvfp4", 64, 512, 256, 3, 8, seed=11)
+    ex = TritonExperts(weights)
+    assert ex.frag
+    ref = TorchExperts(weights).forward(x, w, ids, shared_output=shared)
+    out = ex.forward(x, w, ids, shared_output=shared)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        again = ex.forward(x, w, ids, shared_output=shared)
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, ref) < 1e-2 and torch.equal(again, out)
