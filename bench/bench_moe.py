@@ -120,17 +120,12 @@ SWEEP = {
 }
 
 
-# fragment-order kernel (<= 12 rows per expert): (rt, wn, wk, pipe) for GEMM1 and GEMM2
-FRAG_SWEEP = [
-    ((1, 2, 2, 4), (1, 4, 1, 4)),
-    ((1, 4, 1, 4), (1, 4, 1, 4)),
-    ((1, 1, 4, 4), (1, 2, 2, 4)),
-    ((2, 2, 1, 4), (2, 2, 1, 4)),
-    ((2, 1, 2, 4), (2, 4, 1, 3)),
-    ((1, 2, 2, 3), (1, 8, 1, 3)),
-    ((1, 4, 2, 3), (1, 2, 1, 4)),
-    ((2, 4, 1, 3), (1, 1, 2, 4)),
-]
+# fragment-order kernel (<= 12 rows per expert): (rt, wn, wk, pipe) candidates, GEMM1 swept with GEMM2
+# fixed, then GEMM2 with the best GEMM1
+FRAG_G1 = [(2, 1, 4, 4), (2, 2, 2, 4), (2, 2, 1, 4), (2, 4, 1, 4), (2, 1, 2, 4), (2, 2, 2, 3), (2, 4, 2, 3),
+           (1, 4, 2, 4)]
+FRAG_G2 = [(2, 2, 1, 4), (2, 4, 1, 4), (2, 1, 2, 4), (2, 2, 2, 4), (2, 8, 1, 3), (2, 1, 4, 4), (2, 4, 2, 3),
+           (1, 4, 1, 4)]
 
 
 def frag_sweep(ex: TritonExperts, tokens: list[int], g):
@@ -138,16 +133,19 @@ def frag_sweep(ex: TritonExperts, tokens: list[int], g):
         x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
         w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
         rows = t * K / min(E, t * K)
-        nt = 1 if rows <= 3 else 2
-        for g1, g2 in FRAG_SWEEP:
-            cfg = MoEConfig(8 * nt, FragConfig(nt, *g1), FragConfig(nt, *g2))
-            ex.config = cfg
-            try:
-                us = bench(lambda: ex.forward(x, w, ids)) * 1e6
+        for nt in ((1,) if rows <= 3 else (1, 2)):
+            def run(g1, g2):
+                ex.config = MoEConfig(8 * nt, FragConfig(nt, *g1), FragConfig(nt, *g2))
+                try:
+                    us = bench(lambda: ex.forward(x, w, ids)) * 1e6
+                except Exception as exc:  # noqa: BLE001
+                    print(f"  frag-sweep {ex.fmt} T={t} {g1} {g2}: failed {type(exc).__name__}: {str(exc)[:300]}")
+                    return float("inf")
                 print(f"  frag-sweep {ex.fmt} T={t} nt={nt} g1={g1} g2={g2}: {us:.1f} us", flush=True)
-            except Exception as exc:  # noqa: BLE001
-                print(f"  frag-sweep {ex.fmt} T={t} {g1} {g2}: failed {type(exc).__name__}: {str(exc)[:300]}",
-                      flush=True)
+                return us
+            best1 = min(FRAG_G1, key=lambda c: run(c, FRAG_G2[0]))
+            best2 = min(FRAG_G2, key=lambda c: run(best1, c))
+            print(f"  frag-best {ex.fmt} T={t} nt={nt} g1={best1} g2={best2}", flush=True)
         ex.config = None
 
 

@@ -395,13 +395,15 @@ def _frag_moe_kernel(
             if RT == 2:
                 su1 = tl.load(sbu + stride_st + ls * 32, mask=ok_w1, other=0)[:, None]
         for s in tl.static_range(SUBS):
-            xl0 = tl.load(xb0[:, None] + xo + 8 * s, mask=ok0[:, None], other=0)
-            xh0 = tl.load(xb0[:, None] + xo + (8 * s + 4), mask=ok0[:, None], other=0)
+            # activations: L1-allocating copies (.ca): the WN warps of a program, and the programs
+            # of the same token block on this SM, read the same rows
+            xl0 = tl.load(xb0[:, None] + xo + 8 * s, mask=ok0[:, None], other=0, cache_modifier=".ca")
+            xh0 = tl.load(xb0[:, None] + xo + (8 * s + 4), mask=ok0[:, None], other=0, cache_modifier=".ca")
             xl1 = xl0
             xh1 = xh0
             if NT == 2:
-                xl1 = tl.load(xb1[:, None] + xo + 8 * s, mask=ok1[:, None], other=0)
-                xh1 = tl.load(xb1[:, None] + xo + (8 * s + 4), mask=ok1[:, None], other=0)
+                xl1 = tl.load(xb1[:, None] + xo + 8 * s, mask=ok1[:, None], other=0, cache_modifier=".ca")
+                xh1 = tl.load(xb1[:, None] + xo + (8 * s + 4), mask=ok1[:, None], other=0, cache_modifier=".ca")
             wg0 = tl.load(wb[:, None] + wo + s * 128, mask=ok_w0[:, None], other=0)
             wg1 = wg0
             if RT == 2:

@@ -29,6 +29,7 @@ fp32 via fp16 bit patterns.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -878,8 +879,7 @@ class TritonExperts:
     def _launch_frag(self, fw: FragWeights, a, c, al, n: int, cfg: FragConfig, gather: bool, gated: bool,
                      top_k: int, num_pairs: int):
         steps = fw.k // STEP_K[self.fmt]
-        if steps % cfg.wk:
-            raise ValueError(f"{steps} K steps do not split over wk={cfg.wk} warps")
+        wk = math.gcd(cfg.wk, steps)   # K-splitting warps: a divisor of the step count
         if al.block_m != 8 * cfg.nt:
             raise ValueError(f"fragment kernel with nt={cfg.nt} needs block_m={8 * cfg.nt}, got {al.block_m}")
         if a.stride(1) != 1 or a.stride(0) % 8 or a.data_ptr() % 16:
@@ -894,8 +894,8 @@ class TritonExperts:
             al.sorted_ids, al.expert_ids, al.num_post_pad,
             n, steps, num_pairs, (fw.n // 2) // 16 if gated else 0, al.max_blocks,
             TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
-            WK=cfg.wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
-            num_warps=cfg.wn * cfg.wk,
+            WK=wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
+            num_warps=cfg.wn * wk,
         )
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
