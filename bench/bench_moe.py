@@ -122,10 +122,10 @@ SWEEP = {
 
 # fragment-order kernel (<= 12 rows per expert): (rt, wn, wk, pipe) candidates, GEMM1 swept with GEMM2
 # fixed, then GEMM2 with the best GEMM1
-FRAG_G1 = [(2, 1, 4, 4), (2, 2, 2, 4), (2, 2, 1, 4), (2, 4, 1, 4), (2, 1, 2, 4), (2, 2, 2, 3), (2, 4, 2, 3),
-           (1, 4, 2, 4)]
-FRAG_G2 = [(2, 2, 1, 4), (2, 4, 1, 4), (2, 1, 2, 4), (2, 2, 2, 4), (2, 8, 1, 3), (2, 1, 4, 4), (2, 4, 2, 3),
-           (1, 4, 1, 4)]
+FRAG_G1 = [(2, 1, 4, 4), (2, 2, 2, 4), (2, 2, 1, 4), (4, 1, 2, 4), (4, 2, 1, 3), (4, 1, 4, 3), (2, 4, 1, 4),
+           (4, 1, 1, 4)]
+FRAG_G2 = [(2, 2, 1, 4), (2, 4, 1, 4), (4, 1, 1, 4), (4, 2, 1, 3), (4, 1, 2, 4), (2, 1, 2, 4), (2, 8, 1, 3),
+           (4, 4, 1, 3)]
 
 
 def frag_sweep(ex: TritonExperts, tokens: list[int], g):
@@ -143,8 +143,10 @@ def frag_sweep(ex: TritonExperts, tokens: list[int], g):
                     return float("inf")
                 print(f"  frag-sweep {ex.fmt} T={t} nt={nt} g1={g1} g2={g2}: {us:.1f} us", flush=True)
                 return us
-            best1 = min(FRAG_G1, key=lambda c: run(c, FRAG_G2[0]))
-            best2 = min(FRAG_G2, key=lambda c: run(best1, c))
+            g1s = [c for c in FRAG_G1 if c[0] < 4 or nt == 1]   # rt=4 only with one token tile
+            g2s = [c for c in FRAG_G2 if c[0] < 4 or nt == 1]
+            best1 = min(g1s, key=lambda c: run(c, g2s[0]))
+            best2 = min(g2s, key=lambda c: run(best1, c))
             print(f"  frag-best {ex.fmt} T={t} nt={nt} g1={best1} g2={best2}", flush=True)
         ex.config = None
 

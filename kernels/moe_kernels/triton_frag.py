@@ -270,17 +270,17 @@ def _constraints(nt: int, rt: int) -> str:
 
 # ---------------------------------------------------------------------------------- kernel
 @triton.jit
-def _substep(w0, w1, s0, s1, xl0, xh0, xl1, xh1, a00, a01, a10, a11,
+def _substep(w0, w1, w2, w3, s0, s1, s2, s3, xl0, xh0, xl1, xh1, a00, a01, a10, a11, a20, a30,
              ASM: tl.constexpr, CONS: tl.constexpr, NT: tl.constexpr, RT: tl.constexpr):
-    """acc[r][n] += decoded w[r] (rt row tiles) x activations of token tile n, one 64-K sub-step."""
+    """acc[r][n] += decoded w[r] (rt row tiles) x activations of token tile n, one 64-K sub-step.
+    (rt, nt) in (1, 1), (1, 2), (2, 1), (2, 2), (4, 1)."""
     if RT == 1:
         if NT == 1:
-            a00 = tl.inline_asm_elementwise(ASM, CONS, [w0, s0, xl0, xh0, a00], dtype=tl.float32,
-                                            is_pure=True, pack=4)
+            a00 = tl.inline_asm_elementwise(ASM, CONS, [w0, s0, xl0, xh0, a00], dtype=tl.float32, is_pure=True, pack=4)
         else:
             a00, a01 = tl.inline_asm_elementwise(ASM, CONS, [w0, s0, xl0, xh0, xl1, xh1, a00, a01],
                                                  dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
-    else:
+    elif RT == 2:
         if NT == 1:
             a00, a10 = tl.inline_asm_elementwise(ASM, CONS, [w0, w1, s0, s1, xl0, xh0, a00, a10],
                                                  dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
@@ -288,7 +288,37 @@ def _substep(w0, w1, s0, s1, xl0, xh0, xl1, xh1, a00, a01, a10, a11,
             a00, a01, a10, a11 = tl.inline_asm_elementwise(
                 ASM, CONS, [w0, w1, s0, s1, xl0, xh0, xl1, xh1, a00, a01, a10, a11],
                 dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
-    return a00, a01, a10, a11
+    else:
+        a00, a10, a20, a30 = tl.inline_asm_elementwise(
+            ASM, CONS, [w0, w1, w2, w3, s0, s1, s2, s3, xl0, xh0, a00, a10, a20, a30],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
+    return a00, a01, a10, a11, a20, a30
+
+
+@triton.jit
+def _scales(sb, so, stride_st, ok0, ok1, ok2, ok3, RT: tl.constexpr):
+    """The RT row tiles' 4-byte scale words of a loop step ([R, 1], broadcast over a lane's 4 words)."""
+    s0 = tl.load(sb + so, mask=ok0, other=0)[:, None]
+    s1, s2, s3 = s0, s0, s0
+    if RT >= 2:
+        s1 = tl.load(sb + stride_st + so, mask=ok1, other=0)[:, None]
+    if RT == 4:
+        s2 = tl.load(sb + 2 * stride_st + so, mask=ok2, other=0)[:, None]
+        s3 = tl.load(sb + 3 * stride_st + so, mask=ok3, other=0)[:, None]
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _words(wb, wo, stride_wt, ok0, ok1, ok2, ok3, RT: tl.constexpr):
+    """The RT row tiles' 16 bytes per lane of one sub-step ([R, 4] int32, one 128-bit copy each)."""
+    w0 = tl.load(wb[:, None] + wo, mask=ok0[:, None], other=0)
+    w1, w2, w3 = w0, w0, w0
+    if RT >= 2:
+        w1 = tl.load(wb[:, None] + stride_wt + wo, mask=ok1[:, None], other=0)
+    if RT == 4:
+        w2 = tl.load(wb[:, None] + 2 * stride_wt + wo, mask=ok2[:, None], other=0)
+        w3 = tl.load(wb[:, None] + 3 * stride_wt + wo, mask=ok3[:, None], other=0)
+    return w0, w1, w2, w3
 
 
 @triton.jit
@@ -349,6 +379,8 @@ def _frag_moe_kernel(
     tile0 = (pid_n * WN + wn) * RT                 # first of the warp's RT row tiles
     ok_w0 = tile0 * 16 < N
     ok_w1 = (tile0 + 1) * 16 < N
+    ok_w2 = (tile0 + 2) * 16 < N
+    ok_w3 = (tile0 + 3) * 16 < N
     j4 = tl.arange(0, 4)[None, :]
     wb = w_ptr + e * stride_we + tile0.to(tl.int64) * stride_wt + lane * 4
     sb = s_ptr + e * stride_se + tile0.to(tl.int64) * stride_st + lane
@@ -379,21 +411,17 @@ def _frag_moe_kernel(
     xb1 = a32 + row1.to(tl.int64) * stride_a32 + t * (8 * SUBS)
 
     zero = tl.zeros([R, 4], dtype=tl.float32)
-    g00, g01, g10, g11 = zero, zero, zero, zero
-    u00, u01, u10, u11 = zero, zero, zero, zero
+    g00, g01, g10, g11, g20, g30 = zero, zero, zero, zero, zero, zero
+    u00, u01, u10, u11, u20, u30 = zero, zero, zero, zero, zero, zero
     for it in tl.range(0, num_steps // WK, num_stages=PIPE):
         ls = it * WK + wk
         wo = (ls * (SUBS * 128))[:, None] + j4
         xo = (ls * (32 * SUBS))[:, None] + j4
-        sg0 = tl.load(sb + ls * 32, mask=ok_w0, other=0)[:, None]
-        sg1 = sg0
-        if RT == 2:
-            sg1 = tl.load(sb + stride_st + ls * 32, mask=ok_w1, other=0)[:, None]
+        so = ls * 32
+        sg0, sg1, sg2, sg3 = _scales(sb, so, stride_st, ok_w0, ok_w1, ok_w2, ok_w3, RT)
+        su0, su1, su2, su3 = sg0, sg1, sg2, sg3
         if GATED:
-            su0 = tl.load(sbu + ls * 32, mask=ok_w0, other=0)[:, None]
-            su1 = su0
-            if RT == 2:
-                su1 = tl.load(sbu + stride_st + ls * 32, mask=ok_w1, other=0)[:, None]
+            su0, su1, su2, su3 = _scales(sbu, so, stride_st, ok_w0, ok_w1, ok_w2, ok_w3, RT)
         for s in tl.static_range(SUBS):
             # activations: L1-allocating copies (.ca): the WN warps of a program, and the programs
             # of the same token block on this SM, read the same rows
@@ -404,27 +432,21 @@ def _frag_moe_kernel(
             if NT == 2:
                 xl1 = tl.load(xb1[:, None] + xo + 8 * s, mask=ok1[:, None], other=0, cache_modifier=".ca")
                 xh1 = tl.load(xb1[:, None] + xo + (8 * s + 4), mask=ok1[:, None], other=0, cache_modifier=".ca")
-            wg0 = tl.load(wb[:, None] + wo + s * 128, mask=ok_w0[:, None], other=0)
-            wg1 = wg0
-            if RT == 2:
-                wg1 = tl.load(wb[:, None] + stride_wt + wo + s * 128, mask=ok_w1[:, None], other=0)
+            wg0, wg1, wg2, wg3 = _words(wb, wo + s * 128, stride_wt, ok_w0, ok_w1, ok_w2, ok_w3, RT)
             if s < SUBS // 2:
-                g00, g01, g10, g11 = _substep(wg0, wg1, sg0, sg1, xl0, xh0, xl1, xh1, g00, g01, g10, g11,
-                                              ASM0, CONS, NT, RT)
+                g00, g01, g10, g11, g20, g30 = _substep(wg0, wg1, wg2, wg3, sg0, sg1, sg2, sg3, xl0, xh0, xl1, xh1,
+                                                        g00, g01, g10, g11, g20, g30, ASM0, CONS, NT, RT)
             else:
-                g00, g01, g10, g11 = _substep(wg0, wg1, sg0, sg1, xl0, xh0, xl1, xh1, g00, g01, g10, g11,
-                                              ASM1, CONS, NT, RT)
+                g00, g01, g10, g11, g20, g30 = _substep(wg0, wg1, wg2, wg3, sg0, sg1, sg2, sg3, xl0, xh0, xl1, xh1,
+                                                        g00, g01, g10, g11, g20, g30, ASM1, CONS, NT, RT)
             if GATED:
-                wu0 = tl.load(wbu[:, None] + wo + s * 128, mask=ok_w0[:, None], other=0)
-                wu1 = wu0
-                if RT == 2:
-                    wu1 = tl.load(wbu[:, None] + stride_wt + wo + s * 128, mask=ok_w1[:, None], other=0)
+                wu0, wu1, wu2, wu3 = _words(wbu, wo + s * 128, stride_wt, ok_w0, ok_w1, ok_w2, ok_w3, RT)
                 if s < SUBS // 2:
-                    u00, u01, u10, u11 = _substep(wu0, wu1, su0, su1, xl0, xh0, xl1, xh1, u00, u01, u10, u11,
-                                                  ASM0, CONS, NT, RT)
+                    u00, u01, u10, u11, u20, u30 = _substep(wu0, wu1, wu2, wu3, su0, su1, su2, su3, xl0, xh0, xl1,
+                                                            xh1, u00, u01, u10, u11, u20, u30, ASM0, CONS, NT, RT)
                 else:
-                    u00, u01, u10, u11 = _substep(wu0, wu1, su0, su1, xl0, xh0, xl1, xh1, u00, u01, u10, u11,
-                                                  ASM1, CONS, NT, RT)
+                    u00, u01, u10, u11, u20, u30 = _substep(wu0, wu1, wu2, wu3, su0, su1, su2, su3, xl0, xh0, xl1,
+                                                            xh1, u00, u01, u10, u11, u20, u30, ASM1, CONS, NT, RT)
 
     pg = tl.load(p_ptr + e * 2)
     pu = tl.load(p_ptr + e * 2 + 1)
@@ -434,10 +456,13 @@ def _frag_moe_kernel(
     _store_tile(g00, u00, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 0)
     if NT == 2:
         _store_tile(g01, u01, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 0)
-    if RT == 2:
+    if RT >= 2:
         _store_tile(g10, u10, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 1)
         if NT == 2:
             _store_tile(g11, u11, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 1)
+    if RT == 4:
+        _store_tile(g20, u20, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 2)
+        _store_tile(g30, u30, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 3)
 
 
 def emulate(fw: FragWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
@@ -481,7 +506,7 @@ frag_moe_kernel = _frag_moe_kernel
 
 def frag_asm_args(fmt: str, nt: int, rt: int) -> dict:
     """Constexpr PTX of the two scale-group halves of a loop step, and its constraint string."""
-    if nt not in (1, 2) or rt not in (1, 2):
-        raise ValueError(f"fragment kernel takes nt, rt in (1, 2), got nt={nt}, rt={rt}")
+    if (rt, nt) not in ((1, 1), (1, 2), (2, 1), (2, 2), (4, 1)):
+        raise ValueError(f"fragment kernel takes (rt, nt) in (1|2, 1|2) or (4, 1), got rt={rt}, nt={nt}")
     mul, add = (_NV_MUL, _NV_ADD) if fmt == "nvfp4" else (_MX_MUL, _MX_ADD)
     return dict(ASM0=_asm(nt, rt, 0, mul, add), ASM1=_asm(nt, rt, 1, mul, add), CONS=_constraints(nt, rt))
