@@ -122,10 +122,8 @@ SWEEP = {
 
 # fragment-order kernel (<= 12 rows per expert): (rt, wn, wk, pipe) candidates, GEMM1 swept with GEMM2
 # fixed, then GEMM2 with the best GEMM1
-FRAG_G1 = [(2, 1, 4, 4), (2, 2, 2, 4), (2, 2, 1, 4), (4, 1, 2, 4), (4, 2, 1, 3), (4, 1, 4, 3), (2, 4, 1, 4),
-           (4, 1, 1, 4)]
-FRAG_G2 = [(2, 2, 1, 4), (2, 4, 1, 4), (4, 1, 1, 4), (4, 2, 1, 3), (4, 1, 2, 4), (2, 1, 2, 4), (2, 8, 1, 3),
-           (4, 4, 1, 3)]
+FRAG_G1 = [(4, 2, 1, 3), (2, 2, 1, 4), (4, 1, 2, 4), (4, 4, 1, 3), (4, 2, 1, 4)]
+FRAG_G2 = [(4, 2, 1, 3), (4, 1, 1, 4), (4, 4, 1, 3), (4, 2, 1, 4), (2, 2, 1, 4)]
 
 
 def frag_sweep(ex: TritonExperts, tokens: list[int], g):

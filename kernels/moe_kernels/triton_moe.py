@@ -696,8 +696,10 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
     tile 128 times. Register counts were read from the compiled SM90 cubins (no spills)."""
     rows = num_pairs / max(1, min(num_experts, num_pairs))
     if fmt in ("nvfp4", "mxfp4") and frag and rows <= FRAG_MAX_ROWS:
-        nt = 1 if rows <= 3 else 2
-        return MoEConfig(8 * nt, FragConfig(nt, 1, 2, 2, 4), FragConfig(nt, 1, 4, 1, 4))
+        if rows <= FRAG_NT1_ROWS:  # 8-row token blocks, four (NVFP4) / two (MXFP4 GEMM1) row tiles per warp
+            g1 = FragConfig(1, 4, 2, 1, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 4)
+            return MoEConfig(8, g1, FragConfig(1, 4, 2, 1, 3))
+        return MoEConfig(16, FragConfig(2, 2, 2, 1, 4), FragConfig(2, 2, 2, 1, 4))
     if fmt not in ("nvfp4", "mxfp4"):  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
@@ -717,6 +719,7 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
 # Rows per expert up to which the fragment-order kernel (8 or 16 token rows per block, no shared-memory
 # operand staging) is used; above, tensor-core tiles share activations between warps.
 FRAG_MAX_ROWS = 12
+FRAG_NT1_ROWS = 10   # up to here 8-row blocks (an expert with more rows takes several) beat 16-row blocks
 
 # Rows per expert up to which the one-row CUDA-core path wins: it re-reads an expert's weights for
 # every row, so it pays off only while nearly every expert has a single row.
