@@ -115,15 +115,28 @@ SWEEP = {
     ],
     "large": [
         _c(128, (128, 64, 8, 2, 8, False), (128, 64, 8, 2, 8, False)),
-        _c(128, (64, 64, 8, 2, 8, False), (128, 64, 8, 2, 8, False)),
+        MoEConfig(128, GemmConfig(128, 64, 8, 2, 8, swap=True), GemmConfig(128, 64, 8, 2, 8, swap=True)),
+        MoEConfig(128, GemmConfig(128, 64, 8, 2, 8, depth=3), GemmConfig(128, 64, 8, 2, 8, depth=3)),
+        MoEConfig(128, GemmConfig(128, 64, 8, 3, 8), GemmConfig(128, 64, 8, 3, 8)),
+        MoEConfig(128, GemmConfig(64, 64, 4, 2, 8, swap=True), GemmConfig(64, 64, 4, 2, 8, swap=True)),
+        MoEConfig(64, GemmConfig(128, 64, 8, 2, 8, swap=True), GemmConfig(128, 64, 8, 2, 8, swap=True)),
+        MoEConfig(128, GemmConfig(256, 64, 8, 2, 8, swap=True), GemmConfig(256, 64, 8, 2, 8, swap=True)),
     ],
 }
 
 
-# fragment-order kernel (<= 12 rows per expert): (rt, wn, wk, pipe) candidates, GEMM1 swept with GEMM2
-# fixed, then GEMM2 with the best GEMM1
-FRAG_G1 = [(4, 2, 1, 3), (2, 2, 1, 4), (4, 1, 2, 4), (4, 4, 1, 3), (4, 2, 1, 4)]
-FRAG_G2 = [(4, 2, 1, 3), (4, 1, 1, 4), (4, 4, 1, 3), (4, 2, 1, 4), (2, 2, 1, 4)]
+# fragment-order kernel (<= 12 rows per expert): (rt, wn, wk, pipe[, group_m]) candidates per format and
+# regime (decode: <= 1.5 rows per expert); GEMM1 swept with GEMM2 fixed, then GEMM2 with the best GEMM1
+FRAG_CANDIDATES = {
+    ("nvfp4", "decode"): ([(4, 1, 2, 4), (4, 1, 4, 4), (4, 1, 4, 3), (2, 1, 4, 4), (2, 2, 2, 4), (4, 2, 2, 3)],
+                          [(4, 1, 1, 4), (4, 1, 2, 4), (2, 1, 2, 4), (4, 2, 1, 4), (2, 2, 1, 4)]),
+    ("nvfp4", "batch"): ([(4, 2, 1, 3), (4, 2, 1, 3, 2), (4, 1, 1, 3), (4, 1, 2, 3), (4, 4, 1, 3)],
+                         [(4, 1, 1, 4), (4, 1, 1, 4, 2), (4, 2, 1, 3), (4, 1, 2, 4)]),
+    ("mxfp4", "decode"): ([(2, 2, 1, 4), (2, 1, 2, 4), (2, 1, 4, 4), (2, 2, 2, 4), (2, 4, 1, 4)],
+                          [(4, 2, 1, 3), (4, 1, 1, 4), (4, 1, 2, 4), (2, 2, 1, 4), (2, 1, 2, 4)]),
+    ("mxfp4", "batch"): ([(2, 2, 1, 4), (2, 2, 1, 4, 2), (2, 4, 1, 4), (2, 2, 1, 3), (2, 1, 1, 4)],
+                         [(4, 2, 1, 3), (4, 2, 1, 3, 2), (4, 1, 1, 4), (4, 1, 1, 3)]),
+}
 
 
 def frag_sweep(ex: TritonExperts, tokens: list[int], g):
@@ -131,22 +144,21 @@ def frag_sweep(ex: TritonExperts, tokens: list[int], g):
         x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
         w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
         rows = t * K / min(E, t * K)
-        for nt in ((1,) if rows <= 3 else (1, 2)):
-            def run(g1, g2):
-                ex.config = MoEConfig(8 * nt, FragConfig(nt, *g1), FragConfig(nt, *g2))
-                try:
-                    us = bench(lambda: ex.forward(x, w, ids)) * 1e6
-                except Exception as exc:  # noqa: BLE001
-                    print(f"  frag-sweep {ex.fmt} T={t} {g1} {g2}: failed {type(exc).__name__}: {str(exc)[:300]}")
-                    return float("inf")
-                print(f"  frag-sweep {ex.fmt} T={t} nt={nt} g1={g1} g2={g2}: {us:.1f} us", flush=True)
-                return us
-            g1s = [c for c in FRAG_G1 if c[0] < 4 or nt == 1]   # rt=4 only with one token tile
-            g2s = [c for c in FRAG_G2 if c[0] < 4 or nt == 1]
-            best1 = min(g1s, key=lambda c: run(c, g2s[0]))
-            best2 = min(g2s, key=lambda c: run(best1, c))
-            print(f"  frag-best {ex.fmt} T={t} nt={nt} g1={best1} g2={best2}", flush=True)
-        ex.config = None
+        g1s, g2s = FRAG_CANDIDATES[(ex.fmt, "decode" if rows <= 1.5 else "batch")]
+
+        def run(g1, g2):
+            ex.config = MoEConfig(8, FragConfig(1, *g1), FragConfig(1, *g2))
+            try:
+                us = bench(lambda: ex.forward(x, w, ids)) * 1e6
+            except Exception as exc:  # noqa: BLE001
+                print(f"  frag-sweep {ex.fmt} T={t} {g1} {g2}: failed {type(exc).__name__}: {str(exc)[:300]}")
+                return float("inf")
+            print(f"  frag-sweep {ex.fmt} T={t} g1={g1} g2={g2}: {us:.1f} us", flush=True)
+            return us
+        best1 = min(g1s, key=lambda c: run(c, g2s[0]))
+        best2 = min(g2s, key=lambda c: run(best1, c))
+        print(f"  frag-best {ex.fmt} T={t} g1={best1} g2={best2}", flush=True)
+    ex.config = None
 
 
 def sweep(ex: TritonExperts, tokens: list[int], g):

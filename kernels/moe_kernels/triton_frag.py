@@ -390,20 +390,18 @@ def _frag_moe_kernel(
     # token rows of the two 8-row tiles (lane group g = lane // 4 is the MMA's N index)
     slot0 = pid_m * BLOCK_M + lane // 4
     slot1 = slot0 + 8
+    # padding slots (sorted id == num_pairs) fetch nothing: masked copies zero-fill
+    pair0 = tl.load(sorted_ids_ptr + slot0)
+    ok0 = pair0 < num_pairs
+    ok1 = ok0
+    if NT == 2:
+        ok1 = tl.load(sorted_ids_ptr + slot1) < num_pairs
     if GATHER_A:
-        pair0 = tl.load(sorted_ids_ptr + slot0)
-        ok0 = pair0 < num_pairs
         row0 = tl.where(ok0, pair0 // TOP_K, 0)
+        row1 = row0
         if NT == 2:
-            pair1 = tl.load(sorted_ids_ptr + slot1)
-            ok1 = pair1 < num_pairs
-            row1 = tl.where(ok1, pair1 // TOP_K, 0)
-        else:
-            ok1 = ok0
-            row1 = row0
-    else:
-        ok0 = slot0 >= 0
-        ok1 = ok0
+            row1 = tl.where(ok1, tl.load(sorted_ids_ptr + slot1) // TOP_K, 0)
+    else:  # rows of the previous GEMM's output, in slot order
         row0 = slot0
         row1 = slot1
     a32 = a_ptr.to(tl.pointer_type(tl.int32))
