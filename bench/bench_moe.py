@@ -136,18 +136,23 @@ FRAG_CANDIDATES = {
                           [(4, 2, 1, 3), (4, 1, 1, 4), (4, 1, 2, 4), (2, 2, 1, 4), (2, 1, 2, 4)]),
     ("mxfp4", "batch"): ([(2, 2, 1, 4), (2, 2, 1, 4, 2), (2, 4, 1, 4), (2, 2, 1, 3), (2, 1, 1, 4)],
                          [(4, 2, 1, 3), (4, 2, 1, 3, 2), (4, 1, 1, 4), (4, 1, 1, 3)]),
+    # 16-row token blocks (nt=2: two row tiles per warp at most)
+    ("nvfp4", "nt2"): ([(2, 2, 1, 3), (2, 1, 1, 3), (2, 1, 2, 4)], [(2, 2, 1, 3), (2, 1, 1, 4)]),
+    ("mxfp4", "nt2"): ([(2, 2, 1, 3), (2, 1, 1, 3), (2, 1, 2, 4)], [(2, 2, 1, 3), (2, 1, 1, 4)]),
 }
 
 
-def frag_sweep(ex: TritonExperts, tokens: list[int], g):
+def frag_sweep(ex: TritonExperts, tokens: list[int], g, nt2: bool = False):
     for t in tokens:
         x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
         w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
         rows = t * K / min(E, t * K)
-        g1s, g2s = FRAG_CANDIDATES[(ex.fmt, "decode" if rows <= 1.5 else "batch")]
+        regime = "decode" if rows <= 1.5 else ("nt2" if nt2 else "batch")
+        nt = 2 if nt2 else 1
+        g1s, g2s = FRAG_CANDIDATES[(ex.fmt, regime)]
 
         def run(g1, g2):
-            ex.config = MoEConfig(8, FragConfig(1, *g1), FragConfig(1, *g2))
+            ex.config = MoEConfig(8 * nt, FragConfig(nt, *g1), FragConfig(nt, *g2))
             try:
                 us = bench(lambda: ex.forward(x, w, ids)) * 1e6
             except Exception as exc:  # noqa: BLE001
@@ -157,7 +162,7 @@ def frag_sweep(ex: TritonExperts, tokens: list[int], g):
             return us
         best1 = min(g1s, key=lambda c: run(c, g2s[0]))
         best2 = min(g2s, key=lambda c: run(best1, c))
-        print(f"  frag-best {ex.fmt} T={t} g1={best1} g2={best2}", flush=True)
+        print(f"  frag-best {ex.fmt} T={t} nt={nt} g1={best1} g2={best2}", flush=True)
     ex.config = None
 
 
@@ -186,6 +191,7 @@ def main():
     ap.add_argument("--formats", default="nvfp4,mxfp4")
     ap.add_argument("--sweep", default="", help="token counts to sweep tile configs at, e.g. 1,64,4096")
     ap.add_argument("--frag-sweep", default="", help="token counts to sweep fragment-kernel configs at")
+    ap.add_argument("--frag-nt2", action="store_true", help="sweep 16-row token blocks (nt=2) instead")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -209,7 +215,7 @@ def main():
         if args.sweep and fmt == args.formats.split(",")[0]:
             sweep(ex, [int(t) for t in args.sweep.split(",")], g)
         if args.frag_sweep:
-            frag_sweep(ex, [int(t) for t in args.frag_sweep.split(",")], g)
+            frag_sweep(ex, [int(t) for t in args.frag_sweep.split(",")], g, args.frag_nt2)
         for t in tokens:
             x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
             w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)

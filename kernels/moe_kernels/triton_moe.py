@@ -699,12 +699,12 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         # 8-row token blocks (an expert with more rows takes several; 16-row blocks measured slower);
         # (nt, rt, wn, wk, pipe) from the H200 sweeps in bench/README.md. MXFP4 GEMM1 keeps two row
         # tiles per warp (four: twice the registers of its 4-sub-step loop, 1.7x slower).
-        if rows <= 1.5:   # decode: few programs, so K is split over two warps to fill the SMs
+        if rows <= 1.5:   # decode: few programs, so NVFP4 GEMM1 splits K over two warps to fill the SMs
             g1 = FragConfig(1, 4, 1, 2, 4) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 4)
             g2 = FragConfig(1, 4, 1, 1, 4) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3)
         else:
-            g1 = FragConfig(1, 4, 2, 1, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 4)
-            g2 = FragConfig(1, 4, 1, 1, 4) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3)
+            g1 = FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)
+            g2 = FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)
         return MoEConfig(8, g1, g2)
     if fmt not in ("nvfp4", "mxfp4"):  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
@@ -829,7 +829,7 @@ class TritonExperts:
                  frag: bool | None = None):
         if weights.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("TritonExperts needs the expert weights on a CUDA device")
-        self.weights = weights
+        # (the ExpertWeights are not kept: only the re-laid-out copies below live on the GPU)
         self.fmt = weights.format
         self.fmt_id = _FMT_ID[weights.format]
         self.config = config
