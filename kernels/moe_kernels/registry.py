@@ -143,7 +143,7 @@ BACKENDS: tuple[BackendSpec, ...] = (
     ),
     BackendSpec(
         name="triton",
-        summary="Our Triton grouped GEMM: weight-only FP4/FP8 dequantised in registers, bf16 math (W4A16/W8A16), fused SiLU and fused finalize",
+        summary="Our Triton grouped GEMM: weight-only FP4/FP8 dequantised in registers, bf16 math (W4A16/W8A16), fused SiLU and fused finalize; FP4 decode/small batches on a fragment-order mma.sync kernel (SM80+)",
         families=ALL_NVIDIA,
         weight_formats=frozenset(EXPERT_WEIGHT_FORMATS),
         deferred_finalize=True,

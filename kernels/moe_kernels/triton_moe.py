@@ -7,12 +7,14 @@ Pipeline per forward (4 launches + finalize; no host synchronisation, CUDA-graph
 
 Weights are dequantised in registers, tile by tile, to bf16 (exact for FP4: e2m1 * e4m3/e8m0 has at
 most 6 significant bits); per-expert factors (NVFP4 global scale, exponent offsets) are applied to
-the fp32 accumulator. Inner loops: bf16 tensor-core tiles (tl.dot) for >= 2 rows per expert, and,
-for FP4 decode (one row per expert), a software-pipelined one-row loop (_fp4_fma_loop_pipe:
-cp.async stages via tl.range(num_stages), the dot products on mma.sync straight from the registers of
-the decoded tile, or on CUDA-core FMAs). The older hand-prefetched CUDA-core loop (_fp4_fma_loop,
-GemmConfig.pipe=0) is kept selectable: its register prefetch never stayed in flight (each K step
-waited a full memory round trip), which is what held decode at ~220 us (bench/README.md).
+the fp32 accumulator. FP4 with <= FRAG_MAX_ROWS rows per expert (decode and small batches) runs
+on the fragment-order kernel of triton_frag.py (its own weight copy, packed in __init__; 8-row token
+blocks, decoded weights as the A operand of mma.sync, no operand staging). Otherwise: bf16
+tensor-core tiles (tl.dot). Kept selectable by explicit config: the one-row decode loops
+(_fp4_fma_loop_pipe: cp.async stages, mma.sync on the decoded tile or CUDA-core FMAs; the older
+hand-prefetched _fp4_fma_loop, GemmConfig.pipe=0, whose register prefetch never stayed in flight),
+used by default only where the fragment kernel does not apply (pre-SM80, K not a multiple of its
+step). History and measurements: bench/README.md.
 
 FP4 storage (re-laid out once in __init__):
 - "split-half" packing: byte j of a row holds element j (low nibble) and element K/2 + j (high
@@ -848,7 +850,11 @@ class TritonExperts:
         if frag and not fits:
             raise ValueError(f"the fragment kernel needs FP4 weights with H, I multiples of "
                              f"{STEP_K.get(self.fmt, 128)} (got {self.fmt}, H={h}, I={i})")
-        self.frag = bool(fits if frag is None else frag) and not _INTERPRET
+        # mma.sync bf16 and the bf16x2 decode need SM80+; the interpreter cannot run inline PTX
+        sm80 = weights.device.type == "cuda" and torch.cuda.get_device_capability(weights.device)[0] >= 8
+        if frag and not sm80 and not _INTERPRET:
+            raise ValueError("the fragment kernel needs an SM80+ NVIDIA GPU")
+        self.frag = bool(fits if frag is None else frag) and sm80 and not _INTERPRET
         self.f13 = FragWeights.pack(weights.w13, self.fmt) if self.frag else None
         self.f2 = FragWeights.pack(weights.w2, self.fmt) if self.frag else None
 
