@@ -270,10 +270,10 @@ def _constraints(nt: int, rt: int) -> str:
 
 # ---------------------------------------------------------------------------------- kernel
 @triton.jit
-def _substep(w0, w1, w2, w3, s0, s1, s2, s3, xl0, xh0, xl1, xh1, a00, a01, a10, a11, a20, a30,
+def _substep(w0, w1, w2, w3, s0, s1, s2, s3, xl0, xh0, xl1, xh1, a00, a01, a10, a11, a20, a21, a30, a31,
              ASM: tl.constexpr, CONS: tl.constexpr, NT: tl.constexpr, RT: tl.constexpr):
     """acc[r][n] += decoded w[r] (rt row tiles) x activations of token tile n, one 64-K sub-step.
-    (rt, nt) in (1, 1), (1, 2), (2, 1), (2, 2), (4, 1)."""
+    (rt, nt) in {1, 2, 4} x {1, 2}."""
     if RT == 1:
         if NT == 1:
             a00 = tl.inline_asm_elementwise(ASM, CONS, [w0, s0, xl0, xh0, a00], dtype=tl.float32, is_pure=True, pack=4)
@@ -289,10 +289,15 @@ def _substep(w0, w1, w2, w3, s0, s1, s2, s3, xl0, xh0, xl1, xh1, a00, a01, a10, 
                 ASM, CONS, [w0, w1, s0, s1, xl0, xh0, xl1, xh1, a00, a01, a10, a11],
                 dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
     else:
-        a00, a10, a20, a30 = tl.inline_asm_elementwise(
-            ASM, CONS, [w0, w1, w2, w3, s0, s1, s2, s3, xl0, xh0, a00, a10, a20, a30],
-            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
-    return a00, a01, a10, a11, a20, a30
+        if NT == 1:
+            a00, a10, a20, a30 = tl.inline_asm_elementwise(
+                ASM, CONS, [w0, w1, w2, w3, s0, s1, s2, s3, xl0, xh0, a00, a10, a20, a30],
+                dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=4)
+        else:
+            a00, a01, a10, a11, a20, a21, a30, a31 = tl.inline_asm_elementwise(
+                ASM, CONS, [w0, w1, w2, w3, s0, s1, s2, s3, xl0, xh0, xl1, xh1, a00, a01, a10, a11, a20, a21, a30, a31],
+                dtype=(tl.float32,) * 8, is_pure=True, pack=4)
+    return a00, a01, a10, a11, a20, a21, a30, a31
 
 
 @triton.jit
@@ -409,8 +414,8 @@ def _frag_moe_kernel(
     xb1 = a32 + row1.to(tl.int64) * stride_a32 + t * (8 * SUBS)
 
     zero = tl.zeros([R, 4], dtype=tl.float32)
-    g00, g01, g10, g11, g20, g30 = zero, zero, zero, zero, zero, zero
-    u00, u01, u10, u11, u20, u30 = zero, zero, zero, zero, zero, zero
+    g00, g01, g10, g11, g20, g21, g30, g31 = zero, zero, zero, zero, zero, zero, zero, zero
+    u00, u01, u10, u11, u20, u21, u30, u31 = zero, zero, zero, zero, zero, zero, zero, zero
     for it in tl.range(0, num_steps // WK, num_stages=PIPE):
         ls = it * WK + wk
         wo = (ls * (SUBS * 128))[:, None] + j4
@@ -432,19 +437,19 @@ def _frag_moe_kernel(
                 xh1 = tl.load(xb1[:, None] + xo + (8 * s + 4), mask=ok1[:, None], other=0, cache_modifier=".ca")
             wg0, wg1, wg2, wg3 = _words(wb, wo + s * 128, stride_wt, ok_w0, ok_w1, ok_w2, ok_w3, RT)
             if s < SUBS // 2:
-                g00, g01, g10, g11, g20, g30 = _substep(wg0, wg1, wg2, wg3, sg0, sg1, sg2, sg3, xl0, xh0, xl1, xh1,
-                                                        g00, g01, g10, g11, g20, g30, ASM0, CONS, NT, RT)
+                g00, g01, g10, g11, g20, g21, g30, g31 = _substep(wg0, wg1, wg2, wg3, sg0, sg1, sg2, sg3, xl0, xh0, xl1, xh1,
+                                                        g00, g01, g10, g11, g20, g21, g30, g31, ASM0, CONS, NT, RT)
             else:
-                g00, g01, g10, g11, g20, g30 = _substep(wg0, wg1, wg2, wg3, sg0, sg1, sg2, sg3, xl0, xh0, xl1, xh1,
-                                                        g00, g01, g10, g11, g20, g30, ASM1, CONS, NT, RT)
+                g00, g01, g10, g11, g20, g21, g30, g31 = _substep(wg0, wg1, wg2, wg3, sg0, sg1, sg2, sg3, xl0, xh0, xl1, xh1,
+                                                        g00, g01, g10, g11, g20, g21, g30, g31, ASM1, CONS, NT, RT)
             if GATED:
                 wu0, wu1, wu2, wu3 = _words(wbu, wo + s * 128, stride_wt, ok_w0, ok_w1, ok_w2, ok_w3, RT)
                 if s < SUBS // 2:
-                    u00, u01, u10, u11, u20, u30 = _substep(wu0, wu1, wu2, wu3, su0, su1, su2, su3, xl0, xh0, xl1,
-                                                            xh1, u00, u01, u10, u11, u20, u30, ASM0, CONS, NT, RT)
+                    u00, u01, u10, u11, u20, u21, u30, u31 = _substep(wu0, wu1, wu2, wu3, su0, su1, su2, su3, xl0, xh0, xl1,
+                                                            xh1, u00, u01, u10, u11, u20, u21, u30, u31, ASM0, CONS, NT, RT)
                 else:
-                    u00, u01, u10, u11, u20, u30 = _substep(wu0, wu1, wu2, wu3, su0, su1, su2, su3, xl0, xh0, xl1,
-                                                            xh1, u00, u01, u10, u11, u20, u30, ASM1, CONS, NT, RT)
+                    u00, u01, u10, u11, u20, u21, u30, u31 = _substep(wu0, wu1, wu2, wu3, su0, su1, su2, su3, xl0, xh0, xl1,
+                                                            xh1, u00, u01, u10, u11, u20, u21, u30, u31, ASM1, CONS, NT, RT)
 
     pg = tl.load(p_ptr + e * 2)
     pu = tl.load(p_ptr + e * 2 + 1)
@@ -461,6 +466,9 @@ def _frag_moe_kernel(
     if RT == 4:
         _store_tile(g20, u20, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 2)
         _store_tile(g30, u30, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 3)
+        if NT == 2:
+            _store_tile(g21, u21, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 2)
+            _store_tile(g31, u31, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 3)
 
 
 def emulate(fw: FragWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
@@ -504,7 +512,7 @@ frag_moe_kernel = _frag_moe_kernel
 
 def frag_asm_args(fmt: str, nt: int, rt: int) -> dict:
     """Constexpr PTX of the two scale-group halves of a loop step, and its constraint string."""
-    if (rt, nt) not in ((1, 1), (1, 2), (2, 1), (2, 2), (4, 1)):
-        raise ValueError(f"fragment kernel takes (rt, nt) in (1|2, 1|2) or (4, 1), got rt={rt}, nt={nt}")
+    if rt not in (1, 2, 4) or nt not in (1, 2):
+        raise ValueError(f"fragment kernel takes rt in (1, 2, 4) and nt in (1, 2), got rt={rt}, nt={nt}")
     mul, add = (_NV_MUL, _NV_ADD) if fmt == "nvfp4" else (_MX_MUL, _MX_ADD)
     return dict(ASM0=_asm(nt, rt, 0, mul, add), ASM1=_asm(nt, rt, 1, mul, add), CONS=_constraints(nt, rt))

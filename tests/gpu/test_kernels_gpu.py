@@ -140,6 +140,7 @@ def test_selftest_triton_passes(fmt):
 # ------------------------------------------------------------------ FP4 fragment-order kernel
 FRAG_CONFIGS = [  # nt, rt, wn, wk, pipe: one row tile / two per warp, K split over warps, pipeline depth
     (1, 1, 2, 2, 4), (1, 2, 2, 1, 3), (2, 1, 4, 1, 4), (2, 2, 1, 2, 2), (1, 1, 1, 4, 1), (1, 2, 1, 8, 4), (1, 4, 1, 2, 3), (1, 4, 2, 1, 4),
+    (2, 4, 1, 1, 3), (2, 4, 2, 1, 4),
 ]
 
 

@@ -111,7 +111,7 @@ def test_inline_ptx_operands_line_up():
     # weight/activation/accumulator register is used (only 1 of each lane's 4 scale copies is read)
     import re
     for nt in (1, 2):
-        for rt in (1, 2):
+        for rt in (1, 2, 4):
             asm = _asm(nt, rt, 1, 16, 0x75007500)
             used = {int(m) for m in re.findall(r"\$(\d+)", asm)}
             n = len(_constraints(nt, rt).split(","))
