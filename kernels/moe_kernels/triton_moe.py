@@ -698,16 +698,21 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
     tile 128 times. Register counts were read from the compiled SM90 cubins (no spills)."""
     rows = num_pairs / max(1, min(num_experts, num_pairs))
     if fmt in ("nvfp4", "mxfp4") and frag and rows <= FRAG_MAX_ROWS:
-        # 8-row token blocks (an expert with more rows takes several; 16-row blocks measured slower);
-        # (nt, rt, wn, wk, pipe) from the H200 sweeps in bench/README.md. MXFP4 GEMM1 keeps two row
-        # tiles per warp (four: twice the registers of its 4-sub-step loop, 1.7x slower).
+        # (nt, rt, wn, wk, pipe[, group_m]) from the H200 sweeps in bench/README.md. MXFP4 GEMM1 keeps
+        # two row tiles per warp with 8-row blocks (four: twice the registers of its 4-sub-step loop,
+        # 1.7x slower).
         if rows <= 1.5:   # decode: few programs, so NVFP4 GEMM1 splits K over two warps to fill the SMs
             g1 = FragConfig(1, 4, 1, 2, 4) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 4)
             g2 = FragConfig(1, 4, 1, 1, 4) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3)
-        else:
+            return MoEConfig(8, g1, g2)
+        if rows <= FRAG_NT1_ROWS:   # 8-row token blocks: nearly every expert fits in one
             g1 = FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)
             g2 = FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)
-        return MoEConfig(8, g1, g2)
+            return MoEConfig(8, g1, g2)
+        # 16-row token blocks: one block per expert instead of re-reading (and re-decoding) its
+        # weights for a second 8-row block
+        g1 = FragConfig(2, 4, 1, 1, 3) if fmt == "nvfp4" else FragConfig(2, 2, 1, 1, 3)
+        return MoEConfig(16, g1, FragConfig(2, 4, 1, 1, 3))
     if fmt not in ("nvfp4", "mxfp4"):  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
@@ -727,6 +732,11 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
 # Rows per expert up to which the fragment-order kernel (8 or 16 token rows per block, no shared-memory
 # operand staging) is used; above, tensor-core tiles share activations between warps.
 FRAG_MAX_ROWS = 12
+# Above this many rows per expert, 16-row blocks (measured 1.24x the cost per weight byte of 8-row
+# blocks at 256 tokens) beat 8-row blocks, of which an expert then needs 1.24+ on average (Poisson
+# rows: P(rows > 8) > 0.24 from about 6.5 rows). Derived from the 256-token sweep, not measured at
+# the boundary itself.
+FRAG_NT1_ROWS = 6
 
 # Rows per expert up to which the one-row CUDA-core path wins: it re-reads an expert's weights for
 # every row, so it pays off only while nearly every expert has a single row.
