@@ -301,6 +301,16 @@ def _substep(w0, w1, w2, w3, s0, s1, s2, s3, xl0, xh0, xl1, xh1, a00, a01, a10, 
 
 
 @triton.jit
+def grouped_block(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Program id -> (token block, column block), GROUP_M token blocks (usually of one expert) per
+    column sweep, so that their reads of the same weight columns meet in L2."""
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = min(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % in_group) % size_m, (pid % in_group) // size_m
+
+
+@triton.jit
 def _scales(sb, so, stride_st, ok0, ok1, ok2, ok3, RT: tl.constexpr):
     """The RT row tiles' 4-byte scale words of a loop step ([R, 1], broadcast over a lane's 4 words)."""
     s0 = tl.load(sb + so, mask=ok0, other=0)[:, None]
@@ -363,14 +373,7 @@ def _frag_moe_kernel(
     and every WK-th loop step; the WK partial sums are added at the end."""
     BLOCK_M: tl.constexpr = 8 * NT
     R: tl.constexpr = 32 * WN * WK
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, 16 * WN * RT)
-    # GROUP_M row blocks (of one expert, usually) per column sweep: their weight reads share L2
-    in_group = GROUP_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_M
-    size_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % size_m
-    pid_n = (pid % in_group) // size_m
+    pid_m, pid_n = grouped_block(tl.program_id(0), num_pid_m, tl.cdiv(N, 16 * WN * RT), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
         return
     e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)

@@ -44,7 +44,7 @@ from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
 from .reference import _check_inputs
 from .triton_align import align_by_expert
-from .triton_frag import STEP_K, FragWeights, frag_asm_args, frag_moe_kernel
+from .triton_frag import STEP_K, FragWeights, frag_asm_args, frag_moe_kernel, grouped_block
 
 FMT_BF16, FMT_FP8, FMT_NVFP4, FMT_MXFP4 = 0, 1, 2, 3
 _FMT_ID = {"bf16": FMT_BF16, "fp8": FMT_FP8, "nvfp4": FMT_NVFP4, "mxfp4": FMT_MXFP4}
@@ -523,14 +523,7 @@ def _moe_gemm_kernel(
 ):
     """C[rows of one expert block, N tile] = A[rows] @ W[e]^T; GATED: silu(A Wg^T) * (A Wu^T).
     p_ptr: per-expert fp32 [gate multiplier, up multiplier, FP4 scale multiplier, -]."""
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Group GROUP_M row blocks (usually one expert) per column sweep so weight tiles are reused in L2.
-    in_group = GROUP_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_M
-    size_m = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % size_m
-    pid_n = (pid % in_group) // size_m
+    pid_m, pid_n = grouped_block(tl.program_id(0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
         return
     e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
