@@ -119,3 +119,20 @@ def test_inline_ptx_operands_line_up():
             tied = set(range(n - 4 * rt * nt, n))   # accumulator inputs: the outputs' registers
             assert used == set(range(n)) - scale_copies - tied
             assert asm.count("mma.sync") == 4 * nt * rt
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_default_configs_are_ones_the_fragment_kernel_takes(fmt):
+    # every default below FRAG_MAX_ROWS is a fragment config whose (rt, nt) has generated PTX, with
+    # block_m matching its token tiles; above it the tiled kernel takes over
+    from moe_kernels.triton_frag import frag_asm_args
+    from moe_kernels.triton_moe import FRAG_MAX_ROWS, FragConfig, default_config
+    for tokens in (1, 2, 8, 16, 64, 128, 200, 256, 384):
+        cfg = default_config(fmt, tokens * 8, 256, frag=True)
+        rows = tokens * 8 / min(256, tokens * 8)
+        assert cfg.frag == (rows <= FRAG_MAX_ROWS)
+        if cfg.frag:
+            for g in (cfg.gemm1, cfg.gemm2):
+                assert isinstance(g, FragConfig) and cfg.block_m == 8 * g.nt
+                frag_asm_args(fmt, g.nt, g.rt)
+    assert not default_config(fmt, 8, 256, frag=False).frag
