@@ -1,11 +1,14 @@
 """FP4 expert GEMMs for few token rows per expert (decode to ~16 rows), on mma.sync fragments.
 
-The weights are stored once in *fragment order*: for each expert, 16-row tile and K step, the 32
+The weights are packed once in *fragment order* (TritonExperts keeps this copy next to its tiled
+layout for larger batches): for each expert, 16-row tile and K step, the 32
 lanes of a warp each read 16 contiguous bytes (one 128-bit load, one 512-byte coalesced read per
 warp), and those 32 codes are exactly that lane's A fragments (weights = the MMA's M side,
 `mma.sync.m16n8k16`) for four MMAs. The token rows are the MMA's N side (8 per tile), so one
 decoded fragment serves up to 8 (NT=1) or 16 (NT=2) tokens and nothing is staged through shared
-memory besides the cp.async pipeline Triton builds (`tl.range(num_stages=PIPE)`).
+memory besides the cp.async pipeline Triton builds (`tl.range(num_stages=PIPE)`). Each warp takes
+RT (1, 2, 4) row tiles per activation fragment it loads (four independent MMA chains at RT=4), and
+WN x WK warps share a program (WK splits K; partial sums are added once at the end).
 
 K is permuted inside each step (weights and activations alike, so the products are unchanged):
 lane t of a lane group covers 16*SUB contiguous K values per loop step, so
