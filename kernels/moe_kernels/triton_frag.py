@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from . import formats as F
+from . import fp4_ptx as ptx
 
 # bf16 bit constants of the decode (see module docstring)
 _NV_C = 9                      # NVFP4 exponent offset: weights come out * 2^-9, the 2^9 goes to the accumulator
@@ -237,23 +238,16 @@ def _asm(nt: int, rt: int, q: int, mul: int, add: int) -> str:
     base += 8 * nt
     acc_out = [[[f"${4 * (r * nt + n) + i}" for i in range(4)] for n in range(nt)] for r in range(rt)]
     sel_g, sel_h = 0x4040 + 0x0101 * (2 * q), 0x4040 + 0x0101 * (2 * q + 1)
-    lines = ["{", ".reg .b32 z, sg, sh, v, q, a0, a1, a2, a3;", "mov.b32 z, 0x80008000;"]
+    lines = ["{", ".reg .b32 z, sg, sh, v, q, a0, a1, a2, a3;", f"mov.b32 z, {ptx.NEG_ZERO2};"]
     for r in range(rt):
         lines += [f"prmt.b32 sg, {sw[r]}, 0, {sel_g:#x};", f"mad.lo.u32 sg, sg, {mul}, {add:#x};",
                   f"prmt.b32 sh, {sw[r]}, 0, {sel_h:#x};", f"mad.lo.u32 sh, sh, {mul}, {add:#x};"]
         for j in range(4):
             wj = w[r][j]
-            lines += [
-                f"and.b32 v, {wj}, 0x000F000F;", "mul.lo.u32 v, v, 0x1040;", "and.b32 v, v, 0x81C081C0;",
-                "fma.rn.bf16x2 a0, v, sg, z;",
-                f"and.b32 v, {wj}, 0x00F000F0;", "mul.lo.u32 v, v, 0x104;", "and.b32 v, v, 0x81C081C0;",
-                "fma.rn.bf16x2 a1, v, sh, z;",
-                f"shr.b32 q, {wj}, 8;",
-                "and.b32 v, q, 0x000F000F;", "mul.lo.u32 v, v, 0x1040;", "and.b32 v, v, 0x81C081C0;",
-                "fma.rn.bf16x2 a2, v, sg, z;",
-                "and.b32 v, q, 0x00F000F0;", "mul.lo.u32 v, v, 0x104;", "and.b32 v, v, 0x81C081C0;",
-                "fma.rn.bf16x2 a3, v, sh, z;",
-            ]
+            # A registers: rows g (scale sg) and g+8 (sh), K +0 from nibbles (0,4), (1,5), K +2 from (2,6), (3,7)
+            lines += (ptx.pair_mul("a0", wj, False, "sg", "v") + ptx.pair_mul("a1", wj, True, "sh", "v")
+                      + [f"shr.b32 q, {wj}, 8;"]
+                      + ptx.pair_mul("a2", "q", False, "sg", "v") + ptx.pair_mul("a3", "q", True, "sh", "v"))
             for n in range(nt):
                 c = d = acc_out[r][n]   # acc_in is tied to acc_out (constraints "0", "1", ...)
                 lines.append("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
@@ -403,15 +397,14 @@ def _frag_moe_kernel(
     slot1 = slot0 + 8
     # padding slots (sorted id == num_pairs) fetch nothing: masked copies zero-fill
     pair0 = tl.load(sorted_ids_ptr + slot0)
-    ok0 = pair0 < num_pairs
-    ok1 = ok0
+    pair1 = pair0
     if NT == 2:
-        ok1 = tl.load(sorted_ids_ptr + slot1) < num_pairs
+        pair1 = tl.load(sorted_ids_ptr + slot1)
+    ok0 = pair0 < num_pairs
+    ok1 = pair1 < num_pairs
     if GATHER_A:
         row0 = tl.where(ok0, pair0 // TOP_K, 0)
-        row1 = row0
-        if NT == 2:
-            row1 = tl.where(ok1, tl.load(sorted_ids_ptr + slot1) // TOP_K, 0)
+        row1 = tl.where(ok1, pair1 // TOP_K, 0)
     else:  # rows of the previous GEMM's output, in slot order
         row0 = slot0
         row1 = slot1

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from . import formats as F
+from . import fp4_ptx as ptx
 from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
 from .reference import _check_inputs
@@ -83,38 +84,10 @@ def _fp4_group_scale(s, smul, FMT: tl.constexpr):
 # fma.rn.bf16x2 keeps), so one bf16x2 FMA with S = scale * 2^(126-c) gives the exact weight * 2^-c.
 # prmt spreads bytes 0,1 (2,3) into the two 16-bit halves; the low nibble needs shifts 6 (exponent and
 # mantissa bits) and 12 (sign), the high nibble 2 and 8. About 3 instructions per weight.
-_FP4_ASM = tl.constexpr("""
-{
-.reg .b32 t0, t1, a, b, z;
-mov.b32 z, 0x80008000;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-shl.b32 a, t0, 6;
-shl.b32 b, t0, 12;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 $0, a, $5, z;
-shl.b32 a, t1, 6;
-shl.b32 b, t1, 12;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 $1, a, $6, z;
-shl.b32 a, t0, 2;
-shl.b32 b, t0, 8;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 $2, a, $7, z;
-shl.b32 a, t1, 2;
-shl.b32 b, t1, 8;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 $3, a, $8, z;
-}
-""")
+_PRMT = ("prmt.b32 t0, {q}, 0, 0x4140;", "prmt.b32 t1, {q}, 0, 0x4342;")   # bytes 0,1 / 2,3 -> halves
+_FP4_ASM = tl.constexpr(ptx.block("t0, t1, a, b, z", [p.format(q="$4") for p in _PRMT]
+                                  + ptx.pair_shift("$0", "t0", False, "$5") + ptx.pair_shift("$1", "t1", False, "$6")
+                                  + ptx.pair_shift("$2", "t0", True, "$7") + ptx.pair_shift("$3", "t1", True, "$8")))
 
 
 @triton.jit
@@ -258,46 +231,15 @@ def _fp4_fma_loop(a_row_ptr, w_g, s_g, w_u, s_u, HALF, n_ok, offs_n, smul, strid
 
 # Same decode as _FP4_ASM, but each bf16x2 product is split into two fp32 values in the asm itself
 # (low half << 16, high half & 0xffff0000): 8 fp32 weights per 4 packed bytes, no bf16 unpacking.
-_FP4_ASM_F32 = tl.constexpr("""
-{
-.reg .b32 t0, t1, a, b, z, r;
-mov.b32 z, 0x80008000;
-prmt.b32 t0, $8, 0, 0x4140;
-prmt.b32 t1, $8, 0, 0x4342;
-shl.b32 a, t0, 6;
-shl.b32 b, t0, 12;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 r, a, $9, z;
-shl.b32 $0, r, 16;
-and.b32 $1, r, 0xFFFF0000;
-shl.b32 a, t1, 6;
-shl.b32 b, t1, 12;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 r, a, $10, z;
-shl.b32 $2, r, 16;
-and.b32 $3, r, 0xFFFF0000;
-shl.b32 a, t0, 2;
-shl.b32 b, t0, 8;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 r, a, $11, z;
-shl.b32 $4, r, 16;
-and.b32 $5, r, 0xFFFF0000;
-shl.b32 a, t1, 2;
-shl.b32 b, t1, 8;
-and.b32 a, a, 0x01C001C0;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-fma.rn.bf16x2 r, a, $12, z;
-shl.b32 $6, r, 16;
-and.b32 $7, r, 0xFFFF0000;
-}
-""")
+def _fp4_asm_f32() -> str:
+    body = [p.format(q="$8") for p in _PRMT]
+    for i, (src, high) in enumerate([("t0", False), ("t1", False), ("t0", True), ("t1", True)]):
+        body += ptx.pair_shift("r", src, high, f"${9 + i}") + [f"shl.b32 ${2 * i}, r, 16;",
+                                                                f"and.b32 ${2 * i + 1}, r, 0xFFFF0000;"]
+    return ptx.block("t0, t1, a, b, z, r", body)
+
+
+_FP4_ASM_F32 = tl.constexpr(_fp4_asm_f32())
 
 
 @triton.jit
@@ -342,54 +284,25 @@ def _fp4_pipe_step(w, s4, kb, n_ok, x_lo, x_hi, acc, smul, stride_wt, stride_st,
 # second's rows g+8 (c2, c3) are the wanted dot products (the other halves are discarded). Each lane
 # passes only its own registers (no moves), the mma does the k reduction across the 4 lanes. Row n's
 # partial sums come back in the lanes with t = n // 2; _FP4_MMA_OUT moves them to row n's lane.
-# Decode of two codes in a bf16x2 register: (t & 0x000F000F) * 0x1040 puts (c & 7) << 6 and
-# (c & 8) << 12 in place without carries; the mask keeps those bits (high nibble: 0x00F000F0, 0x104).
-_FP4_ASM_MMA = tl.constexpr("""
-{
-.reg .b32 t0, t1, t2, t3, a, w0, w1, w2, w3, z;
-mov.b32 z, 0x80008000;
-prmt.b32 t0, $8, 0, 0x4140;
-prmt.b32 t1, $8, 0, 0x4342;
-prmt.b32 t2, $9, 0, 0x4140;
-prmt.b32 t3, $9, 0, 0x4342;
-and.b32 a, t0, 0x000F000F;
-mul.lo.u32 a, a, 0x1040;
-and.b32 a, a, 0x81C081C0;
-fma.rn.bf16x2 w0, a, $10, z;
-and.b32 a, t1, 0x000F000F;
-mul.lo.u32 a, a, 0x1040;
-and.b32 a, a, 0x81C081C0;
-fma.rn.bf16x2 w1, a, $11, z;
-and.b32 a, t2, 0x000F000F;
-mul.lo.u32 a, a, 0x1040;
-and.b32 a, a, 0x81C081C0;
-fma.rn.bf16x2 w2, a, $12, z;
-and.b32 a, t3, 0x000F000F;
-mul.lo.u32 a, a, 0x1040;
-and.b32 a, a, 0x81C081C0;
-fma.rn.bf16x2 w3, a, $13, z;
-mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$18, $19, $20, $21}, {w0, w2}, {$26, $27, $28, $29};
-mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$4, $5, $6, $7}, {$18, $19, $20, $21}, {w1, w3}, {$30, $31, $32, $33};
-and.b32 a, t0, 0x00F000F0;
-mul.lo.u32 a, a, 0x104;
-and.b32 a, a, 0x81C081C0;
-fma.rn.bf16x2 w0, a, $14, z;
-and.b32 a, t1, 0x00F000F0;
-mul.lo.u32 a, a, 0x104;
-and.b32 a, a, 0x81C081C0;
-fma.rn.bf16x2 w1, a, $15, z;
-and.b32 a, t2, 0x00F000F0;
-mul.lo.u32 a, a, 0x104;
-and.b32 a, a, 0x81C081C0;
-fma.rn.bf16x2 w2, a, $16, z;
-and.b32 a, t3, 0x00F000F0;
-mul.lo.u32 a, a, 0x104;
-and.b32 a, a, 0x81C081C0;
-fma.rn.bf16x2 w3, a, $17, z;
-mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$22, $23, $24, $25}, {w0, w2}, {$0, $1, $2, $3};
-mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$4, $5, $6, $7}, {$22, $23, $24, $25}, {w1, w3}, {$4, $5, $6, $7};
-}
-""")
+# Decode of two codes in a bf16x2 register: fp4_ptx.pair_mul.
+def _fp4_asm_mma() -> str:
+    """Operands: $0-$7 the two accumulators (out), $8-$9 the lane's 8 bytes, $10-$13 / $14-$17 the
+    scale pairs of the low / high nibbles, $18-$21 / $22-$25 the activations (A) for them, $26-$33 the
+    accumulators (in)."""
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+    body = ["prmt.b32 t0, $8, 0, 0x4140;", "prmt.b32 t1, $8, 0, 0x4342;",
+            "prmt.b32 t2, $9, 0, 0x4140;", "prmt.b32 t3, $9, 0, 0x4342;"]
+    for high, scale, act, acc_in in ((False, 10, 18, ("$26, $27, $28, $29", "$30, $31, $32, $33")),
+                                     (True, 14, 22, ("$0, $1, $2, $3", "$4, $5, $6, $7"))):
+        for i in range(4):
+            body += ptx.pair_mul(f"w{i}", f"t{i}", high, f"${scale + i}")
+        x = ", ".join(f"${act + j}" for j in range(4))
+        body += [f"{mma} {{$0, $1, $2, $3}}, {{{x}}}, {{w0, w2}}, {{{acc_in[0]}}};",
+                 f"{mma} {{$4, $5, $6, $7}}, {{{x}}}, {{w1, w3}}, {{{acc_in[1]}}};"]
+    return ptx.block("t0, t1, t2, t3, a, w0, w1, w2, w3, z", body)
+
+
+_FP4_ASM_MMA = tl.constexpr(_fp4_asm_mma())
 
 # Per 8-element pack of the mma accumulators: row n's partial sum (c0/c1 of the first mma, c2/c3 of the
 # second, in lane n // 2) to lane group n, lane t == 0, element 0; every other element 0.
