@@ -62,6 +62,11 @@ def wait_for(fn: Callable[[], Any], timeout: float = 60, what: str = "condition"
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}\n" + (log() if log else ""))
 
 
+def kubectl_json(kubectl, *args: str) -> Any:
+    """`kubectl ARGS -o json`, parsed; a failing kubectl fails the test (get_json: None instead)."""
+    return json.loads(kubectl(*args, "-o", "json").stdout)
+
+
 def get_json(kubectl, *args: str) -> Any:
     r = kubectl("get", *args, "-o", "json", check=False)
     return json.loads(r.stdout) if r.returncode == 0 else None

@@ -14,23 +14,9 @@ import pytest
 
 from moe_operator.devcluster import DevCluster, pools as P
 
+from .operator_fixture import ROOT, kubectl_json, wait_for
+
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _json(kubectl, *args):
-    return json.loads(kubectl(*args, "-o", "json").stdout)
-
-
-def _wait(pred, timeout, what):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_nodes_list_the_gpu_pools(kubectl):
@@ -42,7 +28,7 @@ def test_nodes_list_the_gpu_pools(kubectl):
             assert " Ready " in ln, ln
             if cls.vendor == "nvidia":
                 assert cls.product in ln.split(), ln
-    nodes = _json(kubectl, "get", "nodes", "-l", f"{P.POOL_LABEL}=mi300x")["items"]
+    nodes = kubectl_json(kubectl, "get", "nodes", "-l", f"{P.POOL_LABEL}=mi300x")["items"]
     assert nodes and all(n["status"]["allocatable"]["amd.com/gpu"] == "8" for n in nodes)
 
 
@@ -68,16 +54,16 @@ def _deployment(name, match_expressions, replicas):
 
 def _running_pods_on(kubectl, namespace, app, replicas):
     def ready():
-        pods = _json(kubectl, "-n", namespace, "get", "pods", "-l", f"app={app}")["items"]
+        pods = kubectl_json(kubectl, "-n", namespace, "get", "pods", "-l", f"app={app}")["items"]
         running = [p for p in pods if p["status"].get("phase") == "Running" and p["spec"].get("nodeName")]
         return running if len(running) == replicas else None
 
-    pods = _wait(ready, 90, f"{replicas} Running pods of {app}")
+    pods = wait_for(ready, 90, f"{replicas} Running pods of {app}")
     return {p["spec"]["nodeName"] for p in pods}
 
 
 def test_scheduler_places_pods_by_compute_capability(kubectl, namespace):
-    nodes = _json(kubectl, "get", "nodes", "-l", P.POOL_LABEL)["items"]
+    nodes = kubectl_json(kubectl, "get", "nodes", "-l", P.POOL_LABEL)["items"]
     pool_of = {n["metadata"]["name"]: n["metadata"]["labels"][P.POOL_LABEL] for n in nodes}
     arch_of = {n["metadata"]["name"]: n["metadata"]["labels"]["kubernetes.io/arch"] for n in nodes}
 
@@ -97,14 +83,14 @@ def test_scheduler_places_pods_by_compute_capability(kubectl, namespace):
     assert {arch_of[n] for n in placed_x86} == {"amd64"}
 
     # kwok reports the containers running and the pods Ready
-    pods = _json(kubectl, "-n", namespace, "get", "pods")["items"]
+    pods = kubectl_json(kubectl, "-n", namespace, "get", "pods")["items"]
     for p in pods:
         assert p["status"]["phase"] == "Running"
         # simulated pods get loopback IPs (see devcluster.components.POD_CIDR)
         assert p["status"]["podIP"].startswith("127.") or os.environ.get("MOE_DEV_POD_CIDR")
         assert all(cs["ready"] and "running" in cs["state"] for cs in p["status"]["containerStatuses"])
-    dep = _json(kubectl, "-n", namespace, "get", "deployment", "sm100")
-    assert _wait(lambda: _json(kubectl, "-n", namespace, "get", "deployment", "sm100")["status"]
+    dep = kubectl_json(kubectl, "-n", namespace, "get", "deployment", "sm100")
+    assert wait_for(lambda: kubectl_json(kubectl, "-n", namespace, "get", "deployment", "sm100")["status"]
                  .get("readyReplicas") == 6, 30, "deployment readyReplicas"), dep
 
 
@@ -114,10 +100,10 @@ def test_unschedulable_without_matching_pool(kubectl, namespace):
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(dep))
 
     def unschedulable():
-        pods = _json(kubectl, "-n", namespace, "get", "pods", "-l", "app=sm80")["items"]
+        pods = kubectl_json(kubectl, "-n", namespace, "get", "pods", "-l", "app=sm80")["items"]
         return pods and any(c.get("reason") == "Unschedulable" for c in pods[0]["status"].get("conditions", []))
 
-    _wait(unschedulable, 60, "PodScheduled=False/Unschedulable")
+    wait_for(unschedulable, 60, "PodScheduled=False/Unschedulable")
 
 
 CRD = {
@@ -162,13 +148,13 @@ def test_crd_schema_and_cel_validation(kubectl, namespace):
     assert wrong_type.returncode != 0 and "spec.minReplicas" in wrong_type.stderr, wrong_type.stderr
 
     kubectl("-n", namespace, "create", "-f", "-", input=_widget("good", 1, 3))
-    got = _json(kubectl, "-n", namespace, "get", "widget", "good")
+    got = kubectl_json(kubectl, "-n", namespace, "get", "widget", "good")
     assert got["spec"] == {"minReplicas": 1, "maxReplicas": 3}
 
 
 def test_garbage_collector_deletes_owned_objects(kubectl, namespace):
     kubectl("-n", namespace, "create", "configmap", "owner", "--from-literal=a=b")
-    owner = _json(kubectl, "-n", namespace, "get", "configmap", "owner")
+    owner = kubectl_json(kubectl, "-n", namespace, "get", "configmap", "owner")
     child = {"apiVersion": "v1", "kind": "ConfigMap",
              "metadata": {"name": "child", "ownerReferences": [{
                  "apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
@@ -176,7 +162,7 @@ def test_garbage_collector_deletes_owned_objects(kubectl, namespace):
              "data": {"x": "y"}}
     kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(child))
     kubectl("-n", namespace, "delete", "configmap", "owner")
-    _wait(lambda: kubectl("-n", namespace, "get", "configmap", "child", check=False).returncode != 0,
+    wait_for(lambda: kubectl("-n", namespace, "get", "configmap", "child", check=False).returncode != 0,
           90, "the garbage collector to delete the owned ConfigMap")
 
 
@@ -184,7 +170,7 @@ def test_add_pool_registers_ready_nodes(dev_cluster, kubectl):
     before = dev_cluster.node_counts().get("rtx-pro-6000", {"total": 0})["total"]
     names = dev_cluster.add_pool("rtx-pro-6000", before + 1)
     assert len(names) == before + 1
-    node = _json(kubectl, "get", "node", names[-1])
+    node = kubectl_json(kubectl, "get", "node", names[-1])
     assert node["metadata"]["labels"]["nvidia.com/gpu.compute.major"] == "12"
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
 
@@ -202,7 +188,7 @@ def _alive(pid: int) -> bool:
 def test_cli_up_is_idempotent_and_down_leaves_no_process(tmp_path, dev_cluster):
     """Through the CLI, as a user runs it: `up` in one process, `status`/`down` in others."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO / "operator"), os.environ.get("PYTHONPATH", "")])}
+        [str(ROOT / "operator"), os.environ.get("PYTHONPATH", "")])}
     cli = [sys.executable, "-m", "moe_operator.cli", "dev-cluster", "--state-dir", str(tmp_path / "dc")]
 
     def run(*args, check=True):
@@ -226,15 +212,15 @@ def test_cli_up_is_idempotent_and_down_leaves_no_process(tmp_path, dev_cluster):
 
     # a dead component makes the cluster unhealthy: `up` stops the rest and starts afresh
     os.kill(pids["kwok"], 9)
-    _wait(lambda: not _alive(pids["kwok"]), 10, "kwok to die")
+    wait_for(lambda: not _alive(pids["kwok"]), 10, "kwok to die")
     restarted = run("up", "--pools", "h200=1")
     assert "stale or unhealthy" in restarted.stderr, restarted.stderr
-    _wait(lambda: not any(_alive(pid) for pid in pids.values()), 30, f"old processes {pids} to exit")
+    wait_for(lambda: not any(_alive(pid) for pid in pids.values()), 30, f"old processes {pids} to exit")
     pids = dc.pids()
     assert all(_alive(pid) for pid in pids.values())
 
     run("down")
-    _wait(lambda: not any(_alive(pid) for pid in pids.values()), 30, f"processes {pids} to exit")
+    wait_for(lambda: not any(_alive(pid) for pid in pids.values()), 30, f"processes {pids} to exit")
     assert run("status", check=False).returncode != 0
     assert dc.pids() == {}
     # the session cluster was not touched
@@ -277,7 +263,7 @@ def test_up_retries_when_a_port_is_taken(tmp_path, monkeypatch):
         assert len(calls) == 2 and dc.status()["running"]
         assert dc.node_counts() == {"h100": {"total": 1, "ready": 1}}
         dc.remove_pool("h100")
-        _wait(lambda: dc.node_counts() == {}, 30, "the h100 nodes to be deleted")
+        wait_for(lambda: dc.node_counts() == {}, 30, "the h100 nodes to be deleted")
     finally:
         dc.down()
         squatter.close()
@@ -299,16 +285,16 @@ def test_scale_hundreds_of_nodes_and_pods(tmp_path):
         kubectl("create", "namespace", "scale")
         dep = _deployment("wide", [{"key": "nvidia.com/gpu.compute.major", "operator": "In", "values": ["10"]}], 300)
         kubectl("-n", "scale", "apply", "-f", "-", input=json.dumps(dep))
-        nodes = _json(kubectl, "get", "nodes", "-l", P.POOL_LABEL)["items"]
+        nodes = kubectl_json(kubectl, "get", "nodes", "-l", P.POOL_LABEL)["items"]
         pool_of = {n["metadata"]["name"]: n["metadata"]["labels"][P.POOL_LABEL] for n in nodes}
 
         def all_running():
-            pods = _json(kubectl, "-n", "scale", "get", "pods")["items"]
+            pods = kubectl_json(kubectl, "-n", "scale", "get", "pods")["items"]
             running = [p for p in pods if p["status"].get("phase") == "Running"]
             return running if len(running) == 300 else None
 
         t1 = time.monotonic()
-        pods = _wait(all_running, 180, "300 Running pods")
+        pods = wait_for(all_running, 180, "300 Running pods")
         # 50 b200 nodes x 8 GPUs + 50 gb200 x 4 = 600 GPUs for 300 single-GPU pods
         assert {pool_of[p["spec"]["nodeName"]] for p in pods} <= {"b200", "gb200"}
         print(f"300 nodes up in {up_s:.1f}s, 300 pods Running in {time.monotonic() - t1:.1f}s")

@@ -10,7 +10,6 @@ Running: this checks the install, not the operator's behaviour (tests/integratio
 from __future__ import annotations
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -25,26 +24,13 @@ from moe_kernels import registry
 from moe_operator.crd import crd
 from moe_operator.planner import ALL_A2A, ALL_RUNNERS
 
+from .operator_fixture import ROOT, kubectl_json, wait_for
+
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "moe-operator"
 SAMPLES = sorted((ROOT / "deploy" / "samples").glob("*.yaml"))
 OUR_CRDS = ("moedeployments.moe.serving.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
-
-
-def _json(kubectl, *args):
-    return json.loads(kubectl(*args, "-o", "json").stdout)
-
-
-def _wait(pred, timeout, what):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        value = pred()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _exists(kubectl, *args) -> bool:
@@ -94,13 +80,13 @@ def test_helm_install_and_uninstall(dev_cluster, kubectl, release):
           "--set", "replicas=2", "--set", "nodeProbe.enabled=true", "--wait", "--timeout", "240s")
     try:
         for c in OUR_CRDS:
-            cond = {x["type"]: x["status"] for x in _json(kubectl, "get", "crd", c)["status"]["conditions"]}
+            cond = {x["type"]: x["status"] for x in kubectl_json(kubectl, "get", "crd", c)["status"]["conditions"]}
             assert cond.get("Established") == "True", (c, cond)
-        dep = _json(kubectl, "-n", ns, "get", "deployment", f"{rel}-moe-operator")
+        dep = kubectl_json(kubectl, "-n", ns, "get", "deployment", f"{rel}-moe-operator")
         assert dep["status"].get("readyReplicas") == 2, dep["status"]
         args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
         assert f"--peering={rel}-moe-operator" in args and "--standalone" not in args
-        pods = _json(kubectl, "-n", ns, "get", "pods", "-l", "app.kubernetes.io/component=operator")["items"]
+        pods = kubectl_json(kubectl, "-n", ns, "get", "pods", "-l", "app.kubernetes.io/component=operator")["items"]
         assert len(pods) == 2 and all(p["spec"].get("nodeName") for p in pods)
         assert _exists(kubectl, "clusterkopfpeering", f"{rel}-moe-operator")
         for kind in ("serviceaccount", "service"):
@@ -125,11 +111,11 @@ def test_helm_install_and_uninstall(dev_cluster, kubectl, release):
         assert not _can_i(kubectl, probe_sa, "list", "pods", "-A")
 
         # the node probe goes exactly to the nodes GPU Feature Discovery does not describe
-        nodes = _json(kubectl, "get", "nodes")["items"]
+        nodes = kubectl_json(kubectl, "get", "nodes")["items"]
         for arch in ("amd64", "arm64"):
             want = sum(1 for n in nodes if "nvidia.com/gpu.present" not in n["metadata"]["labels"]
                        and n["metadata"]["labels"].get("kubernetes.io/arch") == arch)
-            ds = _json(kubectl, "-n", ns, "get", "daemonset", f"{rel}-moe-operator-node-probe-{arch}")
+            ds = kubectl_json(kubectl, "-n", ns, "get", "daemonset", f"{rel}-moe-operator-node-probe-{arch}")
             assert ds["status"].get("desiredNumberScheduled", 0) == want, (arch, ds["status"])
 
         notes = _helm(dev_cluster, "get", "notes", rel, "-n", ns).stdout
@@ -138,7 +124,7 @@ def test_helm_install_and_uninstall(dev_cluster, kubectl, release):
         raise AssertionError(f"{e}\n{_debug(kubectl, ns)}") from None
 
     _helm(dev_cluster, "uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
-    _wait(lambda: not _exists(kubectl, "-n", ns, "deployment", f"{rel}-moe-operator"), 60, "the Deployment to go")
+    wait_for(lambda: not _exists(kubectl, "-n", ns, "deployment", f"{rel}-moe-operator"), 60, "the Deployment to go")
     for kind in ("clusterrole", "clusterrolebinding"):
         assert not _exists(kubectl, kind, f"{rel}-moe-operator")
     assert not _exists(kubectl, "clusterkopfpeering", f"{rel}-moe-operator")
@@ -152,7 +138,7 @@ def test_helm_install_watching_namespaces(dev_cluster, kubectl, release, namespa
     sa = f"system:serviceaccount:{ns}:{rel}-moe-operator"
     _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace",
           "--set", f"watchNamespaces={{{namespace}}}", "--set", "replicas=2", "--wait", "--timeout", "240s")
-    args = _json(kubectl, "-n", ns, "get", "deployment", f"{rel}-moe-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = kubectl_json(kubectl, "-n", ns, "get", "deployment", f"{rel}-moe-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--namespace={namespace}" in args
     assert _exists(kubectl, "-n", namespace, "kopfpeering", f"{rel}-moe-operator")
     assert _exists(kubectl, "-n", namespace, "role", f"{rel}-moe-operator")
@@ -198,7 +184,7 @@ def test_kubectl_apply_k_deploy(kubectl):
     try:
         kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{c}" for c in OUR_CRDS])
         kubectl("-n", "moe-system", "rollout", "status", "deployment/moe-operator", "--timeout=180s")
-        args = _json(kubectl, "-n", "moe-system", "get", "deployment", "moe-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+        args = kubectl_json(kubectl, "-n", "moe-system", "get", "deployment", "moe-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--standalone" in args
         assert _can_i(kubectl, "system:serviceaccount:moe-system:moe-operator", "watch", "moedeployments.moe.serving.dev", "-A")
         # a second apply changes nothing
@@ -246,13 +232,13 @@ def test_operator_runs_with_only_the_chart_rbac(dev_cluster, kubectl, release, n
             names = [yaml.safe_load((ROOT / "deploy" / "samples" / s).read_text())["metadata"]["name"] for s in RBAC_SAMPLES]
 
             def planned():
-                items = _json(kubectl, "-n", namespace, "get", "moed")["items"]
+                items = kubectl_json(kubectl, "-n", namespace, "get", "moed")["items"]
                 ok = {i["metadata"]["name"] for i in items
                       if any(c["type"] == "Planned" and c["status"] == "True" for c in i.get("status", {}).get("conditions", []))}
                 return set(names) <= ok
 
             try:
-                _wait(planned, 120, f"{names} to be Planned by the operator running as the chart's ServiceAccount")
+                wait_for(planned, 120, f"{names} to be Planned by the operator running as the chart's ServiceAccount")
             except AssertionError as e:
                 raise AssertionError(f"{e}\n--- operator log (tail)\n{log_path.read_text()[-4000:]}") from None
         finally:
@@ -289,11 +275,11 @@ def test_two_peered_operators_elect_one(dev_cluster, kubectl, release, namespace
         kubectl("apply", "-n", namespace, "-f", str(ROOT / "deploy" / "samples" / "gpt-oss-mxfp4-h100.yaml"))
 
         def planned():
-            obj = _json(kubectl, "-n", namespace, "get", "moed", "gpt-oss-h100")
+            obj = kubectl_json(kubectl, "-n", namespace, "get", "moed", "gpt-oss-h100")
             return any(c["type"] == "Planned" and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
 
         try:
-            _wait(planned, 45, "one of the two peered operators to plan the sample")
+            wait_for(planned, 45, "one of the two peered operators to plan the sample")
         except AssertionError as e:
             raise AssertionError(f"{e}\n" + "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in logs)) from None
     finally:
