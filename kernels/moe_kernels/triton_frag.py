@@ -353,7 +353,7 @@ def _store_tile(acc_g, acc_u, c_ptr, stride_cm, pg, pu, slot0, tile_base, N,
 
 
 @triton.jit
-def _frag_moe_kernel(
+def frag_moe_kernel(
     a_ptr, stride_a32,             # activations bf16 [rows, K], row stride in int32 units
     w_ptr, stride_we, stride_wt,   # FragWeights.w (int32), strides per expert and per 16-row tile
     s_ptr, stride_se, stride_st,   # FragWeights.s (int32)
@@ -505,8 +505,6 @@ def emulate(fw: FragWeights, expert: int, x: torch.Tensor) -> torch.Tensor:
     out[half:] *= fw.p[expert, 1]
     return out[:, : x.shape[0]].T
 
-
-frag_moe_kernel = _frag_moe_kernel
 
 
 def frag_asm_args(fmt: str, nt: int, rt: int) -> dict:
