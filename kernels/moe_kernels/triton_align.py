@@ -29,6 +29,7 @@ class Alignment:
     perm: torch.Tensor            # int32 [T*K]: padded row of each pair, -1 when its id is not in [0, E)
     block_m: int
     max_blocks: int
+    pairwise: bool = False        # fragment kernel only: block i = pair i, expert_ids = the flat topk_ids
 
     @property
     def p_max(self) -> int:

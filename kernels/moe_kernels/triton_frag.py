@@ -16,10 +16,12 @@ lane t of a lane group covers 16*SUB contiguous K values per loop step, so
 - its block scales are two groups per loop step (SUB=2 for NVFP4's 16-groups, SUB=4 for MXFP4's
   32-groups): one 4-byte word per lane and step holds (row g, row g+8) x (group 0, group 1).
 
-Decode (inline PTX, per 32-bit word = 8 codes = one A fragment): nibbles (0,4), (1,5) and, after
-`>> 8`, (2,6), (3,7) become bf16x2 registers with `(w & 0x000F000F) * 0x1040 & 0x81C081C0`
-(code c -> bf16 bits (c & 8) << 12 | (c & 7) << 6 = value * 2^-126, no carries), then one bf16x2 FMA by
-the block scale pair S (exact: at most 6 significant bits). S comes from one stored byte B per
+Decode (inline PTX, per 32-bit word = 8 codes = one A fragment): each code c must become bf16 bits
+(c & 8) << 12 | (c & 7) << 6 of its half of a register; the packing scatters the code bits over the
+word so that register 0 is `w & 0x81C081C0`, registers 1 and 2 the same after a rotation by 3 and 6,
+and register 3 `(w & 0x001B001B) * 0x1084 & 0x81C081C0` (fp4_ptx.WORD_OPS; 8 integer instructions
+per word instead of 13 for nibble order). Those bits are value * 2^-126; one bf16x2 FMA by the
+block scale pair S (exact: at most 6 significant bits). S comes from one stored byte B per
 (row, group) with `prmt` (B into both halves) and one `mad`: NVFP4 stores e4m3 re-encoded as
 B = (E + 3) << 3 | m' (subnormal scales become normals; exact), S = B * 16 + 234 << 7 per half
 = scale * 2^(126 - 9); MXFP4 stores B = s + 126 - c, S = B << 7 = 2^(s-127) * 2^(126 - c).
@@ -51,10 +53,31 @@ SUB = {"nvfp4": 2, "mxfp4": 4}          # 64-K sub-steps (16-byte loads per lane
 
 
 # ------------------------------------------------------------------------------ packing (torch)
+def _word_pos() -> torch.Tensor:
+    """int64 [8 code slots, 4 code bits] -> bit of the 32-bit word. Code slot i is A register
+    p = i % 4, half e = i // 4; code bit 0 (mantissa), 1, 2 (exponent), 3 (sign) must land on bf16
+    bit 6, 7, 8, 15 of that half after the register's integer ops (fp4_ptx.WORD_OPS), which decide
+    the layout: it is read off them by decoding single bits."""
+    role = {6: 0, 7: 1, 8: 2, 15: 3}
+    pos = torch.full((8, 4), -1, dtype=torch.int64)
+    for p_ in range(4):
+        for b in range(32):
+            out = ptx.word_pair_bits(1 << b, p_)
+            if out:
+                o = out.bit_length() - 1
+                pos[p_ + 4 * (o // 16), role[o % 16]] = b
+    if (pos < 0).any() or len(set(pos.flatten().tolist())) != 32:
+        raise AssertionError("fp4_ptx.WORD_OPS do not place 32 distinct bits")
+    return pos
+
+
+WORD_POS = _word_pos()
+
+
 def _lane_maps(sub: int):
-    """Index maps of one (row tile, loop step): for [sub, lane, word, nibble] the row (0..15) and the
-    K offset (0..64*sub-1) inside the tile and step. Pair p = nibble % 4 is the A register (rows g,
-    g+8, g, g+8; K +0, +0, +2, +2), e = nibble // 4 its low/high bf16. Fragment j takes K 4j..4j+3 of
+    """Index maps of one (row tile, loop step): for [sub, lane, word, code slot] the row (0..15) and the
+    K offset (0..64*sub-1) inside the tile and step. Slot i is A register p = i % 4 (rows g, g+8,
+    g, g+8; K +0, +0, +2, +2), e = i // 4 its low/high bf16 (WORD_POS: where its bits go). Fragment j takes K 4j..4j+3 of
     the lane's 16: its B registers (K pairs 4j, 4j+2) are adjacent words in memory, so the 16-byte
     activation loads land in the register pairs mma.sync wants without moves."""
     s = torch.arange(sub).view(sub, 1, 1, 1)
@@ -129,7 +152,7 @@ class FragWeights:
         rows, ks = _lane_maps(SUB[fmt])
         rows, ks = rows.to(packed.device), ks.to(packed.device)
         s_rows, s_grp, s_t = (x.to(packed.device) for x in _scale_maps())
-        shifts = (4 * torch.arange(8, device=packed.device, dtype=torch.int64))
+        pos = WORD_POS.to(packed.device)
         w_out = torch.empty(e, n // 16, k // step, SUB[fmt], 32, 4, dtype=torch.int32, device=packed.device)
         s_out = torch.empty(e, n // 16, k // step, 32, dtype=torch.int32, device=packed.device)
         for x in range(e):   # one expert at a time: bounded temporaries
@@ -158,10 +181,12 @@ class FragWeights:
             zero_k = zero.repeat_interleave(group, dim=1)
             neg_k = neg.repeat_interleave(group, dim=1)
             codes = torch.where(zero_k, torch.zeros_like(codes), codes ^ (neg_k.to(torch.int64) << 3))
-            # weights: [N/16, 16, K/step, step] -> gather [sub, lane, word, nibble] per (tile, step)
+            # weights: [N/16, 16, K/step, step] -> gather [sub, lane, word, slot] per (tile, step)
             c5 = codes.view(n // 16, 16, k // step, step)
             g = c5[:, rows, :, ks]                        # [sub, 32, 4, 8, N/16, K/step]
-            words = (g << shifts.view(1, 1, 1, 8, 1, 1)).sum(dim=3)   # [sub, 32, 4, N/16, K/step]
+            words = torch.zeros_like(g[:, :, :, 0])                  # [sub, 32, 4, N/16, K/step]
+            for bit in range(4):   # code bit -> its place in the word (WORD_POS), one bit at a time
+                words += (((g >> bit) & 1) << pos[:, bit].view(1, 1, 1, 8, 1, 1)).sum(dim=3)
             words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
             w_out[x] = words.permute(3, 4, 0, 1, 2)
             # scales: [N/16, 16, K/step, 8 groups per step] (group of lane t's pair q = 2t + q)
@@ -185,11 +210,7 @@ class FragWeights:
         def lo(v):
             return (v & 0xFFFF)
 
-        pairs = []
-        for p_ in range(4):   # A registers 0..3
-            src = w if p_ < 2 else (w >> 8)
-            mask, m = (0x000F000F, 0x1040) if p_ % 2 == 0 else (0x00F000F0, 0x104)
-            pairs.append(((src & mask) * m) & 0x81C081C0)
+        pairs = [ptx.word_pair_bits(w, p_) for p_ in range(4)]     # A registers 0..3
         out = torch.empty(*w.shape, 8, dtype=torch.float32, device=w.device)
         for s in range(self.sub):
             q = s // (self.sub // 2)
@@ -238,16 +259,14 @@ def _asm(nt: int, rt: int, q: int, mul: int, add: int) -> str:
     base += 8 * nt
     acc_out = [[[f"${4 * (r * nt + n) + i}" for i in range(4)] for n in range(nt)] for r in range(rt)]
     sel_g, sel_h = 0x4040 + 0x0101 * (2 * q), 0x4040 + 0x0101 * (2 * q + 1)
-    lines = ["{", ".reg .b32 z, sg, sh, v, q, a0, a1, a2, a3;", f"mov.b32 z, {ptx.NEG_ZERO2};"]
+    lines = ["{", ".reg .b32 z, sg, sh, v, a0, a1, a2, a3;", f"mov.b32 z, {ptx.NEG_ZERO2};"]
     for r in range(rt):
         lines += [f"prmt.b32 sg, {sw[r]}, 0, {sel_g:#x};", f"mad.lo.u32 sg, sg, {mul}, {add:#x};",
                   f"prmt.b32 sh, {sw[r]}, 0, {sel_h:#x};", f"mad.lo.u32 sh, sh, {mul}, {add:#x};"]
         for j in range(4):
-            wj = w[r][j]
-            # A registers: rows g (scale sg) and g+8 (sh), K +0 from nibbles (0,4), (1,5), K +2 from (2,6), (3,7)
-            lines += (ptx.pair_mul("a0", wj, False, "sg", "v") + ptx.pair_mul("a1", wj, True, "sh", "v")
-                      + [f"shr.b32 q, {wj}, 8;"]
-                      + ptx.pair_mul("a2", "q", False, "sg", "v") + ptx.pair_mul("a3", "q", True, "sh", "v"))
+            # A registers: rows g (scale sg), g+8 (sh), g, g+8; K +0, +0, +2, +2 (WORD_POS places the codes)
+            for k in range(4):
+                lines += ptx.word_pair(f"a{k}", w[r][j], k, "sh" if k % 2 else "sg")
             for n in range(nt):
                 c = d = acc_out[r][n]   # acc_in is tied to acc_out (constraints "0", "1", ...)
                 lines.append("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
@@ -360,27 +379,42 @@ def frag_moe_kernel(
     p_ptr,                         # fp32 [E, 2] accumulator multipliers (first-half rows, second-half rows)
     c_ptr, stride_cm,
     sorted_ids_ptr, expert_ids_ptr, num_post_pad_ptr,
-    N, num_steps, num_pairs, up_tiles, num_pid_m,
+    N, num_steps, num_pairs, up_tiles, num_pid_m, num_experts,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, GATED: tl.constexpr, SUBS: tl.constexpr,
+    PAIRWISE: tl.constexpr,
     NT: tl.constexpr, RT: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, GROUP_M: tl.constexpr,
     PIPE: tl.constexpr, ASM0: tl.constexpr, ASM1: tl.constexpr, CONS: tl.constexpr,
 ):
     """C[token rows of one expert block, N tile] = A @ W[e]^T (GATED: silu(A Wg^T) * A Wu^T).
     Program = one block of 8*NT token rows x WN*RT*16 weight rows; warp (wn, wk) takes RT row tiles
-    and every WK-th loop step; the WK partial sums are added at the end."""
+    and every WK-th loop step; the WK partial sums are added at the end.
+    PAIRWISE (NT=1, no alignment launches; for one token, whose top-k experts are distinct): block b
+    is pair b alone, expert_ids_ptr is the flat topk_ids and pair b's row is slot 8b. Its sorted ids
+    and padding are implicit; a pair whose expert is not in [0, E) (another rank's) writes a zero
+    row in GEMM2, so that finalize's fixed row map needs no -1 entries."""
     BLOCK_M: tl.constexpr = 8 * NT
     R: tl.constexpr = 32 * WN * WK
     pid_m, pid_n = grouped_block(tl.program_id(0), num_pid_m, tl.cdiv(N, 16 * WN * RT), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
-        return
-    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-
     r = tl.arange(0, R)
     lane = r % 32
     warp = r // 32
     wn = warp // WK
     wk = warp % WK
     t = lane % 4
+    if PAIRWISE:
+        e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        if (e < 0) | (e >= num_experts):
+            if not GATED:
+                nothing = tl.zeros([R, 4], dtype=tl.float32)
+                for ri in tl.static_range(RT):
+                    _store_tile(nothing, nothing, c_ptr, stride_cm, 1.0, 1.0, pid_m * BLOCK_M, pid_n * WN * RT, N,
+                                False, WN, WK, RT, ri)
+            return
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
+            return
+        e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
     tile0 = (pid_n * WN + wn) * RT                 # first of the warp's RT row tiles
     ok_w0 = tile0 * 16 < N
     ok_w1 = (tile0 + 1) * 16 < N
@@ -396,7 +430,10 @@ def frag_moe_kernel(
     slot0 = pid_m * BLOCK_M + lane // 4
     slot1 = slot0 + 8
     # padding slots (sorted id == num_pairs) fetch nothing: masked copies zero-fill
-    pair0 = tl.load(sorted_ids_ptr + slot0)
+    if PAIRWISE:
+        pair0 = tl.where(lane // 4 == 0, pid_m, num_pairs)
+    else:
+        pair0 = tl.load(sorted_ids_ptr + slot0)
     pair1 = pair0
     if NT == 2:
         pair1 = tl.load(sorted_ids_ptr + slot1)

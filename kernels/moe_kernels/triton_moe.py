@@ -44,7 +44,7 @@ from . import fp4_ptx as ptx
 from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
 from .reference import _check_inputs
-from .triton_align import align_by_expert
+from .triton_align import Alignment, align_by_expert
 from .triton_frag import STEP_K, FragWeights, frag_asm_args, frag_moe_kernel, grouped_block
 
 FMT_BF16, FMT_FP8, FMT_NVFP4, FMT_MXFP4 = 0, 1, 2, 3
@@ -773,6 +773,7 @@ class TritonExperts:
         self.frag = bool(fits if frag is None else frag) and sm80 and not _INTERPRET
         self.f13 = FragWeights.pack(weights.w13, self.fmt) if self.frag else None
         self.f2 = FragWeights.pack(weights.w2, self.fmt) if self.frag else None
+        self._pairwise_perm: dict = {}
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
                 num_pairs: int):
@@ -806,6 +807,20 @@ class TritonExperts:
             num_warps=num_warps, num_stages=cfg.num_stages,
         )
 
+    def _pairwise(self, topk_ids: torch.Tensor) -> Alignment:
+        """One 8-row block per (token, expert) pair, pair i on row 8i: no alignment launches (the
+        fragment kernel reads the expert of block i from topk_ids itself). The row map is a constant,
+        made once per top-k outside graph capture."""
+        ids = topk_ids.reshape(-1)
+        n = ids.numel()
+        key = (n, ids.device)
+        perm = self._pairwise_perm.get(key)
+        if perm is None:
+            perm = torch.arange(0, 8 * n, 8, dtype=torch.int32, device=ids.device)
+            if not torch.cuda.is_current_stream_capturing():
+                self._pairwise_perm[key] = perm
+        return Alignment(ids, ids, ids, perm, 8, n, pairwise=True)
+
     def _launch_frag(self, fw: FragWeights, a, c, al, n: int, cfg: FragConfig, gather: bool, gated: bool,
                      top_k: int, num_pairs: int):
         steps = fw.k // STEP_K[self.fmt]
@@ -822,8 +837,8 @@ class TritonExperts:
             fw.p,
             c, c.stride(0),
             al.sorted_ids, al.expert_ids, al.num_post_pad,
-            n, steps, num_pairs, (fw.n // 2) // 16 if gated else 0, al.max_blocks,
-            TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
+            n, steps, num_pairs, (fw.n // 2) // 16 if gated else 0, al.max_blocks, self.E,
+            TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
             WK=wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
             num_warps=cfg.wn * wk,
         )
@@ -838,7 +853,10 @@ class TritonExperts:
         if cfg.frag and not self.frag:
             raise ValueError("a fragment-kernel config needs TritonExperts(frag=True) FP4 weights")
         x = x.to(torch.bfloat16).contiguous()
-        al = align_by_expert(topk_ids, self.E, cfg.block_m)
+        if cfg.frag and t == 1 and cfg.block_m == 8:
+            al = self._pairwise(topk_ids)   # one token: its experts are distinct; no sort needed
+        else:
+            al = align_by_expert(topk_ids, self.E, cfg.block_m)
         if cfg.frag:
             inter = torch.empty(al.p_max, self.I, dtype=torch.bfloat16, device=x.device)
             gemm2_out = torch.empty(al.p_max, self.H, dtype=torch.bfloat16, device=x.device)

@@ -162,6 +162,27 @@ def test_fragment_kernel_matches_reference(fmt, cfg, t, k):
     assert torch.equal(d.finalize(shared), out)
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fragment_kernel_one_token_without_alignment_skips_other_ranks(fmt):
+    # one token runs pairwise (no alignment launches); pairs of other ranks' experts must add nothing,
+    # and their GEMM2 rows are written (zeros): the poisoned allocator would turn a skipped row into NaN
+    weights, x, w, ids, shared = _problem(fmt, 16, 1024, 512, 1, 8, seed=21)
+    ids = ids.clone()
+    ids[0, 1] = -1
+    ids[0, 4] = 99
+    ref = TorchExperts(weights).forward(x, w, ids, shared_output=shared)
+    ex = TritonExperts(weights, frag=True)
+    _poison_allocator()
+    out = ex.forward(x, w, ids, shared_output=shared)
+    assert _rel(out, ref) < 1e-2
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        again = ex.forward(x, w, ids, shared_output=shared)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(again, out)
+
+
 def test_fragment_kernel_is_the_default_for_few_rows_and_graph_capturable():
     weights, x, w, ids, shared = _problem("nvfp4", 64, 512, 256, 3, 8, seed=11)
     ex = TritonExperts(weights)
