@@ -132,7 +132,7 @@ FRAG_CANDIDATES = {
                           [(4, 1, 1, 4), (4, 1, 2, 4), (2, 1, 2, 4), (4, 2, 1, 4), (2, 2, 1, 4)]),
     ("nvfp4", "batch"): ([(4, 2, 1, 3), (4, 2, 1, 3, 2), (4, 1, 1, 3), (4, 1, 2, 3), (4, 4, 1, 3)],
                          [(4, 1, 1, 4), (4, 1, 1, 4, 2), (4, 2, 1, 3), (4, 1, 2, 4)]),
-    ("mxfp4", "decode"): ([(2, 2, 1, 4), (2, 1, 2, 4), (2, 1, 4, 4), (2, 2, 2, 4), (2, 4, 1, 4)],
+    ("mxfp4", "decode"): ([(2, 2, 1, 4), (2, 1, 2, 4), (4, 1, 2, 4), (4, 1, 1, 4), (4, 1, 2, 3), (2, 2, 2, 4)],
                           [(4, 2, 1, 3), (4, 1, 1, 4), (4, 1, 2, 4), (2, 2, 1, 4), (2, 1, 2, 4)]),
     ("mxfp4", "batch"): ([(2, 2, 1, 4), (2, 2, 1, 4, 2), (2, 4, 1, 4), (2, 2, 1, 3), (2, 1, 1, 4)],
                          [(4, 2, 1, 3), (4, 2, 1, 3, 2), (4, 1, 1, 4), (4, 1, 1, 3)]),
@@ -225,6 +225,11 @@ def main():
             out = ex.forward(x, w, ids)
             err = rel(out, ref.forward(x, w, ids))
             t_ours = bench(lambda: ex.forward(x, w, ids))
+            t_nopdl = None
+            if ex.pdl and t <= 64:   # the same forward without programmatic dependent launch
+                ex.pdl = False
+                t_nopdl = bench(lambda: ex.forward(x, w, ids))
+                ex.pdl = True
             # baseline inputs: tokens sorted by expert, int32 offsets
             flat = ids.flatten().long()
             order = torch.argsort(flat, stable=True)
@@ -234,11 +239,13 @@ def main():
             limit = nbytes / bw
             row = dict(fmt=fmt, tokens=t, experts=touched, us=t_ours * 1e6, tbs=nbytes / t_ours / 1e12,
                        bf16_us=t_bf16 * 1e6, speedup=t_bf16 / t_ours, limit_us=limit * 1e6,
-                       frac_limit=limit / t_ours, rel_err=err)
+                       frac_limit=limit / t_ours, rel_err=err,
+                       no_pdl_us=None if t_nopdl is None else t_nopdl * 1e6)
             results["rows"].append(row)
             print(f"  T={t:5d} experts={touched:3d}  ours {row['us']:9.1f} us {row['tbs']:5.2f} TB/s | "
                   f"bf16 {row['bf16_us']:9.1f} us  x{row['speedup']:5.2f} | limit {row['limit_us']:8.1f} us "
-                  f"{100 * row['frac_limit']:5.1f}% | rel err {err:.2e}", flush=True)
+                  f"{100 * row['frac_limit']:5.1f}% | rel err {err:.2e}"
+                  + ("" if t_nopdl is None else f" | without PDL {t_nopdl * 1e6:.1f} us"), flush=True)
         del ex, ref, weights
         torch.cuda.empty_cache()
     print("\n| format | tokens | experts | ours (us) | TB/s | bf16 _grouped_mm (us) | speedup vs bf16 | "

@@ -65,8 +65,9 @@ def finalize_reference(gemm2_out: torch.Tensor, expert_weights: torch.Tensor,
 
 def moe_finalize_fuse_shared(gemm2_out: torch.Tensor, expert_weights: torch.Tensor,
                              expanded_idx_to_permuted_idx: torch.Tensor, shared_output: torch.Tensor | None = None,
-                             routed_scale: float | None = None) -> torch.Tensor:
-    """Triton kernel on CUDA when Triton is importable; the torch reference otherwise."""
+                             routed_scale: float | None = None, *, pdl: bool = False) -> torch.Tensor:
+    """Triton kernel on CUDA when Triton is importable; the torch reference otherwise.
+    pdl: launch with programmatic dependent launch (pdl.py; the caller checks support)."""
     if gemm2_out.is_cuda:
         try:
             from .triton_finalize import finalize_triton
@@ -75,5 +76,5 @@ def moe_finalize_fuse_shared(gemm2_out: torch.Tensor, expert_weights: torch.Tens
         if finalize_triton is not None:
             _check(gemm2_out, expert_weights, expanded_idx_to_permuted_idx, shared_output)
             return finalize_triton(gemm2_out, expert_weights, expanded_idx_to_permuted_idx, shared_output,
-                                   1.0 if routed_scale is None else float(routed_scale))
+                                   1.0 if routed_scale is None else float(routed_scale), pdl=pdl)
     return finalize_reference(gemm2_out, expert_weights, expanded_idx_to_permuted_idx, shared_output, routed_scale)

@@ -11,10 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import gdc_launch_dependents, gdc_wait
+
 
 @triton.jit
 def _finalize_kernel(g_ptr, stride_g, w_ptr, perm_ptr, s_ptr, stride_s, out_ptr, stride_o, H, routed_scale,
-                     TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_H: tl.constexpr):
+                     TOP_K: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # launched before the GEMM that writes gemm2_out has finished: wait for it first
+        gdc_wait()
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs < H
@@ -24,13 +28,15 @@ def _finalize_kernel(g_ptr, stride_g, w_ptr, perm_ptr, s_ptr, stride_s, out_ptr,
         w = tl.load(w_ptr + t * TOP_K + j).to(tl.float32) * routed_scale
         row = tl.load(g_ptr + p.to(tl.int64) * stride_g + offs, mask=hmask & (p >= 0), other=0.0)
         acc += tl.where(p >= 0, w, 0.0) * row.to(tl.float32)
+    if PDL:
+        gdc_launch_dependents()
     if HAS_SHARED:
         acc += tl.load(s_ptr + t.to(tl.int64) * stride_s + offs, mask=hmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * stride_o + offs, acc.to(tl.bfloat16), mask=hmask)
 
 
 def finalize_triton(gemm2_out: torch.Tensor, expert_weights: torch.Tensor, perm: torch.Tensor,
-                    shared_output: torch.Tensor | None, routed_scale: float) -> torch.Tensor:
+                    shared_output: torch.Tensor | None, routed_scale: float, pdl: bool = False) -> torch.Tensor:
     t, k = expert_weights.shape
     h = shared_output.shape[1] if shared_output is not None else gemm2_out.shape[1]
     out = torch.empty(t, h, dtype=torch.bfloat16, device=gemm2_out.device)
@@ -48,5 +54,5 @@ def finalize_triton(gemm2_out: torch.Tensor, expert_weights: torch.Tensor, perm:
     grid = (t, triton.cdiv(h, block_h))
     _finalize_kernel[grid](gemm2_out, gemm2_out.stride(0), w, perm, shared, shared.stride(0), out, out.stride(0),
                            h, routed_scale, TOP_K=k, HAS_SHARED=shared_output is not None, BLOCK_H=block_h,
-                           num_warps=4)
+                           PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return out

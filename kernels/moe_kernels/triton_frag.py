@@ -43,6 +43,7 @@ import triton.language as tl
 
 from . import formats as F
 from . import fp4_ptx as ptx
+from .pdl import gdc_launch_dependents, gdc_wait
 
 # bf16 bit constants of the decode (see module docstring)
 _NV_C = 9                      # NVFP4 exponent offset: weights come out * 2^-9, the 2^9 goes to the accumulator
@@ -381,7 +382,7 @@ def frag_moe_kernel(
     sorted_ids_ptr, expert_ids_ptr, num_post_pad_ptr,
     N, num_steps, num_pairs, up_tiles, num_pid_m, num_experts,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, GATED: tl.constexpr, SUBS: tl.constexpr,
-    PAIRWISE: tl.constexpr,
+    PAIRWISE: tl.constexpr, PDL: tl.constexpr,
     NT: tl.constexpr, RT: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, GROUP_M: tl.constexpr,
     PIPE: tl.constexpr, ASM0: tl.constexpr, ASM1: tl.constexpr, CONS: tl.constexpr,
 ):
@@ -391,7 +392,11 @@ def frag_moe_kernel(
     PAIRWISE (NT=1, no alignment launches; for one token, whose top-k experts are distinct): block b
     is pair b alone, expert_ids_ptr is the flat topk_ids and pair b's row is slot 8b. Its sorted ids
     and padding are implicit; a pair whose expert is not in [0, E) (another rank's) writes a zero
-    row in GEMM2, so that finalize's fixed row map needs no -1 entries."""
+    row in GEMM2, so that finalize's fixed row map needs no -1 entries.
+    PDL: launched with programmatic dependent launch (pdl.py): wait for the previous kernel before
+    the first global access, let the next one launch after the K loop."""
+    if PDL:
+        gdc_wait()
     BLOCK_M: tl.constexpr = 8 * NT
     R: tl.constexpr = 32 * WN * WK
     pid_m, pid_n = grouped_block(tl.program_id(0), num_pid_m, tl.cdiv(N, 16 * WN * RT), GROUP_M)
@@ -487,6 +492,8 @@ def frag_moe_kernel(
                     u00, u01, u10, u11, u20, u21, u30, u31 = _substep(wu0, wu1, wu2, wu3, su0, su1, su2, su3, xl0, xh0, xl1,
                                                             xh1, u00, u01, u10, u11, u20, u21, u30, u31, ASM1, CONS, NT, RT)
 
+    if PDL:
+        gdc_launch_dependents()
     pg = tl.load(p_ptr + e * 2)
     pu = tl.load(p_ptr + e * 2 + 1)
     base_m = pid_m * BLOCK_M

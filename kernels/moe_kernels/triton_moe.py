@@ -44,6 +44,7 @@ from . import fp4_ptx as ptx
 from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
 from .reference import _check_inputs
+from .pdl import pdl_supported
 from .triton_align import Alignment, align_by_expert
 from .triton_frag import STEP_K, FragWeights, frag_asm_args, frag_moe_kernel, grouped_block
 
@@ -744,7 +745,7 @@ class TritonExperts:
     """Weight-only (W4A16 / W8A16 / bf16) grouped-GEMM MoE experts in Triton. CUDA tensors only."""
 
     def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None, asm: bool = True,
-                 frag: bool | None = None):
+                 frag: bool | None = None, pdl: bool | None = None):
         if weights.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("TritonExperts needs the expert weights on a CUDA device")
         # (the ExpertWeights are not kept: only the re-laid-out copies below live on the GPU)
@@ -774,6 +775,8 @@ class TritonExperts:
         self.f13 = FragWeights.pack(weights.w13, self.fmt) if self.frag else None
         self.f2 = FragWeights.pack(weights.w2, self.fmt) if self.frag else None
         self._pairwise_perm: dict = {}
+        # fragment path: GEMM1, GEMM2 and finalize launched with PDL where supported (pdl.py)
+        self.pdl = (self.frag and pdl_supported(weights.device)) if pdl is None else bool(pdl and self.frag)
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
                 num_pairs: int):
@@ -838,9 +841,9 @@ class TritonExperts:
             c, c.stride(0),
             al.sorted_ids, al.expert_ids, al.num_post_pad,
             n, steps, num_pairs, (fw.n // 2) // 16 if gated else 0, al.max_blocks, self.E,
-            TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
+            TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, PDL=self.pdl, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
             WK=wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
-            num_warps=cfg.wn * wk,
+            num_warps=cfg.wn * wk, **({"launch_pdl": True} if self.pdl else {}),
         )
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
@@ -865,7 +868,8 @@ class TritonExperts:
                 self._launch_frag(self.f2, inter, gemm2_out, al, self.H, cfg.gemm2, False, False, top_k, num_pairs)
             if defer_finalize:
                 return DeferredMoEOutput(gemm2_out, topk_weights, al.perm, float(routed_scale))
-            return moe_finalize_fuse_shared(gemm2_out, topk_weights, al.perm, shared_output, float(routed_scale))
+            return moe_finalize_fuse_shared(gemm2_out, topk_weights, al.perm, shared_output, float(routed_scale),
+                                            pdl=self.pdl)
         # the CUDA-core path keeps the SiLU*up activations in fp32 (no bf16 rounding between the GEMMs)
         # (not with mma.sync in GEMM2: its operands are bf16, as in the reference)
         fma = (cfg.gemm1.fma and cfg.gemm2.fma and self.fmt_id >= FMT_NVFP4
