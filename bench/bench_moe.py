@@ -28,7 +28,7 @@ from moe_kernels.experts import ExpertWeights  # noqa: E402
 from moe_kernels.formats import MxFp4Tensor, NvFp4Tensor  # noqa: E402
 from moe_kernels.reference import TorchExperts  # noqa: E402
 from moe_kernels.routing import softmax_topk  # noqa: E402
-from moe_kernels.triton_moe import FragConfig, GemmConfig, MoEConfig, TritonExperts  # noqa: E402
+from moe_kernels.triton_moe import FragConfig, GemmConfig, MoEConfig, TritonExperts, default_config  # noqa: E402
 
 E, H, I, K = 256, 7168, 2048, 8
 DEV = "cuda"
@@ -143,7 +143,7 @@ FRAG_CANDIDATES = {
 }
 
 
-def frag_sweep(ex: TritonExperts, tokens: list[int], g, nt2: bool = False):
+def frag_sweep(ex: TritonExperts, tokens: list[int], g, nt2: bool = False, mixed: bool = False):
     for t in tokens:
         x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
         w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
@@ -151,9 +151,15 @@ def frag_sweep(ex: TritonExperts, tokens: list[int], g, nt2: bool = False):
         regime = "decode" if rows <= 1.5 else ("nt2" if nt2 else "batch")
         nt = 2 if nt2 else 1
         g1s, g2s = FRAG_CANDIDATES[(ex.fmt, regime)]
+        big = default_config(ex.fmt, 2 * E * 8, E, True)   # the 16-row configs of the mixed default
+
+        def make(g1, g2):
+            if mixed:   # sweep the 8-row (small) configs, the 16-row blocks on their default
+                return MoEConfig(16, big.gemm1, big.gemm2, (FragConfig(1, *g1), FragConfig(1, *g2)))
+            return MoEConfig(8 * nt, FragConfig(nt, *g1), FragConfig(nt, *g2))
 
         def run(g1, g2):
-            ex.config = MoEConfig(8 * nt, FragConfig(nt, *g1), FragConfig(nt, *g2))
+            ex.config = make(g1, g2)
             try:
                 us = bench(lambda: ex.forward(x, w, ids)) * 1e6
             except Exception as exc:  # noqa: BLE001
@@ -193,6 +199,7 @@ def main():
     ap.add_argument("--sweep", default="", help="token counts to sweep tile configs at, e.g. 1,64,4096")
     ap.add_argument("--frag-sweep", default="", help="token counts to sweep fragment-kernel configs at")
     ap.add_argument("--frag-nt2", action="store_true", help="sweep 16-row token blocks (nt=2) instead")
+    ap.add_argument("--frag-mixed", action="store_true", help="sweep the 8-row configs of mixed blocks instead")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -216,7 +223,7 @@ def main():
         if args.sweep and fmt == args.formats.split(",")[0]:
             sweep(ex, [int(t) for t in args.sweep.split(",")], g)
         if args.frag_sweep:
-            frag_sweep(ex, [int(t) for t in args.frag_sweep.split(",")], g, args.frag_nt2)
+            frag_sweep(ex, [int(t) for t in args.frag_sweep.split(",")], g, args.frag_nt2, args.frag_mixed)
         for t in tokens:
             x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
             w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
@@ -226,7 +233,7 @@ def main():
             err = rel(out, ref.forward(x, w, ids))
             t_ours = bench(lambda: ex.forward(x, w, ids))
             t_nopdl = None
-            if ex.pdl and t <= 64:   # the same forward without programmatic dependent launch
+            if ex.pdl and t == 1:   # the same forward without programmatic dependent launch
                 ex.pdl = False
                 t_nopdl = bench(lambda: ex.forward(x, w, ids))
                 ex.pdl = True

@@ -30,10 +30,22 @@ class Alignment:
     block_m: int
     max_blocks: int
     pairwise: bool = False        # fragment kernel only: block i = pair i, expert_ids = the flat topk_ids
+    row_start: bool = False       # num_post_pad holds [end, start]: the blocks' rows begin at start
 
     @property
     def p_max(self) -> int:
         return self.max_blocks * self.block_m
+
+
+@dataclass
+class MixedAlignment:
+    """Two block sizes in one row space (fragment kernel): experts with more than SMALL_M rows get
+    16-row blocks at rows [0, R16), the others one SMALL_M-row block each at rows [R16, R16 + R8).
+    Both share sorted_ids and perm; finalize reads rows through perm as usual."""
+    big: Alignment
+    small: Alignment
+    perm: torch.Tensor
+    p_max: int
 
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -79,6 +91,78 @@ def _scatter_kernel(ids_ptr, num_pairs, E, cursor_ptr, sorted_ids_ptr, perm_ptr,
     row = tl.atomic_add(cursor_ptr + e, 1, mask=valid)
     tl.store(sorted_ids_ptr + row, offs, mask=valid)
     tl.store(perm_ptr + offs, tl.where(valid, row, -1), mask=inb)
+
+
+SMALL_M = 8     # rows of a small block (mixed alignment), one per expert with 1..SMALL_M rows
+BIG_M = 16      # rows of a big block
+
+
+@triton.jit
+def _count_mixed_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, bounds_ptr, sorted_ids_ptr,
+                        MAX_BIG, MAX_SMALL, P_MAX, SMALL: tl.constexpr, BIG: tl.constexpr,
+                        E_P2: tl.constexpr, CHUNK: tl.constexpr):
+    bins = tl.arange(0, E_P2)
+    counts = tl.zeros([E_P2], dtype=tl.int32)
+    for start in range(0, num_pairs, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        e = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        e = tl.where((e >= 0) & (e < E), e, E_P2 - 1)
+        counts += tl.histogram(e, E_P2)
+    counts = tl.where(bins < E, counts, 0)
+    big = counts > SMALL
+    pad_big = tl.where(big, (counts + BIG - 1) // BIG * BIG, 0)
+    pad_small = tl.where(big | (counts == 0), 0, SMALL)
+    end_big = tl.cumsum(pad_big, 0)
+    tot_big = tl.sum(pad_big, 0)
+    end_small = tot_big + tl.cumsum(pad_small, 0)
+    tot_small = tl.sum(pad_small, 0)
+    tl.store(cursor_ptr + bins, tl.where(big, end_big - pad_big, end_small - pad_small), mask=bins < E)
+    # [end, start] of the big blocks' rows, then of the small blocks' rows
+    tl.store(bounds_ptr, tot_big)
+    tl.store(bounds_ptr + 1, 0)
+    tl.store(bounds_ptr + 2, tot_big + tot_small)
+    tl.store(bounds_ptr + 3, tot_big)
+    end_big = tl.where(bins < E, end_big, 2147483647)
+    end_small = tl.where(bins < E, end_small, 2147483647)
+    # expert of a block = number of experts whose range (empty ones included) ends at or before its first row
+    for b0 in range(0, MAX_BIG, CHUNK):
+        blk = b0 + tl.arange(0, CHUNK)
+        eid = tl.sum((end_big[None, :] <= blk[:, None] * BIG).to(tl.int32), axis=1)
+        tl.store(expert_ids_ptr + blk, eid, mask=blk < MAX_BIG)
+    for b0 in range(0, MAX_SMALL, CHUNK):
+        blk = b0 + tl.arange(0, CHUNK)
+        eid = tl.sum((end_small[None, :] <= tot_big + blk[:, None] * SMALL).to(tl.int32), axis=1)
+        tl.store(expert_ids_ptr + MAX_BIG + blk, eid, mask=blk < MAX_SMALL)
+    for r0 in range(0, P_MAX, CHUNK):
+        rows = r0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ids_ptr + rows, tl.full([CHUNK], 0, tl.int32) + num_pairs, mask=rows < P_MAX)
+
+
+def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:
+    """Like align_by_expert, with SMALL_M-row blocks for experts that fit in one and BIG_M-row blocks
+    for the rest (~8 rows per expert: 59% of experts fit; the others are not split in two)."""
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    n = ids.numel()
+    dev = ids.device
+    m = min(num_experts, n)
+    max_small = max(1, m)
+    # big experts have > SMALL_M rows each: at most n // (SMALL_M + 1) of them, ceil(c / BIG_M) blocks each
+    max_big = max(1, min(max_blocks(n, num_experts, BIG_M), min(m, n // (SMALL_M + 1)) + n // BIG_M))
+    p_max = BIG_M * max_big + SMALL_M * max_small
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(max_big + max_small, dtype=torch.int32, device=dev)
+    bounds = torch.empty(4, dtype=torch.int32, device=dev)
+    sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
+    perm = torch.empty(n, dtype=torch.int32, device=dev)
+    e_p2 = triton.next_power_of_2(num_experts + 1)
+    chunk = max(16, min(1024, 65536 // e_p2))
+    _count_mixed_kernel[(1,)](ids, n, num_experts, cursor, expert_ids, bounds, sorted_ids, max_big, max_small, p_max,
+                              SMALL=SMALL_M, BIG=BIG_M, E_P2=e_p2, CHUNK=chunk, num_warps=8)
+    if n:
+        _scatter_kernel[(triton.cdiv(n, 256),)](ids, n, num_experts, cursor, sorted_ids, perm, BLOCK=256, num_warps=4)
+    big = Alignment(sorted_ids, expert_ids[:max_big], bounds[0:2], perm, BIG_M, max_big)
+    small = Alignment(sorted_ids, expert_ids[max_big:], bounds[2:4], perm, SMALL_M, max_small, row_start=True)
+    return MixedAlignment(big, small, perm, p_max)
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:

@@ -382,7 +382,7 @@ def frag_moe_kernel(
     sorted_ids_ptr, expert_ids_ptr, num_post_pad_ptr,
     N, num_steps, num_pairs, up_tiles, num_pid_m, num_experts,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, GATED: tl.constexpr, SUBS: tl.constexpr,
-    PAIRWISE: tl.constexpr, PDL: tl.constexpr,
+    PAIRWISE: tl.constexpr, ROW_START: tl.constexpr, PDL: tl.constexpr,
     NT: tl.constexpr, RT: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, GROUP_M: tl.constexpr,
     PIPE: tl.constexpr, ASM0: tl.constexpr, ASM1: tl.constexpr, CONS: tl.constexpr,
 ):
@@ -393,6 +393,8 @@ def frag_moe_kernel(
     is pair b alone, expert_ids_ptr is the flat topk_ids and pair b's row is slot 8b. Its sorted ids
     and padding are implicit; a pair whose expert is not in [0, E) (another rank's) writes a zero
     row in GEMM2, so that finalize's fixed row map needs no -1 entries.
+    ROW_START: the blocks' rows start at num_post_pad_ptr[1] (mixed alignment: the 8-row blocks follow
+    the 16-row ones); num_post_pad_ptr[0] is where they end.
     PDL: launched with programmatic dependent launch (pdl.py): wait for the previous kernel before
     the first global access, let the next one launch after the K loop."""
     if PDL:
@@ -406,17 +408,20 @@ def frag_moe_kernel(
     wn = warp // WK
     wk = warp % WK
     t = lane % 4
+    base_m = pid_m * BLOCK_M                       # first row (slot) of the token block
     if PAIRWISE:
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
         if (e < 0) | (e >= num_experts):
             if not GATED:
                 nothing = tl.zeros([R, 4], dtype=tl.float32)
                 for ri in tl.static_range(RT):
-                    _store_tile(nothing, nothing, c_ptr, stride_cm, 1.0, 1.0, pid_m * BLOCK_M, pid_n * WN * RT, N,
+                    _store_tile(nothing, nothing, c_ptr, stride_cm, 1.0, 1.0, base_m, pid_n * WN * RT, N,
                                 False, WN, WK, RT, ri)
             return
     else:
-        if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
+        if ROW_START:
+            base_m += tl.load(num_post_pad_ptr + 1)
+        if base_m >= tl.load(num_post_pad_ptr):
             return
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
@@ -432,7 +437,7 @@ def frag_moe_kernel(
     sbu = sb + up_tiles * stride_st
 
     # token rows of the two 8-row tiles (lane group g = lane // 4 is the MMA's N index)
-    slot0 = pid_m * BLOCK_M + lane // 4
+    slot0 = base_m + lane // 4
     slot1 = slot0 + 8
     # padding slots (sorted id == num_pairs) fetch nothing: masked copies zero-fill
     if PAIRWISE:
@@ -496,7 +501,6 @@ def frag_moe_kernel(
         gdc_launch_dependents()
     pg = tl.load(p_ptr + e * 2)
     pu = tl.load(p_ptr + e * 2 + 1)
-    base_m = pid_m * BLOCK_M
     tile_base = pid_n * WN * RT
     # warp wn's row tiles are tile_base + wn * RT + r: store tile r of every warp with WN-strided tiles
     _store_tile(g00, u00, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 0)

@@ -45,7 +45,7 @@ from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
 from .reference import _check_inputs
 from .pdl import pdl_supported
-from .triton_align import Alignment, align_by_expert
+from .triton_align import Alignment, align_by_expert, align_mixed
 from .triton_frag import STEP_K, FragWeights, frag_asm_args, frag_moe_kernel, grouped_block
 
 FMT_BF16, FMT_FP8, FMT_NVFP4, FMT_MXFP4 = 0, 1, 2, 3
@@ -590,6 +590,9 @@ class MoEConfig:
     block_m: int
     gemm1: GemmConfig | FragConfig
     gemm2: GemmConfig | FragConfig
+    # fragment kernel, mixed blocks (triton_align.align_mixed): gemm1/gemm2 (nt=2) run the 16-row blocks
+    # of experts with > 8 rows, these two (nt=1) the one 8-row block of each other expert
+    small: tuple[FragConfig, FragConfig] | None = None
 
     @property
     def frag(self) -> bool:
@@ -609,17 +612,20 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         # two row tiles per warp with 8-row blocks (four: twice the registers of its 4-sub-step loop,
         # 1.7x slower).
         if rows <= 1.5:   # decode: few programs, so NVFP4 GEMM1 splits K over two warps to fill the SMs
-            g1 = FragConfig(1, 4, 1, 2, 4) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 4)
+            g1 = FragConfig(1, 4, 1, 2, 4) if fmt == "nvfp4" else FragConfig(1, 4, 1, 2, 3)
             g2 = FragConfig(1, 4, 1, 1, 4) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3)
             return MoEConfig(8, g1, g2)
         if rows <= FRAG_NT1_ROWS:   # 8-row token blocks: nearly every expert fits in one
             g1 = FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)
             g2 = FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)
             return MoEConfig(8, g1, g2)
-        # 16-row token blocks: one block per expert instead of re-reading (and re-decoding) its
-        # weights for a second 8-row block
-        g1 = FragConfig(2, 4, 1, 1, 3) if fmt == "nvfp4" else FragConfig(2, 2, 1, 1, 3)
-        return MoEConfig(16, g1, FragConfig(2, 4, 1, 1, 3))
+        # mixed blocks: 16-row blocks for the experts with > 8 rows (one block instead of re-reading
+        # and re-decoding their weights for a second 8-row block), one 8-row block for the others
+        # (a 16-row block costs ~1.4x an 8-row one per weight byte)
+        g1 = FragConfig(2, 4, 1, 1, 3)
+        small = ((FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)),
+                 (FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)))
+        return MoEConfig(16, g1, FragConfig(2, 4, 1, 1, 3), small)
     if fmt not in ("nvfp4", "mxfp4"):  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
@@ -775,7 +781,7 @@ class TritonExperts:
         self.f13 = FragWeights.pack(weights.w13, self.fmt) if self.frag else None
         self.f2 = FragWeights.pack(weights.w2, self.fmt) if self.frag else None
         self._pairwise_perm: dict = {}
-        # fragment path: GEMM1, GEMM2 and finalize launched with PDL where supported (pdl.py)
+        # one-token (pairwise) forward: GEMM1, GEMM2 and finalize launched with PDL where supported (pdl.py)
         self.pdl = (self.frag and pdl_supported(weights.device)) if pdl is None else bool(pdl and self.frag)
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
@@ -810,6 +816,34 @@ class TritonExperts:
             num_warps=num_warps, num_stages=cfg.num_stages,
         )
 
+    def _forward_frag(self, cfg: MoEConfig, x, topk_weights, topk_ids, shared_output, routed_scale, defer_finalize):
+        t, top_k = topk_ids.shape
+        num_pairs = t * top_k
+        if cfg.small is not None:   # two block sizes (16-row blocks first in the row space)
+            if cfg.block_m != 16 or cfg.gemm1.nt != 2 or cfg.small[0].nt != 1:
+                raise ValueError("mixed fragment configs: 16-row blocks (nt=2) and small (nt=1) configs")
+            mixed = align_mixed(topk_ids, self.E)
+            parts = [(mixed.big, cfg.gemm1, cfg.gemm2), (mixed.small, *cfg.small)]
+            perm, p_max, pairwise = mixed.perm, mixed.p_max, False
+        else:
+            if t == 1 and cfg.block_m == 8:
+                al = self._pairwise(topk_ids)   # one token: its experts are distinct; no sort needed
+            else:
+                al = align_by_expert(topk_ids, self.E, cfg.block_m)
+            parts = [(al, cfg.gemm1, cfg.gemm2)]
+            perm, p_max, pairwise = al.perm, al.p_max, al.pairwise
+        inter = torch.empty(p_max, self.I, dtype=torch.bfloat16, device=x.device)
+        gemm2_out = torch.empty(p_max, self.H, dtype=torch.bfloat16, device=x.device)
+        if num_pairs:
+            for al, g1, _ in parts:
+                self._launch_frag(self.f13, x, inter, al, self.I, g1, True, True, top_k, num_pairs)
+            for al, _, g2 in parts:
+                self._launch_frag(self.f2, inter, gemm2_out, al, self.H, g2, False, False, top_k, num_pairs)
+        if defer_finalize:
+            return DeferredMoEOutput(gemm2_out, topk_weights, perm, float(routed_scale))
+        return moe_finalize_fuse_shared(gemm2_out, topk_weights, perm, shared_output, float(routed_scale),
+                                        pdl=self.pdl and pairwise)
+
     def _pairwise(self, topk_ids: torch.Tensor) -> Alignment:
         """One 8-row block per (token, expert) pair, pair i on row 8i: no alignment launches (the
         fragment kernel reads the expert of block i from topk_ids itself). The row map is a constant,
@@ -833,6 +867,7 @@ class TritonExperts:
         if a.stride(1) != 1 or a.stride(0) % 8 or a.data_ptr() % 16:
             a = a.contiguous().clone()
         grid = (al.max_blocks * triton.cdiv(n, 16 * cfg.wn * cfg.rt),)
+        pdl = self.pdl and al.pairwise   # measured: -1.5 us at 1 token, +0-2% at 8-64 tokens
         frag_moe_kernel[grid](
             a, a.stride(0) // 2,
             fw.w, fw.w.stride(0), fw.w.stride(1),
@@ -841,9 +876,9 @@ class TritonExperts:
             c, c.stride(0),
             al.sorted_ids, al.expert_ids, al.num_post_pad,
             n, steps, num_pairs, (fw.n // 2) // 16 if gated else 0, al.max_blocks, self.E,
-            TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, PDL=self.pdl, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
+            TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, ROW_START=al.row_start, PDL=pdl, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
             WK=wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
-            num_warps=cfg.wn * wk, **({"launch_pdl": True} if self.pdl else {}),
+            num_warps=cfg.wn * wk, **({"launch_pdl": True} if pdl else {}),
         )
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
@@ -856,20 +891,9 @@ class TritonExperts:
         if cfg.frag and not self.frag:
             raise ValueError("a fragment-kernel config needs TritonExperts(frag=True) FP4 weights")
         x = x.to(torch.bfloat16).contiguous()
-        if cfg.frag and t == 1 and cfg.block_m == 8:
-            al = self._pairwise(topk_ids)   # one token: its experts are distinct; no sort needed
-        else:
-            al = align_by_expert(topk_ids, self.E, cfg.block_m)
         if cfg.frag:
-            inter = torch.empty(al.p_max, self.I, dtype=torch.bfloat16, device=x.device)
-            gemm2_out = torch.empty(al.p_max, self.H, dtype=torch.bfloat16, device=x.device)
-            if num_pairs:
-                self._launch_frag(self.f13, x, inter, al, self.I, cfg.gemm1, True, True, top_k, num_pairs)
-                self._launch_frag(self.f2, inter, gemm2_out, al, self.H, cfg.gemm2, False, False, top_k, num_pairs)
-            if defer_finalize:
-                return DeferredMoEOutput(gemm2_out, topk_weights, al.perm, float(routed_scale))
-            return moe_finalize_fuse_shared(gemm2_out, topk_weights, al.perm, shared_output, float(routed_scale),
-                                            pdl=self.pdl)
+            return self._forward_frag(cfg, x, topk_weights, topk_ids, shared_output, routed_scale, defer_finalize)
+        al = align_by_expert(topk_ids, self.E, cfg.block_m)
         # the CUDA-core path keeps the SiLU*up activations in fp32 (no bf16 rounding between the GEMMs)
         # (not with mma.sync in GEMM2: its operands are bf16, as in the reference)
         fma = (cfg.gemm1.fma and cfg.gemm2.fma and self.fmt_id >= FMT_NVFP4

@@ -15,6 +15,7 @@ from moe_kernels.reference import TorchExperts  # noqa: E402
 from moe_kernels.routing import softmax_topk  # noqa: E402
 from moe_kernels.selftest import selftest  # noqa: E402
 from moe_kernels.triton_align import align_by_expert  # noqa: E402
+from alignment_checks import check_mixed as _check_mixed  # noqa: E402
 from moe_kernels.triton_moe import TritonExperts  # noqa: E402
 
 DEV = "cuda"
@@ -78,6 +79,14 @@ def test_triton_experts_skip_other_ranks_and_bf16_weights():
     ref = TorchExperts(weights).forward(x, w.bfloat16(), ids, shared_output=shared)
     out = TritonExperts(weights).forward(x, w.bfloat16(), ids, shared_output=shared)
     assert _rel(out, ref) < 1e-2
+
+
+def test_mixed_align_puts_big_experts_in_16_row_blocks():
+    from moe_kernels.triton_align import align_mixed
+    for t, k, e in [(256, 8, 256), (40, 4, 16), (1, 8, 256), (3000, 8, 64)]:
+        ids = torch.randint(0, e, (t, k), device=DEV, dtype=torch.int32)
+        ids[0, -1] = -1
+        _check_mixed(align_mixed(ids, e), ids, e)
 
 
 def test_align_is_a_padded_permutation():
@@ -183,6 +192,31 @@ def test_fragment_kernel_one_token_without_alignment_skips_other_ranks(fmt):
     assert torch.equal(again, out)
     # programmatic dependent launch changes when kernels start, never what they compute
     assert torch.equal(TritonExperts(weights, frag=True, pdl=False).forward(x, w, ids, shared_output=shared), out)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fragment_kernel_mixed_blocks(fmt):
+    # ~10 rows per expert: the default mixes 16-row blocks (experts with > 8 rows, here also one with
+    # > 16) and 8-row blocks; other ranks' pairs are skipped
+    from moe_kernels.triton_moe import default_config
+    e, h, i, t, k = 16, 1024, 512, 40, 4
+    weights, x, w, ids, shared = _problem(fmt, e, h, i, t, k, seed=31)
+    ids = ids.clone()
+    ids[:30, 0] = 3
+    ids[5, 2] = -1
+    assert default_config(fmt, t * k, e, True).small is not None
+    ref = TorchExperts(weights).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+    ex = TritonExperts(weights, frag=True)
+    _poison_allocator()
+    out = ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+    assert _rel(out, ref) < 1e-2
+    assert torch.equal(ex.forward(x, w, ids, routed_scale=1.5, defer_finalize=True).finalize(shared), out)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        again = ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(again, out)
 
 
 def test_fragment_kernel_is_the_default_for_few_rows_and_graph_capturable():

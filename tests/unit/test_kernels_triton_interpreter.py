@@ -58,3 +58,24 @@ def test_triton_moe_in_interpreter(fmt, mode):
     _, err, ok_perm = line.split()
     # the interpreter rounds fp32 -> bf16 by truncation, hence a looser bound than on the GPU
     assert float(err) < 3e-2 and ok_perm == "True"
+
+
+MIXED = r"""
+import torch
+from alignment_checks import check_mixed
+from moe_kernels.triton_align import align_mixed
+torch.manual_seed(0)
+for t, k, e in [(40, 4, 16), (1, 8, 64), (300, 8, 64), (7, 2, 8)]:
+    ids = torch.randint(0, e, (t, k), dtype=torch.int32)
+    ids[:t // 2 + 1, 0] = 3    # one expert with many rows (several 16-row blocks)
+    ids[0, -1] = -1            # another rank's expert
+    check_mixed(align_mixed(ids, e), ids, e)
+print("MIXED OK")
+"""
+
+
+def test_mixed_alignment_in_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", MIXED], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "MIXED OK" in res.stdout

@@ -1,0 +1,31 @@
+"""Invariants of triton_align.align_mixed, shared by the CPU interpreter test and the GPU test."""
+
+import torch
+
+
+def check_mixed(mixed, ids: torch.Tensor, num_experts: int, small_m: int = 8, big_m: int = 16) -> None:
+    flat = ids.flatten().long()
+    dev = flat.device
+    n = flat.numel()
+    valid = (flat >= 0) & (flat < num_experts)
+    perm = mixed.perm.long()
+    assert torch.equal(perm >= 0, valid), "perm is -1 exactly for other ranks' experts"
+    rows, experts = perm[valid], flat[valid]
+    assert rows.unique().numel() == rows.numel(), "each pair has its own row"
+    sorted_ids = mixed.big.sorted_ids.long()
+    assert torch.equal(sorted_ids[rows], torch.arange(n, device=dev)[valid]), "sorted_ids inverts perm"
+    pad = torch.ones(mixed.p_max, dtype=torch.bool, device=dev)
+    pad[rows] = False
+    assert (sorted_ids[pad] == n).all(), "padding rows hold num_pairs"
+    counts = torch.bincount(experts, minlength=num_experts)
+    big = counts > small_m
+    end_big, start_big = mixed.big.num_post_pad.tolist()
+    end_small, start_small = mixed.small.num_post_pad.tolist()
+    assert start_big == 0 and start_small == end_big
+    assert end_big == int(((counts + big_m - 1) // big_m * big_m)[big].sum())
+    assert end_small - start_small == small_m * int(((counts > 0) & ~big).sum())
+    assert end_small <= mixed.p_max
+    in_big = rows < end_big
+    assert torch.equal(in_big, big[experts]), "experts with > small_m rows (only) are in big blocks"
+    assert torch.equal(mixed.big.expert_ids[rows[in_big] // big_m].long(), experts[in_big])
+    assert torch.equal(mixed.small.expert_ids[(rows[~in_big] - start_small) // small_m].long(), experts[~in_big])
