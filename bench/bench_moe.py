@@ -134,7 +134,7 @@ FRAG_CANDIDATES = {
                          [(4, 1, 1, 4), (4, 1, 1, 4, 2), (4, 2, 1, 3), (4, 1, 2, 4)]),
     ("mxfp4", "decode"): ([(2, 2, 1, 4), (2, 1, 2, 4), (4, 1, 2, 4), (4, 1, 1, 4), (4, 1, 2, 3), (2, 2, 2, 4)],
                           [(4, 2, 1, 3), (4, 1, 1, 4), (4, 1, 2, 4), (2, 2, 1, 4), (2, 1, 2, 4)]),
-    ("mxfp4", "batch"): ([(2, 2, 1, 4), (2, 2, 1, 4, 2), (2, 4, 1, 4), (2, 2, 1, 3), (2, 1, 1, 4)],
+    ("mxfp4", "batch"): ([(2, 2, 1, 3), (2, 2, 1, 4), (2, 4, 1, 4), (2, 1, 1, 4), (4, 1, 2, 3), (4, 2, 1, 3)],
                          [(4, 2, 1, 3), (4, 2, 1, 3, 2), (4, 1, 1, 4), (4, 1, 1, 3)]),
     # 16-row token blocks (nt=2)
     ("nvfp4", "nt2"): ([(4, 1, 1, 3), (4, 2, 1, 3), (4, 1, 2, 3), (2, 1, 1, 3)],
@@ -151,7 +151,7 @@ def frag_sweep(ex: TritonExperts, tokens: list[int], g, nt2: bool = False, mixed
         regime = "decode" if rows <= 1.5 else ("nt2" if nt2 else "batch")
         nt = 2 if nt2 else 1
         g1s, g2s = FRAG_CANDIDATES[(ex.fmt, regime)]
-        big = default_config(ex.fmt, 2 * E * 8, E, True)   # the 16-row configs of the mixed default
+        big = default_config(ex.fmt, 8 * E, E, True)   # the 16-row configs of the mixed default (8 rows)
 
         def make(g1, g2):
             if mixed:   # sweep the 8-row (small) configs, the 16-row blocks on their default
