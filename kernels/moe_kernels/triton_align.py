@@ -8,6 +8,9 @@ Two small launches and no host synchronisation (CUDA-graph safe):
 The order of rows inside an expert is therefore arbitrary, which is harmless: every row's result
 depends only on that row (finalize reads rows back through `perm`, in slot order).
 
+`align_mixed` (fragment kernel, ~8 rows per expert) gives each expert either 16-row blocks (more
+than 8 rows) or a single 8-row block, in one row space: the 16-row blocks first, then the 8-row ones.
+
 Buffers are sized for the worst case on the host, from T*K, E and BLOCK_M only:
 blocks = sum_e ceil(c_e / BLOCK_M) <= m + (T*K - m) // BLOCK_M with m = min(E, T*K).
 """

@@ -9,7 +9,9 @@ Weights are dequantised in registers, tile by tile, to bf16 (exact for FP4: e2m1
 most 6 significant bits); per-expert factors (NVFP4 global scale, exponent offsets) are applied to
 the fp32 accumulator. FP4 with <= FRAG_MAX_ROWS rows per expert (decode and small batches) runs
 on the fragment-order kernel of triton_frag.py (its own weight copy, packed in __init__; 8-row token
-blocks, decoded weights as the A operand of mma.sync, no operand staging). Otherwise: bf16
+blocks, decoded weights as the A operand of mma.sync, no operand staging). There, one token skips the
+alignment (pairwise blocks; GEMM1, GEMM2 and finalize chained with programmatic dependent launch on
+SM90, pdl.py), and ~8 rows per expert mix 16-row and 8-row blocks (align_mixed). Otherwise: bf16
 tensor-core tiles (tl.dot). Kept selectable by explicit config: the one-row decode loops
 (_fp4_fma_loop_pipe: cp.async stages, mma.sync on the decoded tile or CUDA-core FMAs; the older
 hand-prefetched _fp4_fma_loop, GemmConfig.pipe=0, whose register prefetch never stayed in flight),
@@ -602,15 +604,17 @@ class MoEConfig:
 def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = False) -> MoEConfig:
     """Tile choice by rows per touched expert (measured on an H200, see bench/README.md).
 
-    FP4 decode (about one row per expert): one row per block, cp.async-pipelined (4 stages) with
-    mma.sync on the decoded tiles (_fp4_fma_loop_pipe), 32-row column blocks. Up to 16 rows
-    per expert: 16-row tensor-core tiles. Large batches: 128-row tiles reuse each dequantised weight
-    tile 128 times. Register counts were read from the compiled SM90 cubins (no spills)."""
+    FP4 with the fragment copy (frag=True), up to FRAG_MAX_ROWS rows per expert: the fragment-order
+    kernel (triton_frag.py) with 8-row blocks (one token: pairwise, no alignment launches), and above
+    FRAG_NT1_ROWS mixed 8/16-row blocks. Without it, FP4 decode runs the one-row cp.async loop with
+    mma.sync (_fp4_fma_loop_pipe) and small batches 16-row tensor-core tiles. Large batches: 128-row
+    tiles reuse each dequantised weight tile 128 times. Register counts were read from the compiled
+    SM90 cubins (no spills)."""
     rows = num_pairs / max(1, min(num_experts, num_pairs))
     if fmt in ("nvfp4", "mxfp4") and frag and rows <= FRAG_MAX_ROWS:
         # (nt, rt, wn, wk, pipe[, group_m]) from the H200 sweeps in bench/README.md. MXFP4 GEMM1 keeps
-        # two row tiles per warp with 8-row blocks (four: twice the registers of its 4-sub-step loop,
-        # 1.7x slower).
+        # two row tiles per warp with 8-row blocks at 2-8 rows per expert (four: more registers in its
+        # 4-sub-step loop; slower there, faster at one token since the cheaper word decode).
         if rows <= 1.5:   # decode: few programs, so NVFP4 GEMM1 splits K over two warps to fill the SMs
             g1 = FragConfig(1, 4, 1, 2, 4) if fmt == "nvfp4" else FragConfig(1, 4, 1, 2, 3)
             g2 = FragConfig(1, 4, 1, 1, 4) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3)
@@ -645,10 +649,11 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
 # Rows per expert up to which the fragment-order kernel (8 or 16 token rows per block, no shared-memory
 # operand staging) is used; above, tensor-core tiles share activations between warps.
 FRAG_MAX_ROWS = 12
-# Above this many rows per expert, 16-row blocks (measured 1.24x the cost per weight byte of 8-row
-# blocks at 256 tokens) beat 8-row blocks, of which an expert then needs 1.24+ on average (Poisson
-# rows: P(rows > 8) > 0.24 from about 6.5 rows). Derived from the 256-token sweep, not measured at
-# the boundary itself.
+# Above this many rows per expert, mixed blocks (align_mixed: 16-row blocks for experts with > 8 rows,
+# one 8-row block for the others) instead of 8-row blocks only, of which an expert with 9-16 rows
+# needs two (its weights read and decoded twice). Below, hardly any expert has > 8 rows (Poisson:
+# P(rows > 8) < 4% at 4 rows), so the extra two launches of the mixed path are not worth it.
+# Set from the 256-token runs, not measured at the boundary itself.
 FRAG_NT1_ROWS = 6
 
 # Rows per expert up to which the one-row CUDA-core path wins: it re-reads an expert's weights for
