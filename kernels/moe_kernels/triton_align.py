@@ -57,9 +57,8 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 @triton.jit
-def _count_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, num_post_pad_ptr, sorted_ids_ptr,
-                  MAX_BLOCKS, P_MAX, BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr):
-    bins = tl.arange(0, E_P2)
+def _expert_counts(ids_ptr, num_pairs, E, E_P2: tl.constexpr, CHUNK: tl.constexpr):
+    """Rows per expert ([E_P2], zero past E)."""
     counts = tl.zeros([E_P2], dtype=tl.int32)
     for start in range(0, num_pairs, CHUNK):
         offs = start + tl.arange(0, CHUNK)
@@ -67,22 +66,42 @@ def _count_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, num_post_pa
         # Out-of-range ids (other ranks' experts, and the tail) go to the spare bin E_P2-1 >= E.
         e = tl.where((e >= 0) & (e < E), e, E_P2 - 1)
         counts += tl.histogram(e, E_P2)
-    counts = tl.where(bins < E, counts, 0)
+    return tl.where(tl.arange(0, E_P2) < E, counts, 0)
+
+
+@triton.jit
+def _block_experts(ends, E, first_row, expert_ids_ptr, MAX_BLOCKS, BLOCK_M: tl.constexpr, E_P2: tl.constexpr,
+                   CHUNK: tl.constexpr):
+    """Expert of each BLOCK_M-row block starting at first_row = number of experts whose padded range
+    (empty ones included) ends at or before the block's first row (E past the end)."""
+    ends = tl.where(tl.arange(0, E_P2) < E, ends, 2147483647)
+    for b0 in range(0, MAX_BLOCKS, CHUNK):
+        blk = b0 + tl.arange(0, CHUNK)
+        eid = tl.sum((ends[None, :] <= first_row + blk[:, None] * BLOCK_M).to(tl.int32), axis=1)
+        tl.store(expert_ids_ptr + blk, eid, mask=blk < MAX_BLOCKS)
+
+
+@triton.jit
+def _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK: tl.constexpr):
+    """Every row starts as padding (sorted id num_pairs); the scatter kernel claims the used ones."""
+    for r0 in range(0, P_MAX, CHUNK):
+        rows = r0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ids_ptr + rows, tl.full([CHUNK], 0, tl.int32) + num_pairs, mask=rows < P_MAX)
+
+
+@triton.jit
+def _count_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, num_post_pad_ptr, sorted_ids_ptr,
+                  MAX_BLOCKS, P_MAX, BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr):
+    bins = tl.arange(0, E_P2)
+    counts = _expert_counts(ids_ptr, num_pairs, E, E_P2, CHUNK)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
     tl.store(cursor_ptr + bins, starts, mask=bins < E)
     total = tl.sum(padded, 0)
     tl.store(num_post_pad_ptr, total)
-    ends = tl.where(bins < E, ends, 2147483647)
-    for b0 in range(0, MAX_BLOCKS, CHUNK):
-        blk = b0 + tl.arange(0, CHUNK)
-        # expert of a block = number of experts whose padded range ends at or before its first row
-        eid = tl.sum((ends[None, :] <= blk[:, None] * BLOCK_M).to(tl.int32), axis=1)
-        tl.store(expert_ids_ptr + blk, eid, mask=blk < MAX_BLOCKS)
-    for r0 in range(0, P_MAX, CHUNK):
-        rows = r0 + tl.arange(0, CHUNK)
-        tl.store(sorted_ids_ptr + rows, tl.full([CHUNK], 0, tl.int32) + num_pairs, mask=rows < P_MAX)
+    _block_experts(ends, E, 0, expert_ids_ptr, MAX_BLOCKS, BLOCK_M, E_P2, CHUNK)
+    _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK)
 
 
 @triton.jit
@@ -105,13 +124,7 @@ def _count_mixed_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, bound
                         MAX_BIG, MAX_SMALL, P_MAX, SMALL: tl.constexpr, BIG: tl.constexpr,
                         E_P2: tl.constexpr, CHUNK: tl.constexpr):
     bins = tl.arange(0, E_P2)
-    counts = tl.zeros([E_P2], dtype=tl.int32)
-    for start in range(0, num_pairs, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        e = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
-        e = tl.where((e >= 0) & (e < E), e, E_P2 - 1)
-        counts += tl.histogram(e, E_P2)
-    counts = tl.where(bins < E, counts, 0)
+    counts = _expert_counts(ids_ptr, num_pairs, E, E_P2, CHUNK)
     big = counts > SMALL
     pad_big = tl.where(big, (counts + BIG - 1) // BIG * BIG, 0)
     pad_small = tl.where(big | (counts == 0), 0, SMALL)
@@ -125,20 +138,9 @@ def _count_mixed_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, bound
     tl.store(bounds_ptr + 1, 0)
     tl.store(bounds_ptr + 2, tot_big + tot_small)
     tl.store(bounds_ptr + 3, tot_big)
-    end_big = tl.where(bins < E, end_big, 2147483647)
-    end_small = tl.where(bins < E, end_small, 2147483647)
-    # expert of a block = number of experts whose range (empty ones included) ends at or before its first row
-    for b0 in range(0, MAX_BIG, CHUNK):
-        blk = b0 + tl.arange(0, CHUNK)
-        eid = tl.sum((end_big[None, :] <= blk[:, None] * BIG).to(tl.int32), axis=1)
-        tl.store(expert_ids_ptr + blk, eid, mask=blk < MAX_BIG)
-    for b0 in range(0, MAX_SMALL, CHUNK):
-        blk = b0 + tl.arange(0, CHUNK)
-        eid = tl.sum((end_small[None, :] <= tot_big + blk[:, None] * SMALL).to(tl.int32), axis=1)
-        tl.store(expert_ids_ptr + MAX_BIG + blk, eid, mask=blk < MAX_SMALL)
-    for r0 in range(0, P_MAX, CHUNK):
-        rows = r0 + tl.arange(0, CHUNK)
-        tl.store(sorted_ids_ptr + rows, tl.full([CHUNK], 0, tl.int32) + num_pairs, mask=rows < P_MAX)
+    _block_experts(end_big, E, 0, expert_ids_ptr, MAX_BIG, BIG, E_P2, CHUNK)
+    _block_experts(end_small, E, tot_big, expert_ids_ptr + MAX_BIG, MAX_SMALL, SMALL, E_P2, CHUNK)
+    _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK)
 
 
 def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:

@@ -27,6 +27,16 @@ def _poison_allocator(nbytes=1 << 30):
     del buf
 
 
+def _graph_replay(fn):
+    """fn captured in a CUDA graph and replayed once: the output tensor of the replay."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 def _rel(a, b):
     a, b = a.float(), b.float()
     assert torch.isfinite(a).all(), "non-finite output (unwritten or overflow)"
@@ -113,11 +123,7 @@ def test_forward_is_cuda_graph_capturable():
     with torch.cuda.stream(s):
         ex.forward(x, w, ids, shared_output=shared)  # warm-up / compile outside capture
     torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = ex.forward(x, w, ids, shared_output=shared)
-    graph.replay()
-    torch.cuda.synchronize()
+    out = _graph_replay(lambda: ex.forward(x, w, ids, shared_output=shared))
     assert torch.equal(out, eager)
 
 
@@ -184,11 +190,7 @@ def test_fragment_kernel_one_token_without_alignment_skips_other_ranks(fmt):
     _poison_allocator()
     out = ex.forward(x, w, ids, shared_output=shared)
     assert _rel(out, ref) < 1e-2
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        again = ex.forward(x, w, ids, shared_output=shared)
-    g.replay()
-    torch.cuda.synchronize()
+    again = _graph_replay(lambda: ex.forward(x, w, ids, shared_output=shared))
     assert torch.equal(again, out)
     # programmatic dependent launch changes when kernels start, never what they compute
     assert torch.equal(TritonExperts(weights, frag=True, pdl=False).forward(x, w, ids, shared_output=shared), out)
@@ -211,11 +213,7 @@ def test_fragment_kernel_mixed_blocks(fmt):
     out = ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5)
     assert _rel(out, ref) < 1e-2
     assert torch.equal(ex.forward(x, w, ids, routed_scale=1.5, defer_finalize=True).finalize(shared), out)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        again = ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5)
-    g.replay()
-    torch.cuda.synchronize()
+    again = _graph_replay(lambda: ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5))
     assert torch.equal(again, out)
 
 
@@ -225,9 +223,5 @@ def test_fragment_kernel_is_the_default_for_few_rows_and_graph_capturable():
     assert ex.frag
     ref = TorchExperts(weights).forward(x, w, ids, shared_output=shared)
     out = ex.forward(x, w, ids, shared_output=shared)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        again = ex.forward(x, w, ids, shared_output=shared)
-    g.replay()
-    torch.cuda.synchronize()
+    again = _graph_replay(lambda: ex.forward(x, w, ids, shared_output=shared))
     assert _rel(out, ref) < 1e-2 and torch.equal(again, out)
