@@ -126,7 +126,7 @@ def test_default_configs_are_ones_the_fragment_kernel_takes(fmt):
     # every default below FRAG_MAX_ROWS is a fragment config whose (rt, nt) has generated PTX, with
     # block_m matching its token tiles; above it the tiled kernel takes over
     from moe_kernels.triton_frag import frag_asm_args
-    from moe_kernels.triton_moe import FRAG_MAX_ROWS, FragConfig, default_config
+    from moe_kernels.triton_moe import FRAG_MAX_ROWS, FRAG_NT1_ROWS, FragConfig, default_config
     for tokens in (1, 2, 8, 16, 64, 128, 200, 256, 384):
         cfg = default_config(fmt, tokens * 8, 256, frag=True)
         rows = tokens * 8 / min(256, tokens * 8)
@@ -135,4 +135,50 @@ def test_default_configs_are_ones_the_fragment_kernel_takes(fmt):
             for g in (cfg.gemm1, cfg.gemm2):
                 assert isinstance(g, FragConfig) and cfg.block_m == 8 * g.nt
                 frag_asm_args(fmt, g.nt, g.rt)
+            # mixed blocks (above FRAG_NT1_ROWS): 8-row configs for the experts that fit in one block
+            assert (cfg.small is not None) == (rows > FRAG_NT1_ROWS)
+            for g in cfg.small or ():
+                assert isinstance(g, FragConfig) and g.nt == 1
+                frag_asm_args(fmt, g.nt, g.rt)
     assert not default_config(fmt, 8, 256, frag=False).frag
+
+
+def _run_ptx_ints(lines, regs):
+    """The integer PTX the decode uses (and / shf.r.wrap / mul.lo on .b32/.u32), on Python ints."""
+    import re
+    m32 = 0xFFFFFFFF
+    val = lambda tok: int(tok, 16) if tok.startswith("0x") else (int(tok) if tok.isdigit() else regs[tok])  # noqa: E731
+    for line in lines:
+        op, args = line.rstrip(";").split(None, 1)
+        a = [x.strip() for x in args.split(",")]
+        if op == "and.b32":
+            regs[a[0]] = val(a[1]) & val(a[2])
+        elif op == "shf.r.wrap.b32":
+            assert a[1] == a[2], "the decode only rotates"
+            r = val(a[3]) % 32
+            x = val(a[1])
+            regs[a[0]] = ((x >> r) | (x << (32 - r))) & m32
+        elif op == "mul.lo.u32":
+            regs[a[0]] = (val(a[1]) * val(a[2])) & m32
+        else:
+            assert re.match(r"fma\.rn\.bf16x2", op), op
+            return regs[a[1]]   # the bf16x2 bits that get scaled
+    raise AssertionError("no fma in the decode")
+
+
+def test_word_decode_ptx_is_what_the_cpu_mirror_computes():
+    # the PTX text the GPU runs and the torch/int mirror that the bit-exact tests go through are
+    # generated from one table (fp4_ptx.WORD_OPS); check they agree on random words
+    import random
+    from moe_kernels import fp4_ptx
+    rng = random.Random(5)
+    for _ in range(2000):
+        w = rng.getrandbits(32)
+        for k in range(4):
+            lines = fp4_ptx.word_pair("d", "w", k, "s")
+            assert _run_ptx_ints(lines, {"w": w}) == fp4_ptx.word_pair_bits(w, k)
+
+
+def test_word_layout_places_every_bit_once():
+    from moe_kernels.triton_frag import WORD_POS
+    assert sorted(WORD_POS.flatten().tolist()) == list(range(32))
