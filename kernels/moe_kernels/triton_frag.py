@@ -73,6 +73,9 @@ def _word_pos() -> torch.Tensor:
 
 
 WORD_POS = _word_pos()
+# int64 [8 code slots, 16 codes]: the word bits of code c in slot i
+WORD_BITS = ((torch.arange(16).view(1, 16, 1) >> torch.arange(4).view(1, 1, 4) & 1)
+             << WORD_POS.view(8, 1, 4)).sum(dim=2)
 
 
 def _lane_maps(sub: int):
@@ -153,7 +156,8 @@ class FragWeights:
         rows, ks = _lane_maps(SUB[fmt])
         rows, ks = rows.to(packed.device), ks.to(packed.device)
         s_rows, s_grp, s_t = (x.to(packed.device) for x in _scale_maps())
-        pos = WORD_POS.to(packed.device)
+        bits = WORD_BITS.flatten().to(packed.device)
+        slot16 = 16 * torch.arange(8, device=packed.device).view(1, 1, 1, 8, 1, 1)
         w_out = torch.empty(e, n // 16, k // step, SUB[fmt], 32, 4, dtype=torch.int32, device=packed.device)
         s_out = torch.empty(e, n // 16, k // step, 32, dtype=torch.int32, device=packed.device)
         for x in range(e):   # one expert at a time: bounded temporaries
@@ -185,9 +189,8 @@ class FragWeights:
             # weights: [N/16, 16, K/step, step] -> gather [sub, lane, word, slot] per (tile, step)
             c5 = codes.view(n // 16, 16, k // step, step)
             g = c5[:, rows, :, ks]                        # [sub, 32, 4, 8, N/16, K/step]
-            words = torch.zeros_like(g[:, :, :, 0])                  # [sub, 32, 4, N/16, K/step]
-            for bit in range(4):   # code bit -> its place in the word (WORD_POS), one bit at a time
-                words += (((g >> bit) & 1) << pos[:, bit].view(1, 1, 1, 8, 1, 1)).sum(dim=3)
+            # code c in slot i adds WORD_BITS[i, c] (its bits at their WORD_POS places) to the word
+            words = bits[g + slot16].sum(dim=3)                      # [sub, 32, 4, N/16, K/step]
             words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
             w_out[x] = words.permute(3, 4, 0, 1, 2)
             # scales: [N/16, 16, K/step, 8 groups per step] (group of lane t's pair q = 2t + q)
