@@ -18,7 +18,7 @@ from .inventory import NodeInfo, build, node_info, pod_gpu_requests
 from .kube import Kube
 from .metrics import GPU_CLASSES, RECONCILES
 from .placement import impossible_everywhere
-from .reconcile import Config, reconcile
+from .reconcile import Config, Outcome, reconcile
 
 log = logging.getLogger("moe_operator")
 RESYNC_SECONDS = float(os.environ.get("MOE_RESYNC_SECONDS", "10"))
@@ -104,14 +104,29 @@ def current_classes(gpu_nodes: kopf.Index, gpu_pods: kopf.Index) -> dict:
 _INDEXES: dict[str, kopf.Index] = {}
 
 
+# One reconcile at a time per object: the kopf handler (and its retries), the resync loop and the
+# owned-workload trigger would otherwise interleave, and one of them, holding a body read before the
+# other wrote status.gpuClass, would place the object again from scratch (placement is sticky only
+# through that field) and flip its GPU class once its first pods took the free GPUs.
+_LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
+
+
 async def _reconcile_and_report(moed: dict[str, Any], gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any,
                                 source: str) -> Any:
     """The one path every trigger takes: reconcile, write status, post Events, count, log."""
     _INDEXES.update(nodes=gpu_nodes, pods=gpu_pods)
-    classes = current_classes(gpu_nodes, gpu_pods)
-    outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
     meta = moed["metadata"]
-    await asyncio.to_thread(kube().patch_status, meta["namespace"], meta["name"], outcome.status)
+    key = (meta["namespace"], meta["name"])
+    async with _LOCKS.setdefault(key, asyncio.Lock()):
+        # re-read under the lock: the status the previous reconcile of this object just wrote
+        fresh = await asyncio.to_thread(kube().get_moed, *key)
+        if fresh is None:   # deleted meanwhile: nothing to reconcile or report
+            _LOCKS.pop(key, None)
+            return Outcome(status={})
+        moed = fresh
+        classes = current_classes(gpu_nodes, gpu_pods)
+        outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
+        await asyncio.to_thread(kube().patch_status, meta["namespace"], meta["name"], outcome.status)
     for type_, reason, message in outcome.events:
         (kopf.warn if type_ == "Warning" else kopf.info)(moed, reason=reason, message=message[:1000])
     st = outcome.status

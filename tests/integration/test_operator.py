@@ -124,6 +124,46 @@ def test_sample_is_planned_rendered_and_scheduled(sample, kubectl, namespace, op
     wait_for(available, 60, f"{name} Available", operator.log_tail)
 
 
+def test_a_reconcile_holding_a_stale_body_keeps_the_placed_class(kubectl, kubeconfig, namespace, operator, monkeypatch):
+    """Placement is sticky through status.gpuClass. A reconcile whose body predates that status (a kopf
+    retry, or the resync loop racing the handler) must re-read it rather than place the object again:
+    here the placed class is full, so placing from scratch would move it (a flake CI once showed as a
+    Deployment rendered for sm90 under a status saying sm100)."""
+    import asyncio
+    import logging
+
+    from kubernetes import config as kconfig
+
+    from moe_operator import handlers
+    from moe_operator.inventory import node_info
+    from moe_operator.kube import Kube
+
+    from .operator_fixture import CHECKPOINTS
+
+    doc = apply_sample(kubectl, namespace, "qwen3-moe-fp8.yaml")
+    name = doc["metadata"]["name"]
+    live = wait_planned(kubectl, namespace, name, operator)
+    placed = live["status"]["gpuClass"]
+    infos = [node_info(n) for n in get_json(kubectl, "nodes")["items"]]
+    infos = [i for i in infos if i.gpu_class is not None]
+    gpu_nodes = {"all": infos}
+    gpu_pods = {i.name: [i.allocatable] for i in infos if i.gpu_class.key() == placed}   # placed class: full
+    assert any(i.gpu_class.key() != placed for i in infos), "the sample allows another class"
+    stale = {k: v for k, v in live.items() if k != "status"}
+    monkeypatch.setattr(handlers, "_kube", Kube(kconfig.new_client_from_config(config_file=kubeconfig)))
+    monkeypatch.setattr(handlers.CONFIG, "local_models_dir", str(CHECKPOINTS))
+    events = []   # kopf posts Events only inside a running operator: collect them here
+    monkeypatch.setattr(handlers.kopf, "info", lambda obj, reason, message: events.append(reason))
+    monkeypatch.setattr(handlers.kopf, "warn", lambda obj, reason, message: events.append(reason))
+    out = asyncio.run(handlers._reconcile_and_report(stale, gpu_nodes, gpu_pods, logging.getLogger("test"), "test"))
+    assert out.status["gpuClass"] == placed, f"moved from {placed}; events {events}"
+    assert "Planned" not in events, "a re-placement announces a new plan"
+    dep = get_json(kubectl, "deployment", name, "-n", namespace)
+    terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    keys = {e["key"]: e["values"] for e in terms["nodeSelectorTerms"][0]["matchExpressions"]}
+    assert keys["nvidia.com/gpu.compute.major"] == [placed.split("/")[0].removeprefix("sm")[:-1]]
+
+
 def test_spec_update_rerenders_and_restart_changes_nothing(kubectl, namespace, operator):
     doc = apply_sample(kubectl, namespace, "explicit-backend-override.yaml")
     name = doc["metadata"]["name"]
