@@ -109,6 +109,7 @@ _INDEXES: dict[str, kopf.Index] = {}
 # other wrote status.gpuClass, would place the object again from scratch (placement is sticky only
 # through that field) and flip its GPU class once its first pods took the free GPUs.
 _LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
+_LOCK_USERS: dict[tuple[str, str], int] = {}   # reconciles holding or waiting for each lock
 
 
 async def _reconcile_and_report(moed: dict[str, Any], gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any,
@@ -117,16 +118,21 @@ async def _reconcile_and_report(moed: dict[str, Any], gpu_nodes: kopf.Index, gpu
     _INDEXES.update(nodes=gpu_nodes, pods=gpu_pods)
     meta = moed["metadata"]
     key = (meta["namespace"], meta["name"])
-    async with _LOCKS.setdefault(key, asyncio.Lock()):
-        # re-read under the lock: the status the previous reconcile of this object just wrote
-        fresh = await asyncio.to_thread(kube().get_moed, *key)
-        if fresh is None:   # deleted meanwhile: nothing to reconcile or report
-            _LOCKS.pop(key, None)
-            return Outcome(status={})
-        moed = fresh
-        classes = current_classes(gpu_nodes, gpu_pods)
-        outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
-        await asyncio.to_thread(kube().patch_status, meta["namespace"], meta["name"], outcome.status)
+    _LOCK_USERS[key] = _LOCK_USERS.get(key, 0) + 1
+    try:
+        async with _LOCKS.setdefault(key, asyncio.Lock()):
+            # re-read under the lock: the status the previous reconcile of this object just wrote
+            fresh = await asyncio.to_thread(kube().get_moed, *key)
+            if fresh is None:   # deleted meanwhile: nothing to reconcile or report
+                return Outcome(status={})
+            moed = fresh
+            classes = current_classes(gpu_nodes, gpu_pods)
+            outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
+            await asyncio.to_thread(kube().patch_status, meta["namespace"], meta["name"], outcome.status)
+    finally:
+        _LOCK_USERS[key] -= 1
+        if not _LOCK_USERS[key]:   # nobody holds or waits for it: a later reconcile makes a new one
+            del _LOCK_USERS[key], _LOCKS[key]
     for type_, reason, message in outcome.events:
         (kopf.warn if type_ == "Warning" else kopf.info)(moed, reason=reason, message=message[:1000])
     st = outcome.status
