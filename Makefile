@@ -13,7 +13,11 @@ $(BIN)/python:
 # Installs the operator, the runtime (torch, CPU is fine) and the test tools.
 setup: $(BIN)/python
 	@echo "[setup] installing moe-operator with the runtime and test extras (torch is the large download)"
-	$(BIN)/pip install -q -e ".[runtime,dev]"
+	@# large wheels over a flaky connection: more resume attempts, and the whole install retried twice
+	@for i in 1 2 3; do \
+	  $(BIN)/pip install -q --retries 10 --resume-retries 20 -e ".[runtime,dev]" && exit 0; \
+	  echo "[setup] pip install failed (attempt $$i of 3)"; sleep 10; \
+	done; exit 1
 
 # Builds the local control plane from the Kubernetes Go modules (cached by version).
 k8s-binaries: setup
