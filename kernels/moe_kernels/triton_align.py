@@ -143,6 +143,20 @@ def _count_mixed_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, bound
     _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK)
 
 
+def _bins(num_experts: int) -> tuple[int, int]:
+    """(E_P2, CHUNK) of the count kernels: a spare bin past E, and the [CHUNK, E_P2] block compare
+    kept in registers."""
+    e_p2 = triton.next_power_of_2(num_experts + 1)
+    return e_p2, max(16, min(1024, 65536 // e_p2))
+
+
+def _scatter(ids: torch.Tensor, num_experts: int, cursor, sorted_ids, perm) -> None:
+    """Each pair claims the next row of its expert (cursor = the expert's first row, from the count kernel)."""
+    n = ids.numel()
+    if n:
+        _scatter_kernel[(triton.cdiv(n, 256),)](ids, n, num_experts, cursor, sorted_ids, perm, BLOCK=256, num_warps=4)
+
+
 def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:
     """Like align_by_expert, with SMALL_M-row blocks for experts that fit in one and BIG_M-row blocks
     for the rest (~8 rows per expert: 59% of experts fit; the others are not split in two)."""
@@ -159,12 +173,10 @@ def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:
     bounds = torch.empty(4, dtype=torch.int32, device=dev)
     sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
-    e_p2 = triton.next_power_of_2(num_experts + 1)
-    chunk = max(16, min(1024, 65536 // e_p2))
+    e_p2, chunk = _bins(num_experts)
     _count_mixed_kernel[(1,)](ids, n, num_experts, cursor, expert_ids, bounds, sorted_ids, max_big, max_small, p_max,
                               SMALL=SMALL_M, BIG=BIG_M, E_P2=e_p2, CHUNK=chunk, num_warps=8)
-    if n:
-        _scatter_kernel[(triton.cdiv(n, 256),)](ids, n, num_experts, cursor, sorted_ids, perm, BLOCK=256, num_warps=4)
+    _scatter(ids, num_experts, cursor, sorted_ids, perm)
     big = Alignment(sorted_ids, expert_ids[:max_big], bounds[0:2], perm, BIG_M, max_big)
     small = Alignment(sorted_ids, expert_ids[max_big:], bounds[2:4], perm, SMALL_M, max_small, row_start=True)
     return MixedAlignment(big, small, perm, p_max)
@@ -181,10 +193,8 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> A
     num_post_pad = torch.empty(1, dtype=torch.int32, device=dev)
     sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
-    e_p2 = triton.next_power_of_2(num_experts + 1)
-    chunk = max(16, min(1024, 65536 // e_p2))  # keep the [CHUNK, E_P2] block compare in registers
+    e_p2, chunk = _bins(num_experts)
     _count_kernel[(1,)](ids, n, num_experts, cursor, expert_ids, num_post_pad, sorted_ids, nb, p_max,
                         BLOCK_M=block_m, E_P2=e_p2, CHUNK=chunk, num_warps=8)
-    if n:
-        _scatter_kernel[(triton.cdiv(n, 256),)](ids, n, num_experts, cursor, sorted_ids, perm, BLOCK=256, num_warps=4)
+    _scatter(ids, num_experts, cursor, sorted_ids, perm)
     return Alignment(sorted_ids, expert_ids, num_post_pad, perm, block_m, nb)

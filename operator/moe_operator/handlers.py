@@ -112,23 +112,22 @@ _LOCKS: dict[tuple[str, str], asyncio.Lock] = {}
 _LOCK_USERS: dict[tuple[str, str], int] = {}   # reconciles holding or waiting for each lock
 
 
-async def _reconcile_and_report(moed: dict[str, Any], gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any,
-                                source: str) -> Any:
-    """The one path every trigger takes: reconcile, write status, post Events, count, log."""
+async def _reconcile_and_report(namespace: str, name: str, gpu_nodes: kopf.Index, gpu_pods: kopf.Index,
+                                logger: Any, source: str) -> Outcome:
+    """The one path every trigger takes: read the object, reconcile, write status, post Events, count,
+    log. The object is read here, under its lock, never taken from the trigger (which may hold a
+    body from before the previous reconcile's status)."""
     _INDEXES.update(nodes=gpu_nodes, pods=gpu_pods)
-    meta = moed["metadata"]
-    key = (meta["namespace"], meta["name"])
+    key = (namespace, name)
     _LOCK_USERS[key] = _LOCK_USERS.get(key, 0) + 1
     try:
         async with _LOCKS.setdefault(key, asyncio.Lock()):
-            # re-read under the lock: the status the previous reconcile of this object just wrote
-            fresh = await asyncio.to_thread(kube().get_moed, *key)
-            if fresh is None:   # deleted meanwhile: nothing to reconcile or report
+            moed = await asyncio.to_thread(kube().get_moed, namespace, name)
+            if moed is None or moed["metadata"].get("deletionTimestamp"):   # gone or going: nothing to do
                 return Outcome(status={})
-            moed = fresh
             classes = current_classes(gpu_nodes, gpu_pods)
             outcome = await asyncio.to_thread(reconcile, moed, classes, kube(), CONFIG)
-            await asyncio.to_thread(kube().patch_status, meta["namespace"], meta["name"], outcome.status)
+            await asyncio.to_thread(kube().patch_status, namespace, name, outcome.status)
     finally:
         _LOCK_USERS[key] -= 1
         if not _LOCK_USERS[key]:   # nobody holds or waits for it: a later reconcile makes a new one
@@ -137,16 +136,15 @@ async def _reconcile_and_report(moed: dict[str, Any], gpu_nodes: kopf.Index, gpu
         (kopf.warn if type_ == "Warning" else kopf.info)(moed, reason=reason, message=message[:1000])
     st = outcome.status
     logger.debug("reconciled %s/%s (%s): gpuClass=%s backend=%s deferredFinalize=%s ready=%s/%s",
-                 meta["namespace"], meta["name"], source, st.get("gpuClass"), st.get("runnerBackend"),
+                 namespace, name, source, st.get("gpuClass"), st.get("runnerBackend"),
                  st.get("deferredFinalize"), st.get("readyReplicas"), st.get("replicas"))
     RECONCILES.labels(source if not outcome.retry_after else "retry").inc()
     return outcome
 
 
 async def _reconcile(body: kopf.Body, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any) -> None:
-    moed = {"apiVersion": f"{G}/{V}", "kind": "MoEDeployment", "metadata": dict(body.metadata),
-            "spec": dict(body.spec), "status": dict(body.status)}
-    outcome = await _reconcile_and_report(moed, gpu_nodes, gpu_pods, logger, "handler")
+    outcome = await _reconcile_and_report(body.metadata.namespace, body.metadata.name, gpu_nodes, gpu_pods, logger,
+                                          "handler")
     st = outcome.status
     logger.info("reconciled: gpuClass=%s backend=%s deferredFinalize=%s ready=%s/%s",
                 st.get("gpuClass"), st.get("runnerBackend"), st.get("deferredFinalize"),
@@ -177,7 +175,8 @@ async def _resync_loop(logger: Any) -> None:
             items = await asyncio.to_thread(kube().list_moeds, CONFIG.namespaces)
             for moed in items:
                 if not moed["metadata"].get("deletionTimestamp"):
-                    await _reconcile_and_report(moed, _INDEXES["nodes"], _INDEXES["pods"], logger, "resync")
+                    await _reconcile_and_report(moed["metadata"]["namespace"], moed["metadata"]["name"],
+                                                _INDEXES["nodes"], _INDEXES["pods"], logger, "resync")
         except asyncio.CancelledError:
             raise
         except Exception as e:  # keep resyncing; the next tick retries
@@ -203,9 +202,7 @@ async def owned_workload_changed(body: kopf.Body, type: str, gpu_nodes: kopf.Ind
     owner = next((o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "MoEDeployment"), None)
     if owner is None:
         return
-    moed = await asyncio.to_thread(kube().get_moed, body.metadata.namespace, owner["name"])
-    if moed is not None and not moed["metadata"].get("deletionTimestamp"):
-        await _reconcile_and_report(moed, gpu_nodes, gpu_pods, logger, "owned-workload")
+    await _reconcile_and_report(body.metadata.namespace, owner["name"], gpu_nodes, gpu_pods, logger, "owned-workload")
 
 
 # --- admission -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ back for serving: encode, decode (incremental, for streaming), and chat templati
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -99,17 +100,21 @@ class Tokenizer:
         return self._tok.decode(ids, skip_special_tokens=True)
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        return self._chat_template.render(
+            messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    @functools.cached_property
+    def _chat_template(self):
+        """The chat template, compiled once (not on every request)."""
         import jinja2.sandbox
 
-        template = self.chat_template or CHAT_TEMPLATE
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
         def raise_exception(message):  # HF templates call this to reject a conversation
             raise ValueError(message)
 
         env.globals["raise_exception"] = raise_exception
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        return env.from_string(self.chat_template or CHAT_TEMPLATE)
 
 
 class IncrementalDecoder:

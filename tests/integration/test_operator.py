@@ -125,10 +125,11 @@ def test_sample_is_planned_rendered_and_scheduled(sample, kubectl, namespace, op
 
 
 def test_a_reconcile_holding_a_stale_body_keeps_the_placed_class(kubectl, kubeconfig, namespace, operator, monkeypatch):
-    """Placement is sticky through status.gpuClass. A reconcile whose body predates that status (a kopf
-    retry, or the resync loop racing the handler) must re-read it rather than place the object again:
-    here the placed class is full, so placing from scratch would move it (a flake CI once showed as a
-    Deployment rendered for sm90 under a status saying sm100)."""
+    """Placement is sticky through status.gpuClass. Every trigger (a kopf retry holding an old body, the
+    resync loop racing the handler) reconciles through one path that reads the object itself, so it
+    sees that status rather than placing the object again: here the placed class is full, so placing
+    from scratch would move it (a flake CI once showed as a Deployment rendered for sm90 under a
+    status saying sm100)."""
     import asyncio
     import logging
 
@@ -149,13 +150,14 @@ def test_a_reconcile_holding_a_stale_body_keeps_the_placed_class(kubectl, kubeco
     gpu_nodes = {"all": infos}
     gpu_pods = {i.name: [i.allocatable] for i in infos if i.gpu_class.key() == placed}   # placed class: full
     assert any(i.gpu_class.key() != placed for i in infos), "the sample allows another class"
-    stale = {k: v for k, v in live.items() if k != "status"}
     monkeypatch.setattr(handlers, "_kube", Kube(kconfig.new_client_from_config(config_file=kubeconfig)))
     monkeypatch.setattr(handlers.CONFIG, "local_models_dir", str(CHECKPOINTS))
     events = []   # kopf posts Events only inside a running operator: collect them here
     monkeypatch.setattr(handlers.kopf, "info", lambda obj, reason, message: events.append(reason))
     monkeypatch.setattr(handlers.kopf, "warn", lambda obj, reason, message: events.append(reason))
-    out = asyncio.run(handlers._reconcile_and_report(stale, gpu_nodes, gpu_pods, logging.getLogger("test"), "test"))
+    # as a trigger holding a body from before the status would: the reconcile reads the object itself
+    out = asyncio.run(handlers._reconcile_and_report(namespace, name, gpu_nodes, gpu_pods, logging.getLogger("test"),
+                                                     "test"))
     assert out.status["gpuClass"] == placed, f"moved from {placed}; events {events}"
     assert "Planned" not in events, "a re-placement announces a new plan"
     dep = get_json(kubectl, "deployment", name, "-n", namespace)
