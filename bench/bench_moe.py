@@ -173,6 +173,32 @@ def frag_sweep(ex: TritonExperts, tokens: list[int], g, nt2: bool = False, mixed
     ex.config = None
 
 
+def split_sweep(ex: TritonExperts, ref: TorchExperts, tokens: list[int], g):
+    """Large batches: the tl.dot default without tail blocks, with 16-row fragment tail blocks for
+    remainders of up to R rows (align_split), and the fragment kernel alone (16-row blocks)."""
+    tail = (FragConfig(2, 4, 1, 1, 3), FragConfig(2, 4, 1, 1, 3))
+    for t in tokens:
+        x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
+        w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
+        want = ref.forward(x, w, ids)
+        base = default_config(ex.fmt, t * K, E, False)
+        bm = base.block_m
+        cands = [("tiles only", MoEConfig(bm, base.gemm1, base.gemm2))]
+        cands += [(f"tail <= {r}", MoEConfig(bm, base.gemm1, base.gemm2, tail=tail, tail_rows=r))
+                  for r in sorted({bm // 8, bm // 4, bm // 2, 3 * bm // 4, bm - 1} - {0})]
+        cands += [("16-row fragment blocks", MoEConfig(16, *tail))]
+        for name, cfg in cands:
+            ex.config = cfg
+            try:
+                err = rel(ex.forward(x, w, ids), want)
+                us = bench(lambda: ex.forward(x, w, ids)) * 1e6
+            except Exception as exc:  # noqa: BLE001
+                print(f"  split-sweep {ex.fmt} T={t} {name}: failed {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                continue
+            print(f"  split-sweep {ex.fmt} T={t} block_m={bm} {name}: {us:.1f} us, rel err {err:.1e}", flush=True)
+    ex.config = None
+
+
 def sweep(ex: TritonExperts, tokens: list[int], g):
     """Time a few tile configs per size (tuning aid; the table below uses the default config)."""
     for t in tokens:
@@ -200,6 +226,7 @@ def main():
     ap.add_argument("--frag-sweep", default="", help="token counts to sweep fragment-kernel configs at")
     ap.add_argument("--frag-nt2", action="store_true", help="sweep 16-row token blocks (nt=2) instead")
     ap.add_argument("--frag-mixed", action="store_true", help="sweep the 8-row configs of mixed blocks instead")
+    ap.add_argument("--split-sweep", default="", help="token counts to compare tail-block splits at (>= 1024)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -224,6 +251,8 @@ def main():
             sweep(ex, [int(t) for t in args.sweep.split(",")], g)
         if args.frag_sweep:
             frag_sweep(ex, [int(t) for t in args.frag_sweep.split(",")], g, args.frag_nt2, args.frag_mixed)
+        if args.split_sweep:
+            split_sweep(ex, ref, [int(t) for t in args.split_sweep.split(",")], g)
         for t in tokens:
             x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
             w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)

@@ -29,3 +29,36 @@ def check_mixed(mixed, ids: torch.Tensor, num_experts: int, small_m: int = 8, bi
     assert torch.equal(in_big, big[experts]), "experts with > small_m rows (only) are in big blocks"
     assert torch.equal(mixed.big.expert_ids[rows[in_big] // big_m].long(), experts[in_big])
     assert torch.equal(mixed.small.expert_ids[(rows[~in_big] - start_small) // small_m].long(), experts[~in_big])
+
+
+def check_split(split, ids: torch.Tensor, num_experts: int, big_m: int, tail_max: int, tail_m: int = 16) -> None:
+    """Invariants of triton_align.align_split: every expert's full big_m-row blocks first, a remainder
+    of <= tail_max rows in tail_m-row blocks after all big blocks (more: one more big block)."""
+    flat = ids.flatten().long()
+    dev = flat.device
+    n = flat.numel()
+    valid = (flat >= 0) & (flat < num_experts)
+    perm = split.perm.long()
+    assert torch.equal(perm >= 0, valid), "perm is -1 exactly for other ranks' experts"
+    rows, experts = perm[valid], flat[valid]
+    assert rows.unique().numel() == rows.numel(), "each pair has its own row"
+    sorted_ids = split.big.sorted_ids.long()
+    assert torch.equal(sorted_ids[rows], torch.arange(n, device=dev)[valid]), "sorted_ids inverts perm"
+    pad = torch.ones(split.p_max, dtype=torch.bool, device=dev)
+    pad[rows] = False
+    assert (sorted_ids[pad] == n).all(), "padding rows hold num_pairs"
+    counts = torch.bincount(experts, minlength=num_experts)
+    full, rest = counts // big_m, counts % big_m
+    over = rest > tail_max
+    end_big, start_big = split.big.num_post_pad.tolist()
+    end_tail, start_tail = split.small.num_post_pad.tolist()
+    assert start_big == 0 and start_tail == end_big
+    assert end_big == big_m * int((full + over.long()).sum())
+    assert end_tail - start_tail == tail_m * int(torch.where(over, 0, (rest + tail_m - 1) // tail_m).sum())
+    assert end_tail <= split.p_max
+    in_big = rows < end_big
+    # rows of an expert in big blocks: all of them if over, else exactly its full blocks' worth
+    n_big = torch.bincount(experts[in_big], minlength=num_experts)
+    assert torch.equal(n_big, torch.where(over, counts, full * big_m)), "big blocks hold the full blocks' rows"
+    assert torch.equal(split.big.expert_ids[rows[in_big] // big_m].long(), experts[in_big])
+    assert torch.equal(split.small.expert_ids[(rows[~in_big] - start_tail) // tail_m].long(), experts[~in_big])

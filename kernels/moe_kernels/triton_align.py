@@ -11,6 +11,12 @@ depends only on that row (finalize reads rows back through `perm`, in slot order
 `align_mixed` (fragment kernel, ~8 rows per expert) gives each expert either 16-row blocks (more
 than 8 rows) or a single 8-row block, in one row space: the 16-row blocks first, then the 8-row ones.
 
+`align_split` (large batches, tl.dot tiles of BIG rows) gives each expert the BIG-row blocks its
+rows fill, and puts a remainder of at most TAIL_MAX rows into 16-row *tail* blocks (fragment kernel)
+after them, instead of one more BIG-row block that is mostly padding: at ~128 rows per expert
+(4096 tokens, top-8 of 256) about half the experts have a few rows more than 128, and a second
+128-row tile costs as much as the first.
+
 Buffers are sized for the worst case on the host, from T*K, E and BLOCK_M only:
 blocks = sum_e ceil(c_e / BLOCK_M) <= m + (T*K - m) // BLOCK_M with m = min(E, T*K).
 """
@@ -42,8 +48,9 @@ class Alignment:
 
 @dataclass
 class MixedAlignment:
-    """Two block sizes in one row space (fragment kernel): experts with more than SMALL_M rows get
-    16-row blocks at rows [0, R16), the others one SMALL_M-row block each at rows [R16, R16 + R8).
+    """Two block sizes in one row space, `big` blocks at rows [0, Rb), `small` ones at [Rb, Rb + Rs).
+    align_mixed (fragment kernel): experts with more than SMALL_M rows get 16-row blocks, the others
+    one SMALL_M-row block each; align_split: big tl.dot blocks and 16-row tail blocks.
     Both share sorted_ids and perm; finalize reads rows through perm as usual."""
     big: Alignment
     small: Alignment
@@ -105,12 +112,19 @@ def _count_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, num_post_pa
 
 
 @triton.jit
-def _scatter_kernel(ids_ptr, num_pairs, E, cursor_ptr, sorted_ids_ptr, perm_ptr, BLOCK: tl.constexpr):
+def _scatter_kernel(ids_ptr, num_pairs, E, cursor_ptr, sorted_ids_ptr, perm_ptr, BLOCK: tl.constexpr,
+                    SPLIT: tl.constexpr = False):
+    """SPLIT: cursor_ptr holds [3, E]: the cursor (first row), the end of the expert's big rows, and
+    the first row of its tail blocks; a claim past the big rows continues in the tail."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < num_pairs
     e = tl.load(ids_ptr + offs, mask=inb, other=-1)
     valid = inb & (e >= 0) & (e < E)
     row = tl.atomic_add(cursor_ptr + e, 1, mask=valid)
+    if SPLIT:
+        big_end = tl.load(cursor_ptr + E + e, mask=valid, other=0)
+        tail = tl.load(cursor_ptr + 2 * E + e, mask=valid, other=0)
+        row = tl.where(row >= big_end, tail + (row - big_end), row)
     tl.store(sorted_ids_ptr + row, offs, mask=valid)
     tl.store(perm_ptr + offs, tl.where(valid, row, -1), mask=inb)
 
@@ -143,6 +157,39 @@ def _count_mixed_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, bound
     _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK)
 
 
+TAIL_M = 16    # rows of a tail block (align_split)
+
+
+@triton.jit
+def _count_split_kernel(ids_ptr, num_pairs, E, meta_ptr, expert_ids_ptr, bounds_ptr, sorted_ids_ptr,
+                        MAX_BIG, MAX_TAIL, P_MAX, TAIL_MAX, BIG: tl.constexpr, TAIL: tl.constexpr,
+                        E_P2: tl.constexpr, CHUNK: tl.constexpr):
+    bins = tl.arange(0, E_P2)
+    counts = _expert_counts(ids_ptr, num_pairs, E, E_P2, CHUNK)
+    full = counts // BIG
+    rest = counts - full * BIG
+    over = rest > TAIL_MAX            # too many for tail blocks: one more (partly padded) big block
+    pad_big = (full + over.to(tl.int32)) * BIG
+    pad_tail = tl.where(over, 0, (rest + TAIL - 1) // TAIL * TAIL)
+    end_big = tl.cumsum(pad_big, 0)
+    tot_big = tl.sum(pad_big, 0)
+    end_tail = tot_big + tl.cumsum(pad_tail, 0)
+    tot_tail = tl.sum(pad_tail, 0)
+    m = bins < E
+    tl.store(meta_ptr + bins, end_big - pad_big, mask=m)
+    # claims past this row go to the tail (with `over`, all of an expert's rows fit in its big blocks)
+    tl.store(meta_ptr + E + bins, tl.where(over, end_big, end_big - pad_big + full * BIG), mask=m)
+    tl.store(meta_ptr + 2 * E + bins, end_tail - pad_tail, mask=m)
+    # [end, start] of the big blocks' rows, then of the tail blocks' rows
+    tl.store(bounds_ptr, tot_big)
+    tl.store(bounds_ptr + 1, 0)
+    tl.store(bounds_ptr + 2, tot_big + tot_tail)
+    tl.store(bounds_ptr + 3, tot_big)
+    _block_experts(end_big, E, 0, expert_ids_ptr, MAX_BIG, BIG, E_P2, CHUNK)
+    _block_experts(end_tail, E, tot_big, expert_ids_ptr + MAX_BIG, MAX_TAIL, TAIL, E_P2, CHUNK)
+    _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK)
+
+
 def _bins(num_experts: int) -> tuple[int, int]:
     """(E_P2, CHUNK) of the count kernels: a spare bin past E, and the [CHUNK, E_P2] block compare
     kept in registers."""
@@ -150,11 +197,12 @@ def _bins(num_experts: int) -> tuple[int, int]:
     return e_p2, max(16, min(1024, 65536 // e_p2))
 
 
-def _scatter(ids: torch.Tensor, num_experts: int, cursor, sorted_ids, perm) -> None:
+def _scatter(ids: torch.Tensor, num_experts: int, cursor, sorted_ids, perm, split: bool = False) -> None:
     """Each pair claims the next row of its expert (cursor = the expert's first row, from the count kernel)."""
     n = ids.numel()
     if n:
-        _scatter_kernel[(triton.cdiv(n, 256),)](ids, n, num_experts, cursor, sorted_ids, perm, BLOCK=256, num_warps=4)
+        _scatter_kernel[(triton.cdiv(n, 256),)](ids, n, num_experts, cursor, sorted_ids, perm, BLOCK=256,
+                                                SPLIT=split, num_warps=4)
 
 
 def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:
@@ -180,6 +228,32 @@ def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:
     big = Alignment(sorted_ids, expert_ids[:max_big], bounds[0:2], perm, BIG_M, max_big)
     small = Alignment(sorted_ids, expert_ids[max_big:], bounds[2:4], perm, SMALL_M, max_small, row_start=True)
     return MixedAlignment(big, small, perm, p_max)
+
+
+def align_split(topk_ids: torch.Tensor, num_experts: int, big_m: int, tail_max: int) -> MixedAlignment:
+    """Big-row blocks for the rows that fill them, 16-row tail blocks for a remainder of at most
+    tail_max rows (more: one more big block), in one row space: big blocks first. `big` is for the
+    tl.dot kernel (reads num_post_pad[0] only: its rows start at 0), `small` for the fragment kernel."""
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    n = ids.numel()
+    dev = ids.device
+    m = min(num_experts, n)
+    max_big = max_blocks(n, num_experts, big_m)
+    # a tail holds <= tail_max rows, at most one per pair
+    max_tail = max(1, min(m * triton.cdiv(max(tail_max, 1), TAIL_M), max_blocks(n, num_experts, TAIL_M)))
+    p_max = big_m * max_big + TAIL_M * max_tail
+    meta = torch.empty(3 * num_experts, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(max_big + max_tail, dtype=torch.int32, device=dev)
+    bounds = torch.empty(4, dtype=torch.int32, device=dev)
+    sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
+    perm = torch.empty(n, dtype=torch.int32, device=dev)
+    e_p2, chunk = _bins(num_experts)
+    _count_split_kernel[(1,)](ids, n, num_experts, meta, expert_ids, bounds, sorted_ids, max_big, max_tail, p_max,
+                              tail_max, BIG=big_m, TAIL=TAIL_M, E_P2=e_p2, CHUNK=chunk, num_warps=8)
+    _scatter(ids, num_experts, meta, sorted_ids, perm, split=True)
+    big = Alignment(sorted_ids, expert_ids[:max_big], bounds[0:2], perm, big_m, max_big)
+    tail = Alignment(sorted_ids, expert_ids[max_big:], bounds[2:4], perm, TAIL_M, max_tail, row_start=True)
+    return MixedAlignment(big, tail, perm, p_max)
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:

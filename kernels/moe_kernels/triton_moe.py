@@ -47,7 +47,7 @@ from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
 from .reference import _check_inputs
 from .pdl import pdl_supported
-from .triton_align import Alignment, align_by_expert, align_mixed
+from .triton_align import TAIL_M, Alignment, align_by_expert, align_mixed, align_split
 from .triton_frag import STEP_K, FragWeights, frag_asm_args, frag_moe_kernel, grouped_block
 
 FMT_BF16, FMT_FP8, FMT_NVFP4, FMT_MXFP4 = 0, 1, 2, 3
@@ -595,6 +595,11 @@ class MoEConfig:
     # fragment kernel, mixed blocks (triton_align.align_mixed): gemm1/gemm2 (nt=2) run the 16-row blocks
     # of experts with > 8 rows, these two (nt=1) the one 8-row block of each other expert
     small: tuple[FragConfig, FragConfig] | None = None
+    # tl.dot tiles (block_m rows) with 16-row fragment-kernel tail blocks (triton_align.align_split):
+    # an expert's remainder of at most tail_rows rows past its full block_m blocks runs in these two
+    # (nt=2) configs instead of one more, mostly padded, block_m-row tile. Needs the fragment copy.
+    tail: tuple[FragConfig, FragConfig] | None = None
+    tail_rows: int = 0
 
     @property
     def frag(self) -> bool:
@@ -899,6 +904,8 @@ class TritonExperts:
         x = x.to(torch.bfloat16).contiguous()
         if cfg.frag:
             return self._forward_frag(cfg, x, topk_weights, topk_ids, shared_output, routed_scale, defer_finalize)
+        if cfg.tail is not None and self.frag and num_pairs:
+            return self._forward_split(cfg, x, topk_weights, topk_ids, shared_output, routed_scale, defer_finalize)
         al = align_by_expert(topk_ids, self.E, cfg.block_m)
         # the CUDA-core path keeps the SiLU*up activations in fp32 (no bf16 rounding between the GEMMs)
         # (not with mma.sync in GEMM2: its operands are bf16, as in the reference)
@@ -912,5 +919,25 @@ class TritonExperts:
         if defer_finalize:
             return DeferredMoEOutput(gemm2_out, topk_weights, al.perm, float(routed_scale))
         return moe_finalize_fuse_shared(gemm2_out, topk_weights, al.perm, shared_output, float(routed_scale))
+
+    def _forward_split(self, cfg: MoEConfig, x, topk_weights, topk_ids, shared_output, routed_scale,
+                       defer_finalize):
+        """Large batches: block_m-row tl.dot tiles for the rows that fill them, an expert's remainder
+        of <= cfg.tail_rows rows in 16-row fragment-kernel blocks (align_split)."""
+        t, top_k = topk_ids.shape
+        num_pairs = t * top_k
+        if cfg.tail[0].nt != TAIL_M // 8 or cfg.tail[1].nt != TAIL_M // 8:
+            raise ValueError(f"tail configs run {TAIL_M}-row blocks (nt={TAIL_M // 8})")
+        split = align_split(topk_ids, self.E, cfg.block_m, cfg.tail_rows)
+        inter = torch.empty(split.p_max, self.I, dtype=torch.bfloat16, device=x.device)
+        gemm2_out = torch.empty(split.p_max, self.H, dtype=torch.bfloat16, device=x.device)
+        self._launch(self.w13, x, inter, split.big, self.I, self.H, cfg.gemm1, True, True, top_k, num_pairs)
+        self._launch_frag(self.f13, x, inter, split.small, self.I, cfg.tail[0], True, True, top_k, num_pairs)
+        self._launch(self.w2, inter, gemm2_out, split.big, self.H, self.I, cfg.gemm2, False, False, top_k, num_pairs)
+        self._launch_frag(self.f2, inter, gemm2_out, split.small, self.H, cfg.tail[1], False, False, top_k,
+                          num_pairs)
+        if defer_finalize:
+            return DeferredMoEOutput(gemm2_out, topk_weights, split.perm, float(routed_scale))
+        return moe_finalize_fuse_shared(gemm2_out, topk_weights, split.perm, shared_output, float(routed_scale))
 
     __call__ = forward

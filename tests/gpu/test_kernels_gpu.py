@@ -16,6 +16,7 @@ from moe_kernels.routing import softmax_topk  # noqa: E402
 from moe_kernels.selftest import selftest  # noqa: E402
 from moe_kernels.triton_align import align_by_expert  # noqa: E402
 from alignment_checks import check_mixed as _check_mixed  # noqa: E402
+from alignment_checks import check_split as _check_split  # noqa: E402
 from moe_kernels.triton_moe import TritonExperts  # noqa: E402
 
 DEV = "cuda"
@@ -225,3 +226,39 @@ def test_fragment_kernel_is_the_default_for_few_rows_and_graph_capturable():
     out = ex.forward(x, w, ids, shared_output=shared)
     again = _graph_replay(lambda: ex.forward(x, w, ids, shared_output=shared))
     assert _rel(out, ref) < 1e-2 and torch.equal(again, out)
+
+
+# ------------------------------------------------ large batches: tl.dot tiles + 16-row tail blocks
+def test_split_align_puts_remainders_in_tail_blocks():
+    from moe_kernels.triton_align import align_split
+    for t, k, e, bm, tail in [(4096, 8, 256, 128, 64), (1024, 8, 256, 32, 16), (600, 4, 16, 128, 0), (3, 8, 64, 64, 48)]:
+        ids = torch.randint(0, e, (t, k), device=DEV, dtype=torch.int32)
+        ids[0, -1] = -1
+        _check_split(align_split(ids, e, bm, tail), ids, e, bm, tail)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("bm,tail_rows", [(128, 64), (32, 31), (64, 0)])
+def test_tl_dot_tiles_with_fragment_tail_blocks(fmt, bm, tail_rows):
+    # ~150 rows per expert, one expert with many more, other ranks' pairs: full bm-row tl.dot tiles,
+    # remainders of <= tail_rows rows in 16-row fragment-kernel blocks (the rest: one more tile)
+    from moe_kernels.triton_moe import FragConfig, GemmConfig, MoEConfig
+    e, h, i, t, k = 16, 1024, 512, 600, 4
+    weights, x, w, ids, shared = _problem(fmt, e, h, i, t, k, seed=41 + bm)
+    ids = ids.clone()
+    ids[:400, 0] = 5
+    ids[7, 1] = -1
+    tile = GemmConfig(128, 64, 8, 2, 8, swap=bm == 32)
+    cfg = MoEConfig(bm, tile, tile, tail=(FragConfig(2, 4, 1, 1, 3), FragConfig(2, 4, 1, 1, 3)), tail_rows=tail_rows)
+    ref = TorchExperts(weights).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+    ex = TritonExperts(weights, cfg, frag=True)
+    _poison_allocator()
+    out = ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+    assert _rel(out, ref) < 1e-2
+    # the tiles alone (no tail blocks) compute the same rows: the two kernels agree to bf16 rounding
+    plain = TritonExperts(weights, MoEConfig(bm, tile, tile), frag=True).forward(x, w, ids, shared_output=shared,
+                                                                                routed_scale=1.5)
+    assert _rel(out, plain) < 1e-2
+    assert torch.equal(ex.forward(x, w, ids, routed_scale=1.5, defer_finalize=True).finalize(shared), out)
+    again = _graph_replay(lambda: ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5))
+    assert torch.equal(again, out)

@@ -79,3 +79,26 @@ def test_mixed_alignment_in_interpreter():
     res = subprocess.run([sys.executable, "-c", MIXED], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "MIXED OK" in res.stdout
+
+
+SPLIT = r"""
+import torch
+from alignment_checks import check_split
+from moe_kernels.triton_align import align_split
+torch.manual_seed(0)
+for t, k, e, big_m, tail_max in [(300, 8, 16, 32, 16), (300, 8, 16, 64, 40), (40, 4, 16, 16, 0), (7, 2, 8, 32, 31),
+                                  (1, 8, 64, 128, 64)]:
+    ids = torch.randint(0, e, (t, k), dtype=torch.int32)
+    ids[:t // 2 + 1, 0] = 3    # one expert with many rows (several big blocks)
+    ids[0, -1] = -1            # another rank's expert
+    check_split(align_split(ids, e, big_m, tail_max), ids, e, big_m, tail_max)
+print("SPLIT OK")
+"""
+
+
+def test_split_alignment_in_interpreter():
+    """align_split (tl.dot blocks + 16-row tail blocks) through Triton's interpreter."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", SPLIT], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "SPLIT OK" in res.stdout
