@@ -138,24 +138,29 @@ FRAG_CANDIDATES = {
                          [(4, 2, 1, 3), (4, 2, 1, 3, 2), (4, 1, 1, 4), (4, 1, 1, 3)]),
     # 16-row token blocks (nt=2)
     ("nvfp4", "nt2"): ([(4, 1, 1, 3), (4, 2, 1, 3), (4, 1, 2, 3), (2, 1, 1, 3)],
-                       [(4, 1, 1, 4), (4, 2, 1, 3), (4, 1, 1, 3), (2, 2, 1, 3)]),
-    ("mxfp4", "nt2"): ([(2, 1, 1, 3), (4, 1, 1, 3), (2, 2, 1, 3)], [(4, 1, 1, 4), (4, 2, 1, 3), (4, 1, 1, 3)]),
+                       [(4, 1, 1, 3), (4, 1, 1, 4), (4, 2, 1, 3), (4, 4, 1, 3), (4, 1, 1, 2), (4, 2, 1, 4),
+                        (4, 1, 2, 3), (2, 2, 1, 3)]),
+    ("mxfp4", "nt2"): ([(4, 1, 1, 3), (2, 1, 1, 3), (2, 2, 1, 3)],
+                       [(4, 1, 1, 3), (4, 1, 1, 4), (4, 2, 1, 3), (4, 4, 1, 3), (4, 1, 1, 2), (4, 1, 2, 3)]),
 }
 
 
-def frag_sweep(ex: TritonExperts, tokens: list[int], g, nt2: bool = False, mixed: bool = False):
+def frag_sweep(ex: TritonExperts, tokens: list[int], g, nt2: bool = False, mixed: bool = False,
+               mixed_big: bool = False):
     for t in tokens:
         x = torch.randn(t, H, device=DEV, generator=g).to(torch.bfloat16)
         w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
         rows = t * K / min(E, t * K)
-        regime = "decode" if rows <= 1.5 else ("nt2" if nt2 else "batch")
-        nt = 2 if nt2 else 1
+        regime = "decode" if rows <= 1.5 else ("nt2" if nt2 or mixed_big else "batch")
+        nt = 2 if nt2 or mixed_big else 1
         g1s, g2s = FRAG_CANDIDATES[(ex.fmt, regime)]
         big = default_config(ex.fmt, 8 * E, E, True)   # the 16-row configs of the mixed default (8 rows)
 
         def make(g1, g2):
             if mixed:   # sweep the 8-row (small) configs, the 16-row blocks on their default
                 return MoEConfig(16, big.gemm1, big.gemm2, (FragConfig(1, *g1), FragConfig(1, *g2)))
+            if mixed_big:   # sweep the 16-row configs of mixed blocks, the 8-row ones on their default
+                return MoEConfig(16, FragConfig(2, *g1), FragConfig(2, *g2), big.small)
             return MoEConfig(8 * nt, FragConfig(nt, *g1), FragConfig(nt, *g2))
 
         def run(g1, g2):
@@ -226,6 +231,7 @@ def main():
     ap.add_argument("--frag-sweep", default="", help="token counts to sweep fragment-kernel configs at")
     ap.add_argument("--frag-nt2", action="store_true", help="sweep 16-row token blocks (nt=2) instead")
     ap.add_argument("--frag-mixed", action="store_true", help="sweep the 8-row configs of mixed blocks instead")
+    ap.add_argument("--frag-mixed-big", action="store_true", help="sweep the 16-row configs of mixed blocks instead")
     ap.add_argument("--split-sweep", default="", help="token counts to compare tail-block splits at (>= 1024)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -250,7 +256,8 @@ def main():
         if args.sweep and fmt == args.formats.split(",")[0]:
             sweep(ex, [int(t) for t in args.sweep.split(",")], g)
         if args.frag_sweep:
-            frag_sweep(ex, [int(t) for t in args.frag_sweep.split(",")], g, args.frag_nt2, args.frag_mixed)
+            frag_sweep(ex, [int(t) for t in args.frag_sweep.split(",")], g, args.frag_nt2, args.frag_mixed,
+                       args.frag_mixed_big)
         if args.split_sweep:
             split_sweep(ex, ref, [int(t) for t in args.split_sweep.split(",")], g)
         for t in tokens:

@@ -3,6 +3,18 @@
 import torch
 
 
+def check_pair_order(perm: torch.Tensor, ids: torch.Tensor, num_experts: int) -> None:
+    """Rows of each expert increase with the pair index (deterministic scatter, no atomics)."""
+    flat = ids.flatten().long()
+    valid = (flat >= 0) & (flat < num_experts)
+    idx = torch.arange(flat.numel(), device=flat.device)[valid]
+    key = flat[valid] * (flat.numel() + 1) + idx       # pairs sorted by (expert, pair index)
+    rows = perm.long()[valid][torch.argsort(key)]
+    same = flat[valid][torch.argsort(key)]
+    step = rows[1:] - rows[:-1]
+    assert bool(((step > 0) | (same[1:] != same[:-1])).all()), "rows of an expert follow pair order"
+
+
 def check_mixed(mixed, ids: torch.Tensor, num_experts: int, small_m: int = 8, big_m: int = 16) -> None:
     flat = ids.flatten().long()
     dev = flat.device
@@ -12,6 +24,7 @@ def check_mixed(mixed, ids: torch.Tensor, num_experts: int, small_m: int = 8, bi
     assert torch.equal(perm >= 0, valid), "perm is -1 exactly for other ranks' experts"
     rows, experts = perm[valid], flat[valid]
     assert rows.unique().numel() == rows.numel(), "each pair has its own row"
+    check_pair_order(mixed.perm, ids, num_experts)
     sorted_ids = mixed.big.sorted_ids.long()
     assert torch.equal(sorted_ids[rows], torch.arange(n, device=dev)[valid]), "sorted_ids inverts perm"
     pad = torch.ones(mixed.p_max, dtype=torch.bool, device=dev)
@@ -42,6 +55,7 @@ def check_split(split, ids: torch.Tensor, num_experts: int, big_m: int, tail_max
     assert torch.equal(perm >= 0, valid), "perm is -1 exactly for other ranks' experts"
     rows, experts = perm[valid], flat[valid]
     assert rows.unique().numel() == rows.numel(), "each pair has its own row"
+    check_pair_order(split.perm, ids, num_experts)
     sorted_ids = split.big.sorted_ids.long()
     assert torch.equal(sorted_ids[rows], torch.arange(n, device=dev)[valid]), "sorted_ids inverts perm"
     pad = torch.ones(split.p_max, dtype=torch.bool, device=dev)

@@ -4,9 +4,12 @@ Two small launches and no host synchronisation (CUDA-graph safe):
 1. one program counts rows per expert, writes each expert's padded start (also as the atomic
    cursor), the expert of every BLOCK_M row block, the padded total, and fills the row map with a
    sentinel;
-2. a grid over the pairs claims a row per pair with an atomic add on its expert's cursor.
-The order of rows inside an expert is therefore arbitrary, which is harmless: every row's result
-depends only on that row (finalize reads rows back through `perm`, in slot order).
+2. a grid over chunks of SCATTER_BLOCK pairs gives each pair the next row of its expert: the
+   count kernel stored, per chunk, how many rows each expert got from earlier chunks, and a pair's
+   rank among its chunk's pairs of the same expert does the rest.
+Rows inside an expert are therefore in pair order, deterministically (no atomics): with align_split
+an expert's last pairs go to tail blocks, computed by another kernel, and which ones must not change
+between runs, or results would differ in the last bit from run to run.
 
 `align_mixed` (fragment kernel, ~8 rows per expert) gives each expert either 16-row blocks (more
 than 8 rows) or a single 8-row block, in one row space: the 16-row blocks first, then the 8-row ones.
@@ -63,11 +66,18 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return max(1, m + (num_pairs - m) // block_m)
 
 
+SCATTER_BLOCK = 128   # pairs per scatter program (its rank computation is a [B, B] compare)
+_SCATTER_BLOCK = tl.constexpr(SCATTER_BLOCK)
+
+
 @triton.jit
-def _expert_counts(ids_ptr, num_pairs, E, E_P2: tl.constexpr, CHUNK: tl.constexpr):
-    """Rows per expert ([E_P2], zero past E)."""
+def _expert_counts(ids_ptr, num_pairs, E, chunk_ptr, E_P2: tl.constexpr):
+    """Rows per expert ([E_P2], zero past E). chunk_ptr[c, :] gets the rows per expert of the pairs
+    before chunk c (SCATTER_BLOCK pairs per chunk): the scatter kernel's offsets."""
+    CHUNK: tl.constexpr = _SCATTER_BLOCK
     counts = tl.zeros([E_P2], dtype=tl.int32)
     for start in range(0, num_pairs, CHUNK):
+        tl.store(chunk_ptr + (start // CHUNK) * E_P2 + tl.arange(0, E_P2), counts)
         offs = start + tl.arange(0, CHUNK)
         e = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
         # Out-of-range ids (other ranks' experts, and the tail) go to the spare bin E_P2-1 >= E.
@@ -97,10 +107,10 @@ def _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _count_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, num_post_pad_ptr, sorted_ids_ptr,
+def _count_kernel(ids_ptr, chunk_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, num_post_pad_ptr, sorted_ids_ptr,
                   MAX_BLOCKS, P_MAX, BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr):
     bins = tl.arange(0, E_P2)
-    counts = _expert_counts(ids_ptr, num_pairs, E, E_P2, CHUNK)
+    counts = _expert_counts(ids_ptr, num_pairs, E, chunk_ptr, E_P2)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
@@ -112,18 +122,23 @@ def _count_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, num_post_pa
 
 
 @triton.jit
-def _scatter_kernel(ids_ptr, num_pairs, E, cursor_ptr, sorted_ids_ptr, perm_ptr, BLOCK: tl.constexpr,
-                    SPLIT: tl.constexpr = False):
-    """SPLIT: cursor_ptr holds [3, E]: the cursor (first row), the end of the expert's big rows, and
-    the first row of its tail blocks; a claim past the big rows continues in the tail."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _scatter_kernel(ids_ptr, chunk_ptr, num_pairs, E, cursor_ptr, sorted_ids_ptr, perm_ptr, E_P2: tl.constexpr,
+                    BLOCK: tl.constexpr, SPLIT: tl.constexpr):
+    """Pair i of chunk c gets row cursor[e] + chunk_ptr[c, e] + (its rank among the chunk's pairs of
+    expert e). SPLIT: cursor_ptr holds [3, E]: the first row, the end of the expert's big rows, and
+    the first row of its tail blocks; rows past the big ones continue in the tail."""
+    c = tl.program_id(0)
+    i = tl.arange(0, BLOCK)
+    offs = c * BLOCK + i
     inb = offs < num_pairs
     e = tl.load(ids_ptr + offs, mask=inb, other=-1)
     valid = inb & (e >= 0) & (e < E)
-    row = tl.atomic_add(cursor_ptr + e, 1, mask=valid)
+    rank = tl.sum(((e[None, :] == e[:, None]) & (i[None, :] < i[:, None])).to(tl.int32), axis=1)
+    es = tl.where(valid, e, 0)
+    row = tl.load(cursor_ptr + es, mask=valid, other=0) + tl.load(chunk_ptr + c * E_P2 + es, mask=valid, other=0) + rank
     if SPLIT:
-        big_end = tl.load(cursor_ptr + E + e, mask=valid, other=0)
-        tail = tl.load(cursor_ptr + 2 * E + e, mask=valid, other=0)
+        big_end = tl.load(cursor_ptr + E + es, mask=valid, other=0)
+        tail = tl.load(cursor_ptr + 2 * E + es, mask=valid, other=0)
         row = tl.where(row >= big_end, tail + (row - big_end), row)
     tl.store(sorted_ids_ptr + row, offs, mask=valid)
     tl.store(perm_ptr + offs, tl.where(valid, row, -1), mask=inb)
@@ -134,11 +149,11 @@ BIG_M = 16      # rows of a big block
 
 
 @triton.jit
-def _count_mixed_kernel(ids_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, bounds_ptr, sorted_ids_ptr,
+def _count_mixed_kernel(ids_ptr, chunk_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, bounds_ptr, sorted_ids_ptr,
                         MAX_BIG, MAX_SMALL, P_MAX, SMALL: tl.constexpr, BIG: tl.constexpr,
                         E_P2: tl.constexpr, CHUNK: tl.constexpr):
     bins = tl.arange(0, E_P2)
-    counts = _expert_counts(ids_ptr, num_pairs, E, E_P2, CHUNK)
+    counts = _expert_counts(ids_ptr, num_pairs, E, chunk_ptr, E_P2)
     big = counts > SMALL
     pad_big = tl.where(big, (counts + BIG - 1) // BIG * BIG, 0)
     pad_small = tl.where(big | (counts == 0), 0, SMALL)
@@ -161,11 +176,11 @@ TAIL_M = 16    # rows of a tail block (align_split)
 
 
 @triton.jit
-def _count_split_kernel(ids_ptr, num_pairs, E, meta_ptr, expert_ids_ptr, bounds_ptr, sorted_ids_ptr,
+def _count_split_kernel(ids_ptr, chunk_ptr, num_pairs, E, meta_ptr, expert_ids_ptr, bounds_ptr, sorted_ids_ptr,
                         MAX_BIG, MAX_TAIL, P_MAX, TAIL_MAX, BIG: tl.constexpr, TAIL: tl.constexpr,
                         E_P2: tl.constexpr, CHUNK: tl.constexpr):
     bins = tl.arange(0, E_P2)
-    counts = _expert_counts(ids_ptr, num_pairs, E, E_P2, CHUNK)
+    counts = _expert_counts(ids_ptr, num_pairs, E, chunk_ptr, E_P2)
     full = counts // BIG
     rest = counts - full * BIG
     over = rest > TAIL_MAX            # too many for tail blocks: one more (partly padded) big block
@@ -197,12 +212,19 @@ def _bins(num_experts: int) -> tuple[int, int]:
     return e_p2, max(16, min(1024, 65536 // e_p2))
 
 
-def _scatter(ids: torch.Tensor, num_experts: int, cursor, sorted_ids, perm, split: bool = False) -> None:
-    """Each pair claims the next row of its expert (cursor = the expert's first row, from the count kernel)."""
+def _chunk_counts(n: int, e_p2: int, device) -> torch.Tensor:
+    """The count kernel's per-chunk expert offsets for the scatter kernel ([chunks, E_P2] int32)."""
+    return torch.empty(max(1, triton.cdiv(n, SCATTER_BLOCK)), e_p2, dtype=torch.int32, device=device)
+
+
+def _scatter(ids: torch.Tensor, chunks: torch.Tensor, num_experts: int, cursor, sorted_ids, perm,
+             split: bool = False) -> None:
+    """Each pair gets the next row of its expert, in pair order (cursor = the expert's first row)."""
     n = ids.numel()
     if n:
-        _scatter_kernel[(triton.cdiv(n, 256),)](ids, n, num_experts, cursor, sorted_ids, perm, BLOCK=256,
-                                                SPLIT=split, num_warps=4)
+        _scatter_kernel[(triton.cdiv(n, SCATTER_BLOCK),)](ids, chunks, n, num_experts, cursor, sorted_ids, perm,
+                                                          E_P2=chunks.shape[1], BLOCK=SCATTER_BLOCK, SPLIT=split,
+                                                          num_warps=4)
 
 
 def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:
@@ -222,9 +244,10 @@ def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:
     sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
     e_p2, chunk = _bins(num_experts)
-    _count_mixed_kernel[(1,)](ids, n, num_experts, cursor, expert_ids, bounds, sorted_ids, max_big, max_small, p_max,
+    chunks = _chunk_counts(n, e_p2, dev)
+    _count_mixed_kernel[(1,)](ids, chunks, n, num_experts, cursor, expert_ids, bounds, sorted_ids, max_big, max_small, p_max,
                               SMALL=SMALL_M, BIG=BIG_M, E_P2=e_p2, CHUNK=chunk, num_warps=8)
-    _scatter(ids, num_experts, cursor, sorted_ids, perm)
+    _scatter(ids, chunks, num_experts, cursor, sorted_ids, perm)
     big = Alignment(sorted_ids, expert_ids[:max_big], bounds[0:2], perm, BIG_M, max_big)
     small = Alignment(sorted_ids, expert_ids[max_big:], bounds[2:4], perm, SMALL_M, max_small, row_start=True)
     return MixedAlignment(big, small, perm, p_max)
@@ -248,9 +271,10 @@ def align_split(topk_ids: torch.Tensor, num_experts: int, big_m: int, tail_max: 
     sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
     e_p2, chunk = _bins(num_experts)
-    _count_split_kernel[(1,)](ids, n, num_experts, meta, expert_ids, bounds, sorted_ids, max_big, max_tail, p_max,
+    chunks = _chunk_counts(n, e_p2, dev)
+    _count_split_kernel[(1,)](ids, chunks, n, num_experts, meta, expert_ids, bounds, sorted_ids, max_big, max_tail, p_max,
                               tail_max, BIG=big_m, TAIL=TAIL_M, E_P2=e_p2, CHUNK=chunk, num_warps=8)
-    _scatter(ids, num_experts, meta, sorted_ids, perm, split=True)
+    _scatter(ids, chunks, num_experts, meta, sorted_ids, perm, split=True)
     big = Alignment(sorted_ids, expert_ids[:max_big], bounds[0:2], perm, big_m, max_big)
     tail = Alignment(sorted_ids, expert_ids[max_big:], bounds[2:4], perm, TAIL_M, max_tail, row_start=True)
     return MixedAlignment(big, tail, perm, p_max)
@@ -268,7 +292,8 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> A
     sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
     e_p2, chunk = _bins(num_experts)
-    _count_kernel[(1,)](ids, n, num_experts, cursor, expert_ids, num_post_pad, sorted_ids, nb, p_max,
+    chunks = _chunk_counts(n, e_p2, dev)
+    _count_kernel[(1,)](ids, chunks, n, num_experts, cursor, expert_ids, num_post_pad, sorted_ids, nb, p_max,
                         BLOCK_M=block_m, E_P2=e_p2, CHUNK=chunk, num_warps=8)
-    _scatter(ids, num_experts, cursor, sorted_ids, perm)
+    _scatter(ids, chunks, num_experts, cursor, sorted_ids, perm)
     return Alignment(sorted_ids, expert_ids, num_post_pad, perm, block_m, nb)

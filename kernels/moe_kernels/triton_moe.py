@@ -616,7 +616,9 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
     tiles reuse each dequantised weight tile 128 times. Register counts were read from the compiled
     SM90 cubins (no spills)."""
     rows = num_pairs / max(1, min(num_experts, num_pairs))
-    if fmt in ("nvfp4", "mxfp4") and frag and rows <= FRAG_MAX_ROWS:
+    fp4 = fmt in ("nvfp4", "mxfp4")
+    nt2 = FragConfig(2, 4, 1, 1, 3)   # 16-row blocks, four row tiles per warp
+    if fp4 and frag and rows <= FRAG_MAX_ROWS:
         # (nt, rt, wn, wk, pipe[, group_m]) from the H200 sweeps in bench/README.md. MXFP4 GEMM1 keeps
         # two row tiles per warp with 8-row blocks at 2-8 rows per expert (four: more registers in its
         # 4-sub-step loop; slower there, faster at one token since the cheaper word decode).
@@ -628,15 +630,18 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
             g1 = FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)
             g2 = FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)
             return MoEConfig(8, g1, g2)
-        # mixed blocks: 16-row blocks for the experts with > 8 rows (one block instead of re-reading
-        # and re-decoding their weights for a second 8-row block), one 8-row block for the others.
-        # Measured at 256 tokens: 2% (NVFP4) / 6% (MXFP4) faster than 16-row blocks only; with every
-        # row real, both block sizes cost ~1.4x the bandwidth limit per weight byte there
-        g1 = FragConfig(2, 4, 1, 1, 3)
-        small = ((FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)),
-                 (FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)))
-        return MoEConfig(16, g1, FragConfig(2, 4, 1, 1, 3), small)
-    if fmt not in ("nvfp4", "mxfp4"):  # bf16 / fp8: not tuned; plain tiles
+        if rows <= FRAG_MIXED_ROWS:
+            # mixed blocks: 16-row blocks for the experts with > 8 rows (one block instead of re-reading
+            # and re-decoding their weights for a second 8-row block), one 8-row block for the others.
+            # Measured at 256 tokens: 2% (NVFP4) / 6% (MXFP4) faster than 16-row blocks only; with every
+            # row real, both block sizes cost ~1.4x the bandwidth limit per weight byte there
+            small = ((FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)),
+                     (FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)))
+            return MoEConfig(16, nt2, nt2, small)
+        # 16-row blocks only (~32 rows per expert at 1024 tokens: 5.5 ms NVFP4 against 8.5 ms for
+        # 32-row tl.dot tiles, MXFP4 5.9 against 6.6)
+        return MoEConfig(16, nt2, nt2)
+    if not fp4:  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
         return MoEConfig(64, GemmConfig(64, 64, 4, 3, 8), GemmConfig(128, 64, 8, 3, 8))
@@ -647,14 +652,23 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         return MoEConfig(16, GemmConfig(64, 64, 4, 2), GemmConfig(64, 64, 4, 2))
     if rows <= 48:
         return MoEConfig(32, GemmConfig(64, 64, 4, 2, 4, swap=True), GemmConfig(128, 64, 8, 2, 4, swap=True))
+    # tl.dot tiles; with the fragment copy, an expert's remainder of up to a quarter tile goes to 16-row
+    # tail blocks instead of one more, mostly padded tile (align_split; at 4096 tokens ~half the experts
+    # have a few rows over 128: 12.8 ms against 16.4 ms for both formats, any bound from 32 to 96 rows)
+    def tail(bm: int) -> dict:
+        return dict(tail=(nt2, nt2), tail_rows=bm // 4) if frag else {}
     if rows <= 96:
-        return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
-    return MoEConfig(128, GemmConfig(128, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8))
+        return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8), **tail(64))
+    return MoEConfig(128, GemmConfig(128, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8), **tail(128))
 
 
 # Rows per expert up to which the fragment-order kernel (8 or 16 token rows per block, no shared-memory
-# operand staging) is used; above, tensor-core tiles share activations between warps.
-FRAG_MAX_ROWS = 12
+# operand staging) is used; above, tensor-core tiles share activations between warps. Measured at
+# 32 rows (1024 tokens: frag faster) and 128 (4096: frag 19.6 ms against 12.8 ms for tiles + tails);
+# between them (64 rows) not measured.
+FRAG_MAX_ROWS = 40
+# Up to this many rows per expert, mixed 8/16-row blocks; above, 16-row blocks only.
+FRAG_MIXED_ROWS = 12
 # Above this many rows per expert, mixed blocks (align_mixed: 16-row blocks for experts with > 8 rows,
 # one 8-row block for the others) instead of 8-row blocks only, of which an expert with 9-16 rows
 # needs two (its weights read and decoded twice). Below, hardly any expert has > 8 rows (Poisson:

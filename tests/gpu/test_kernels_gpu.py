@@ -17,6 +17,7 @@ from moe_kernels.selftest import selftest  # noqa: E402
 from moe_kernels.triton_align import align_by_expert  # noqa: E402
 from alignment_checks import check_mixed as _check_mixed  # noqa: E402
 from alignment_checks import check_split as _check_split  # noqa: E402
+from alignment_checks import check_pair_order as _check_pair_order  # noqa: E402
 from moe_kernels.triton_moe import TritonExperts  # noqa: E402
 
 DEV = "cuda"
@@ -108,6 +109,8 @@ def test_align_is_a_padded_permutation():
         n = t * k
         assert (perm >= 0).all() and perm.unique().numel() == n
         assert torch.equal(al.sorted_ids[perm], torch.arange(n, device=DEV, dtype=torch.int32))
+        _check_pair_order(al.perm, ids, e)
+        assert torch.equal(align_by_expert(ids, e, bm).perm, al.perm), "deterministic"
         counts = torch.bincount(ids.flatten().long(), minlength=e)
         assert int(al.num_post_pad) == int(((counts + bm - 1) // bm * bm).sum())
         blocks = perm // bm

@@ -126,8 +126,8 @@ def test_default_configs_are_ones_the_fragment_kernel_takes(fmt):
     # every default below FRAG_MAX_ROWS is a fragment config whose (rt, nt) has generated PTX, with
     # block_m matching its token tiles; above it the tiled kernel takes over
     from moe_kernels.triton_frag import frag_asm_args
-    from moe_kernels.triton_moe import FRAG_MAX_ROWS, FRAG_NT1_ROWS, FragConfig, default_config
-    for tokens in (1, 2, 8, 16, 64, 128, 200, 256, 384):
+    from moe_kernels.triton_moe import FRAG_MAX_ROWS, FRAG_MIXED_ROWS, FRAG_NT1_ROWS, FragConfig, default_config
+    for tokens in (1, 2, 8, 16, 64, 128, 200, 256, 384, 1024, 1280, 2048, 4096):
         cfg = default_config(fmt, tokens * 8, 256, frag=True)
         rows = tokens * 8 / min(256, tokens * 8)
         assert cfg.frag == (rows <= FRAG_MAX_ROWS)
@@ -136,10 +136,17 @@ def test_default_configs_are_ones_the_fragment_kernel_takes(fmt):
                 assert isinstance(g, FragConfig) and cfg.block_m == 8 * g.nt
                 frag_asm_args(fmt, g.nt, g.rt)
             # mixed blocks (above FRAG_NT1_ROWS): 8-row configs for the experts that fit in one block
-            assert (cfg.small is not None) == (rows > FRAG_NT1_ROWS)
+            assert (cfg.small is not None) == (FRAG_NT1_ROWS < rows <= FRAG_MIXED_ROWS)
             for g in cfg.small or ():
                 assert isinstance(g, FragConfig) and g.nt == 1
                 frag_asm_args(fmt, g.nt, g.rt)
+        else:
+            # tl.dot tiles with 16-row fragment tail blocks for remainders of up to a quarter tile
+            assert cfg.block_m >= 64 and cfg.tail is not None and cfg.tail_rows == cfg.block_m // 4
+            for g in cfg.tail:
+                assert isinstance(g, FragConfig) and g.nt == 2
+                frag_asm_args(fmt, g.nt, g.rt)
+        assert default_config(fmt, tokens * 8, 256, frag=False).tail is None   # no fragment copy, no tails
     assert not default_config(fmt, 8, 256, frag=False).frag
 
 

@@ -92,6 +92,11 @@ for t, k, e, big_m, tail_max in [(300, 8, 16, 32, 16), (300, 8, 16, 64, 40), (40
     ids[:t // 2 + 1, 0] = 3    # one expert with many rows (several big blocks)
     ids[0, -1] = -1            # another rank's expert
     check_split(align_split(ids, e, big_m, tail_max), ids, e, big_m, tail_max)
+# several scatter chunks (128 pairs each); two calls give the same rows
+ids = torch.randint(0, 16, (100, 8), dtype=torch.int32)
+a, b = align_split(ids, 16, 32, 16), align_split(ids, 16, 32, 16)
+check_split(a, ids, 16, 32, 16)
+assert torch.equal(a.perm, b.perm) and torch.equal(a.big.sorted_ids, b.big.sorted_ids)
 print("SPLIT OK")
 """
 
