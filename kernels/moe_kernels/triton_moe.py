@@ -638,9 +638,16 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
             small = ((FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)),
                      (FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)))
             return MoEConfig(16, nt2, nt2, small)
-        # 16-row blocks only (~32 rows per expert at 1024 tokens: 5.5 ms NVFP4 against 8.5 ms for
-        # 32-row tl.dot tiles, MXFP4 5.9 against 6.6)
+        # 16-row blocks only: at 1024 tokens (~32 rows per expert) 5.5 ms NVFP4 against 8.5 ms for
+        # 32-row tl.dot tiles (MXFP4 5.9 / 6.6), at 2048 (~64 rows) 10.3 / 13.1-17.6 ms for 64-row
+        # tiles with or without tails (MXFP4 10.9 / 10.9-13.8)
         return MoEConfig(16, nt2, nt2)
+    if fp4 and frag:
+        # 128-row tl.dot tiles; an expert's remainder of up to a quarter tile goes to 16-row tail blocks
+        # instead of one more, mostly padded tile (align_split; at 4096 tokens about half the experts
+        # have a few rows over 128: 12.8 ms against 16.4 ms for both formats, any bound from 32 to 96)
+        return MoEConfig(128, GemmConfig(128, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8), tail=(nt2, nt2),
+                         tail_rows=32)
     if not fp4:  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
@@ -652,21 +659,16 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         return MoEConfig(16, GemmConfig(64, 64, 4, 2), GemmConfig(64, 64, 4, 2))
     if rows <= 48:
         return MoEConfig(32, GemmConfig(64, 64, 4, 2, 4, swap=True), GemmConfig(128, 64, 8, 2, 4, swap=True))
-    # tl.dot tiles; with the fragment copy, an expert's remainder of up to a quarter tile goes to 16-row
-    # tail blocks instead of one more, mostly padded tile (align_split; at 4096 tokens ~half the experts
-    # have a few rows over 128: 12.8 ms against 16.4 ms for both formats, any bound from 32 to 96 rows)
-    def tail(bm: int) -> dict:
-        return dict(tail=(nt2, nt2), tail_rows=bm // 4) if frag else {}
     if rows <= 96:
-        return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8), **tail(64))
-    return MoEConfig(128, GemmConfig(128, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8), **tail(128))
+        return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
+    return MoEConfig(128, GemmConfig(128, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8))
 
 
 # Rows per expert up to which the fragment-order kernel (8 or 16 token rows per block, no shared-memory
-# operand staging) is used; above, tensor-core tiles share activations between warps. Measured at
-# 32 rows (1024 tokens: frag faster) and 128 (4096: frag 19.6 ms against 12.8 ms for tiles + tails);
-# between them (64 rows) not measured.
-FRAG_MAX_ROWS = 40
+# operand staging) is used; above, 128-row tensor-core tiles share activations between warps. Measured
+# at 32 and 64 rows (1024, 2048 tokens: frag faster) and 128 (4096: frag 19.6-20.5 ms against
+# 12.8-13.3 for tiles + tails); the crossover between 64 and 128 rows is interpolated, not measured.
+FRAG_MAX_ROWS = 80
 # Up to this many rows per expert, mixed 8/16-row blocks; above, 16-row blocks only.
 FRAG_MIXED_ROWS = 12
 # Above this many rows per expert, mixed blocks (align_mixed: 16-row blocks for experts with > 8 rows,
@@ -808,6 +810,8 @@ class TritonExperts:
         self._pairwise_perm: dict = {}
         # one-token (pairwise) forward: GEMM1, GEMM2 and finalize launched with PDL where supported (pdl.py)
         self.pdl = (self.frag and pdl_supported(weights.device)) if pdl is None else bool(pdl and self.frag)
+        # with PDL, loop steps of weights the one-token GEMM2 prefetches into L2 before waiting for GEMM1
+        self.prefetch_steps = 4
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
                 num_pairs: int):
@@ -903,6 +907,7 @@ class TritonExperts:
             n, steps, num_pairs, (fw.n // 2) // 16 if gated else 0, al.max_blocks, self.E,
             TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, ROW_START=al.row_start, PDL=pdl, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
             WK=wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
+            PREFETCH_STEPS=self.prefetch_steps if pdl and not gated else 0,
             num_warps=cfg.wn * wk, **({"launch_pdl": True} if pdl else {}),
         )
 

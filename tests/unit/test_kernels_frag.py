@@ -127,7 +127,7 @@ def test_default_configs_are_ones_the_fragment_kernel_takes(fmt):
     # block_m matching its token tiles; above it the tiled kernel takes over
     from moe_kernels.triton_frag import frag_asm_args
     from moe_kernels.triton_moe import FRAG_MAX_ROWS, FRAG_MIXED_ROWS, FRAG_NT1_ROWS, FragConfig, default_config
-    for tokens in (1, 2, 8, 16, 64, 128, 200, 256, 384, 1024, 1280, 2048, 4096):
+    for tokens in (1, 2, 8, 16, 64, 128, 200, 256, 384, 1024, 1280, 2048, 2600, 4096, 8192):
         cfg = default_config(fmt, tokens * 8, 256, frag=True)
         rows = tokens * 8 / min(256, tokens * 8)
         assert cfg.frag == (rows <= FRAG_MAX_ROWS)
@@ -142,7 +142,7 @@ def test_default_configs_are_ones_the_fragment_kernel_takes(fmt):
                 frag_asm_args(fmt, g.nt, g.rt)
         else:
             # tl.dot tiles with 16-row fragment tail blocks for remainders of up to a quarter tile
-            assert cfg.block_m >= 64 and cfg.tail is not None and cfg.tail_rows == cfg.block_m // 4
+            assert cfg.block_m == 128 and cfg.tail is not None and cfg.tail_rows == cfg.block_m // 4
             for g in cfg.tail:
                 assert isinstance(g, FragConfig) and g.nt == 2
                 frag_asm_args(fmt, g.nt, g.rt)
