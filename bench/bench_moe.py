@@ -273,10 +273,6 @@ def main():
                 ex.pdl = False
                 t_nopdl = bench(lambda: ex.forward(x, w, ids))
                 ex.pdl = True
-                for steps in (0, 16, ex.prefetch_steps):   # GEMM2's L2 prefetch before its PDL wait
-                    ex.prefetch_steps = steps
-                    print(f"  T=1 {fmt}: GEMM2 prefetching {steps} steps: "
-                          f"{bench(lambda: ex.forward(x, w, ids)) * 1e6:.1f} us", flush=True)
             # baseline inputs: tokens sorted by expert, int32 offsets
             flat = ids.flatten().long()
             order = torch.argsort(flat, stable=True)

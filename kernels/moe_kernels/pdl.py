@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
 
 try:  # Triton >= 3.4 (the device's 3.6 and CI's 3.9 have it)
     from triton.backends.nvidia.compiler import CUDAOptions
@@ -36,11 +34,3 @@ def pdl_supported(device: torch.device | str | None = None) -> bool:
     if dev.type != "cuda":
         return False
     return torch.cuda.get_device_capability(dev)[0] >= 9
-
-
-@triton.jit
-def l2_prefetch(ptrs):
-    """`prefetch.global.L2` of each address: a hint, no data comes back. For memory no earlier kernel
-    writes (weights), a PDL kernel may touch it before `gdc_wait`."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)

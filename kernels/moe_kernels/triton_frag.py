@@ -44,7 +44,7 @@ import triton.language as tl
 
 from . import formats as F
 from . import fp4_ptx as ptx
-from .pdl import gdc_launch_dependents, gdc_wait, l2_prefetch
+from .pdl import gdc_launch_dependents, gdc_wait
 
 # bf16 bit constants of the decode (see module docstring)
 _NV_C = 9                      # NVFP4 exponent offset: weights come out * 2^-9, the 2^9 goes to the accumulator
@@ -389,7 +389,6 @@ def frag_moe_kernel(
     PAIRWISE: tl.constexpr, ROW_START: tl.constexpr, PDL: tl.constexpr,
     NT: tl.constexpr, RT: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, GROUP_M: tl.constexpr,
     PIPE: tl.constexpr, ASM0: tl.constexpr, ASM1: tl.constexpr, CONS: tl.constexpr,
-    PREFETCH_STEPS: tl.constexpr = 4,
 ):
     """C[token rows of one expert block, N tile] = A @ W[e]^T (GATED: silu(A Wg^T) * A Wu^T).
     Program = one block of 8*NT token rows x WN*RT*16 weight rows; warp (wn, wk) takes RT row tiles
@@ -401,12 +400,8 @@ def frag_moe_kernel(
     ROW_START: the blocks' rows start at num_post_pad_ptr[1] (mixed alignment: the 8-row blocks follow
     the 16-row ones); num_post_pad_ptr[0] is where they end.
     PDL: launched with programmatic dependent launch (pdl.py): wait for the previous kernel before
-    the first global access, let the next one launch after the K loop. The one-token GEMM2
-    (PAIRWISE, not GATED) first pulls PREFETCH_STEPS loop steps of its weights into L2: neither they
-    nor topk_ids depend on GEMM1 (every GEMM1 program waited for the kernels before it, topk_ids'
-    writer included, before this one could launch), and GEMM1's last programs leave SMs idle."""
-    PRE: tl.constexpr = PDL and PAIRWISE and not GATED
-    if PDL and not PRE:
+    the first global access, let the next one launch after the K loop."""
+    if PDL:
         gdc_wait()
     BLOCK_M: tl.constexpr = 8 * NT
     R: tl.constexpr = 32 * WN * WK
@@ -420,18 +415,6 @@ def frag_moe_kernel(
     base_m = pid_m * BLOCK_M                       # first row (slot) of the token block
     if PAIRWISE:
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-        if PRE:
-            if (e >= 0) & (e < num_experts):
-                tile_p = (pid_n * WN + wn) * RT
-                w0 = w_ptr + e * stride_we + lane * 4
-                for ri in tl.static_range(RT):
-                    tp = tile_p + ri
-                    wt = w0 + tl.where(tp * 16 < N, tp, 0).to(tl.int64) * stride_wt
-                    for ps in tl.static_range(PREFETCH_STEPS * SUBS):
-                        # lane's 16 bytes of sub-step ps (steps past the end: clamped to the first)
-                        off = tl.where(ps // SUBS < num_steps, ps * 128, 0)
-                        l2_prefetch(wt + off)
-            gdc_wait()
         if (e < 0) | (e >= num_experts):
             if not GATED:
                 nothing = tl.zeros([R, 4], dtype=tl.float32)

@@ -810,8 +810,6 @@ class TritonExperts:
         self._pairwise_perm: dict = {}
         # one-token (pairwise) forward: GEMM1, GEMM2 and finalize launched with PDL where supported (pdl.py)
         self.pdl = (self.frag and pdl_supported(weights.device)) if pdl is None else bool(pdl and self.frag)
-        # with PDL, loop steps of weights the one-token GEMM2 prefetches into L2 before waiting for GEMM1
-        self.prefetch_steps = 4
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
                 num_pairs: int):
@@ -907,7 +905,6 @@ class TritonExperts:
             n, steps, num_pairs, (fw.n // 2) // 16 if gated else 0, al.max_blocks, self.E,
             TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, ROW_START=al.row_start, PDL=pdl, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
             WK=wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
-            PREFETCH_STEPS=self.prefetch_steps if pdl and not gated else 0,
             num_warps=cfg.wn * wk, **({"launch_pdl": True} if pdl else {}),
         )
 
