@@ -358,10 +358,22 @@ def _words(wb, wo, stride_wt, ok0, ok1, ok2, ok3, RT: tl.constexpr):
 
 
 @triton.jit
+def _coalesced_column(k, SUBS: tl.constexpr):
+    """Column of logical K index k in the coalesced activation order (coalesce_activations): inside
+    each loop step, 16-byte chunk t * 2*SUBS + q moves to q * 4 + t."""
+    STEP: tl.constexpr = 64 * SUBS
+    k_in = k % STEP
+    c = k_in // 8
+    return k - k_in + ((c % (2 * SUBS)) * 4 + c // (2 * SUBS)) * 8 + k_in % 8
+
+
+@triton.jit
 def _store_tile(acc_g, acc_u, c_ptr, stride_cm, pg, pu, slot0, tile_base, N,
-                GATED: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, RT: tl.constexpr, RI: tl.constexpr):
+                GATED: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, RT: tl.constexpr, RI: tl.constexpr,
+                OPERM: tl.constexpr, SUBS: tl.constexpr):
     """C fragment -> rows: lane (g, t) holds (row g, tokens 2t, 2t+1), (row g+8, tokens 2t, 2t+1) of
-    its warp's row tile RI; the WK partial sums of a warp row are added here."""
+    its warp's row tile RI; the WK partial sums of a warp row are added here. OPERM: output columns
+    in the coalesced activation order of the next fragment GEMM (see coalesce_activations)."""
     g3 = tl.sum(tl.reshape(acc_g, (WN, WK, 32, 4)), axis=1) * pg
     wn = tl.arange(0, WN)[:, None, None]
     lane = tl.arange(0, 32)[None, :, None]
@@ -373,7 +385,10 @@ def _store_tile(acc_g, acc_u, c_ptr, stride_cm, pg, pu, slot0, tile_base, N,
         out = g3 / (1.0 + tl.exp(-g3)) * u3
     else:
         out = g3
-    tl.store(c_ptr + slot.to(tl.int64) * stride_cm + row, out.to(c_ptr.dtype.element_ty), mask=row < N)
+    col = row
+    if OPERM:
+        col = _coalesced_column(row, SUBS)
+    tl.store(c_ptr + slot.to(tl.int64) * stride_cm + col, out.to(c_ptr.dtype.element_ty), mask=row < N)
 
 
 @triton.jit
@@ -389,6 +404,7 @@ def frag_moe_kernel(
     PAIRWISE: tl.constexpr, ROW_START: tl.constexpr, PDL: tl.constexpr,
     NT: tl.constexpr, RT: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, GROUP_M: tl.constexpr,
     PIPE: tl.constexpr, ASM0: tl.constexpr, ASM1: tl.constexpr, CONS: tl.constexpr,
+    XCO: tl.constexpr = False, OPERM: tl.constexpr = False,
 ):
     """C[token rows of one expert block, N tile] = A @ W[e]^T (GATED: silu(A Wg^T) * A Wu^T).
     Program = one block of 8*NT token rows x WN*RT*16 weight rows; warp (wn, wk) takes RT row tiles
@@ -420,7 +436,7 @@ def frag_moe_kernel(
                 nothing = tl.zeros([R, 4], dtype=tl.float32)
                 for ri in tl.static_range(RT):
                     _store_tile(nothing, nothing, c_ptr, stride_cm, 1.0, 1.0, base_m, pid_n * WN * RT, N,
-                                False, WN, WK, RT, ri)
+                                False, WN, WK, RT, ri, OPERM, SUBS)
             return
     else:
         if ROW_START:
@@ -460,8 +476,14 @@ def frag_moe_kernel(
         row0 = slot0
         row1 = slot1
     a32 = a_ptr.to(tl.pointer_type(tl.int32))
-    xb0 = a32 + row0.to(tl.int64) * stride_a32 + t * (8 * SUBS)
-    xb1 = a32 + row1.to(tl.int64) * stride_a32 + t * (8 * SUBS)
+    # int32 offsets of lane t's 16-byte chunks in a loop step: natural K order (lane t's 4*SUBS words
+    # contiguous: each load instruction uses half of every 32-byte sector it touches) or coalesced
+    # (XCO: chunk (sub-step s, half h) of lanes t = 0..3 side by side, two whole sectors per row)
+    XT: tl.constexpr = 4 if XCO else 8 * SUBS
+    XS: tl.constexpr = 32 if XCO else 8
+    XH: tl.constexpr = 16 if XCO else 4
+    xb0 = a32 + row0.to(tl.int64) * stride_a32 + t * XT
+    xb1 = a32 + row1.to(tl.int64) * stride_a32 + t * XT
 
     zero = tl.zeros([R, 4], dtype=tl.float32)
     g00, g01, g10, g11, g20, g21, g30, g31 = zero, zero, zero, zero, zero, zero, zero, zero
@@ -478,13 +500,13 @@ def frag_moe_kernel(
         for s in tl.static_range(SUBS):
             # activations: L1-allocating copies (.ca): the WN warps of a program, and the programs
             # of the same token block on this SM, read the same rows
-            xl0 = tl.load(xb0[:, None] + xo + 8 * s, mask=ok0[:, None], other=0, cache_modifier=".ca")
-            xh0 = tl.load(xb0[:, None] + xo + (8 * s + 4), mask=ok0[:, None], other=0, cache_modifier=".ca")
+            xl0 = tl.load(xb0[:, None] + xo + XS * s, mask=ok0[:, None], other=0, cache_modifier=".ca")
+            xh0 = tl.load(xb0[:, None] + xo + (XS * s + XH), mask=ok0[:, None], other=0, cache_modifier=".ca")
             xl1 = xl0
             xh1 = xh0
             if NT == 2:
-                xl1 = tl.load(xb1[:, None] + xo + 8 * s, mask=ok1[:, None], other=0, cache_modifier=".ca")
-                xh1 = tl.load(xb1[:, None] + xo + (8 * s + 4), mask=ok1[:, None], other=0, cache_modifier=".ca")
+                xl1 = tl.load(xb1[:, None] + xo + XS * s, mask=ok1[:, None], other=0, cache_modifier=".ca")
+                xh1 = tl.load(xb1[:, None] + xo + (XS * s + XH), mask=ok1[:, None], other=0, cache_modifier=".ca")
             wg0, wg1, wg2, wg3 = _words(wb, wo + s * 128, stride_wt, ok_w0, ok_w1, ok_w2, ok_w3, RT)
             if s < SUBS // 2:
                 g00, g01, g10, g11, g20, g21, g30, g31 = _substep(wg0, wg1, wg2, wg3, sg0, sg1, sg2, sg3, xl0, xh0, xl1, xh1,
@@ -507,19 +529,30 @@ def frag_moe_kernel(
     pu = tl.load(p_ptr + e * 2 + 1)
     tile_base = pid_n * WN * RT
     # warp wn's row tiles are tile_base + wn * RT + r: store tile r of every warp with WN-strided tiles
-    _store_tile(g00, u00, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 0)
+    _store_tile(g00, u00, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 0, OPERM, SUBS)
     if NT == 2:
-        _store_tile(g01, u01, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 0)
+        _store_tile(g01, u01, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 0, OPERM, SUBS)
     if RT >= 2:
-        _store_tile(g10, u10, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 1)
+        _store_tile(g10, u10, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 1, OPERM, SUBS)
         if NT == 2:
-            _store_tile(g11, u11, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 1)
+            _store_tile(g11, u11, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 1, OPERM, SUBS)
     if RT == 4:
-        _store_tile(g20, u20, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 2)
-        _store_tile(g30, u30, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 3)
+        _store_tile(g20, u20, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 2, OPERM, SUBS)
+        _store_tile(g30, u30, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 3, OPERM, SUBS)
         if NT == 2:
-            _store_tile(g21, u21, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 2)
-            _store_tile(g31, u31, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 3)
+            _store_tile(g21, u21, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 2, OPERM, SUBS)
+            _store_tile(g31, u31, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 3, OPERM, SUBS)
+
+
+def coalesce_activations(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Activations [rows, K] (bf16, K a multiple of the loop step) reordered for the fragment kernel's
+    XCO loads: inside each step, the 16-byte chunk of lane t and (sub-step s, half h) moves from
+    t * 2*SUB + 2s + h (natural K order: a lane's K range is contiguous) to (2s + h) * 4 + t, so that
+    the four lanes of a token row read 64 contiguous bytes per load instruction. The kernel computes
+    the same products; GEMM1 writes its output in this order directly (OPERM)."""
+    step, sub = STEP_K[fmt], SUB[fmt]
+    rows, k = x.shape
+    return x.reshape(rows, k // step, 4, 2 * sub, 8).transpose(2, 3).reshape(rows, k)
 
 
 def emulate(fw: FragWeights, expert: int, x: torch.Tensor) -> torch.Tensor:

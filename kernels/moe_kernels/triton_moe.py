@@ -48,7 +48,7 @@ from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
 from .reference import _check_inputs
 from .pdl import pdl_supported
 from .triton_align import TAIL_M, Alignment, align_by_expert, align_mixed, align_split
-from .triton_frag import STEP_K, FragWeights, frag_asm_args, frag_moe_kernel, grouped_block
+from .triton_frag import STEP_K, FragWeights, coalesce_activations, frag_asm_args, frag_moe_kernel, grouped_block
 
 FMT_BF16, FMT_FP8, FMT_NVFP4, FMT_MXFP4 = 0, 1, 2, 3
 _FMT_ID = {"bf16": FMT_BF16, "fp8": FMT_FP8, "nvfp4": FMT_NVFP4, "mxfp4": FMT_MXFP4}
@@ -808,6 +808,10 @@ class TritonExperts:
         self.f13 = FragWeights.pack(weights.w13, self.fmt) if self.frag else None
         self.f2 = FragWeights.pack(weights.w2, self.fmt) if self.frag else None
         self._pairwise_perm: dict = {}
+        # fragment kernel: GEMM2 reads (and GEMM1 writes) the intermediate activations in the coalesced
+        # order (triton_frag.coalesce_activations); GEMM1 reads a reordered copy of x, except for one
+        # token (pairwise: one row, the copy would cost more than it saves)
+        self.coalesce = True
         # one-token (pairwise) forward: GEMM1, GEMM2 and finalize launched with PDL where supported (pdl.py)
         self.pdl = (self.frag and pdl_supported(weights.device)) if pdl is None else bool(pdl and self.frag)
 
@@ -861,11 +865,14 @@ class TritonExperts:
             perm, p_max, pairwise = al.perm, al.p_max, al.pairwise
         inter = torch.empty(p_max, self.I, dtype=torch.bfloat16, device=x.device)
         gemm2_out = torch.empty(p_max, self.H, dtype=torch.bfloat16, device=x.device)
+        co = self.coalesce
+        xco = co and not pairwise
         if num_pairs:
+            xin = coalesce_activations(x, self.fmt) if xco else x
             for al, g1, _ in parts:
-                self._launch_frag(self.f13, x, inter, al, self.I, g1, True, True, top_k, num_pairs)
+                self._launch_frag(self.f13, xin, inter, al, self.I, g1, True, True, top_k, num_pairs, xco, co)
             for al, _, g2 in parts:
-                self._launch_frag(self.f2, inter, gemm2_out, al, self.H, g2, False, False, top_k, num_pairs)
+                self._launch_frag(self.f2, inter, gemm2_out, al, self.H, g2, False, False, top_k, num_pairs, co)
         if defer_finalize:
             return DeferredMoEOutput(gemm2_out, topk_weights, perm, float(routed_scale))
         return moe_finalize_fuse_shared(gemm2_out, topk_weights, perm, shared_output, float(routed_scale),
@@ -886,7 +893,8 @@ class TritonExperts:
         return Alignment(ids, ids, ids, perm, 8, n, pairwise=True)
 
     def _launch_frag(self, fw: FragWeights, a, c, al, n: int, cfg: FragConfig, gather: bool, gated: bool,
-                     top_k: int, num_pairs: int):
+                     top_k: int, num_pairs: int, xco: bool = False, operm: bool = False):
+        """xco: `a` is in the coalesced order (coalesce_activations); operm: write `c` in that order."""
         steps = fw.k // STEP_K[self.fmt]
         wk = math.gcd(cfg.wk, steps)   # K-splitting warps: a divisor of the step count
         if al.block_m != 8 * cfg.nt:
@@ -903,7 +911,8 @@ class TritonExperts:
             c, c.stride(0),
             al.sorted_ids, al.expert_ids, al.num_post_pad,
             n, steps, num_pairs, (fw.n // 2) // 16 if gated else 0, al.max_blocks, self.E,
-            TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, ROW_START=al.row_start, PDL=pdl, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
+            TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, ROW_START=al.row_start,
+            PDL=pdl, XCO=xco, OPERM=operm, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
             WK=wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
             num_warps=cfg.wn * wk, **({"launch_pdl": True} if pdl else {}),
         )
@@ -948,10 +957,14 @@ class TritonExperts:
         inter = torch.empty(split.p_max, self.I, dtype=torch.bfloat16, device=x.device)
         gemm2_out = torch.empty(split.p_max, self.H, dtype=torch.bfloat16, device=x.device)
         self._launch(self.w13, x, inter, split.big, self.I, self.H, cfg.gemm1, True, True, top_k, num_pairs)
-        self._launch_frag(self.f13, x, inter, split.small, self.I, cfg.tail[0], True, True, top_k, num_pairs)
+        # tail rows: GEMM1 reads x as it is (a reordered copy of all of x is not worth a few rows per
+        # expert) and writes the intermediate in the coalesced order for GEMM2
+        co = self.coalesce
+        self._launch_frag(self.f13, x, inter, split.small, self.I, cfg.tail[0], True, True, top_k, num_pairs,
+                          False, co)
         self._launch(self.w2, inter, gemm2_out, split.big, self.H, self.I, cfg.gemm2, False, False, top_k, num_pairs)
         self._launch_frag(self.f2, inter, gemm2_out, split.small, self.H, cfg.tail[1], False, False, top_k,
-                          num_pairs)
+                          num_pairs, co)
         if defer_finalize:
             return DeferredMoEOutput(gemm2_out, topk_weights, split.perm, float(routed_scale))
         return moe_finalize_fuse_shared(gemm2_out, topk_weights, split.perm, shared_output, float(routed_scale))

@@ -107,3 +107,45 @@ def test_split_alignment_in_interpreter():
     res = subprocess.run([sys.executable, "-c", SPLIT], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "SPLIT OK" in res.stdout
+
+
+COALESCE = r"""
+import torch
+import triton
+import triton.language as tl
+from moe_kernels.triton_frag import _coalesced_column, coalesce_activations
+
+@triton.jit
+def cols(out_ptr, K, SUBS: tl.constexpr, BLOCK: tl.constexpr):
+    k = tl.arange(0, BLOCK)
+    tl.store(out_ptr + k, _coalesced_column(k, SUBS), mask=k < K)
+
+for fmt, subs in (("nvfp4", 2), ("mxfp4", 4)):
+    K = 1024
+    x = torch.arange(K, dtype=torch.float32)[None, :]
+    co = coalesce_activations(x, fmt)[0].long()          # co[position] = logical k stored there
+    col = torch.empty(K, dtype=torch.int32)
+    cols[(1,)](col, K, SUBS=subs, BLOCK=K)
+    assert sorted(col.tolist()) == list(range(K)), "a permutation"
+    assert torch.equal(co[col.long()], torch.arange(K)), "GEMM1's store order is coalesce_activations' order"
+    assert not torch.equal(co, torch.arange(K))
+    # lane t's chunk for (sub-step s, half h) at word 4t + 32s + 16h of a step (the kernel's XCO offsets)
+    # holds the K values of its natural-order chunk at word t * 8 * SUBS + 8s + 4h
+    step = 64 * subs
+    for t in range(4):
+        for s in range(subs):
+            for h in range(2):
+                new = 2 * (4 * t + 32 * s + 16 * h)
+                old = 2 * (t * 8 * subs + 8 * s + 4 * h)
+                assert torch.equal(co[new:new + 8], torch.arange(old, old + 8)), (fmt, t, s, h)
+print("COALESCE OK")
+"""
+
+
+def test_coalesced_activation_order_in_interpreter():
+    """The fragment kernel's coalesced activation order: GEMM1's store permutation (run in Triton's
+    interpreter) is the torch reorder of x, and it puts each lane's natural chunks where XCO loads them."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", COALESCE], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "COALESCE OK" in res.stdout
