@@ -125,7 +125,7 @@ SWEEP = {
 }
 
 
-# fragment-order kernel (<= 12 rows per expert): (rt, wn, wk, pipe[, group_m]) candidates per format and
+# fragment-order kernel (8-row blocks here): (rt, wn, wk, pipe[, group_m]) candidates per format and
 # regime (decode: <= 1.5 rows per expert); GEMM1 swept with GEMM2 fixed, then GEMM2 with the best GEMM1
 FRAG_CANDIDATES = {
     ("nvfp4", "decode"): ([(4, 1, 2, 4), (4, 1, 4, 4), (4, 1, 4, 3), (2, 1, 4, 4), (2, 2, 2, 4), (4, 2, 2, 3)],

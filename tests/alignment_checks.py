@@ -15,22 +15,28 @@ def check_pair_order(perm: torch.Tensor, ids: torch.Tensor, num_experts: int) ->
     assert bool(((step > 0) | (same[1:] != same[:-1])).all()), "rows of an expert follow pair order"
 
 
-def check_mixed(mixed, ids: torch.Tensor, num_experts: int, small_m: int = 8, big_m: int = 16) -> None:
+def check_rows(al, ids: torch.Tensor, num_experts: int):
+    """What every two-part alignment (MixedAlignment) must give: a row per pair of this rank, in pair
+    order per expert, sorted_ids inverting perm, padding rows marked. Returns (rows, experts, counts)."""
     flat = ids.flatten().long()
     dev = flat.device
     n = flat.numel()
     valid = (flat >= 0) & (flat < num_experts)
-    perm = mixed.perm.long()
+    perm = al.perm.long()
     assert torch.equal(perm >= 0, valid), "perm is -1 exactly for other ranks' experts"
     rows, experts = perm[valid], flat[valid]
     assert rows.unique().numel() == rows.numel(), "each pair has its own row"
-    check_pair_order(mixed.perm, ids, num_experts)
-    sorted_ids = mixed.big.sorted_ids.long()
+    check_pair_order(al.perm, ids, num_experts)
+    sorted_ids = al.big.sorted_ids.long()
     assert torch.equal(sorted_ids[rows], torch.arange(n, device=dev)[valid]), "sorted_ids inverts perm"
-    pad = torch.ones(mixed.p_max, dtype=torch.bool, device=dev)
+    pad = torch.ones(al.p_max, dtype=torch.bool, device=dev)
     pad[rows] = False
     assert (sorted_ids[pad] == n).all(), "padding rows hold num_pairs"
-    counts = torch.bincount(experts, minlength=num_experts)
+    return rows, experts, torch.bincount(experts, minlength=num_experts)
+
+
+def check_mixed(mixed, ids: torch.Tensor, num_experts: int, small_m: int = 8, big_m: int = 16) -> None:
+    rows, experts, counts = check_rows(mixed, ids, num_experts)
     big = counts > small_m
     end_big, start_big = mixed.big.num_post_pad.tolist()
     end_small, start_small = mixed.small.num_post_pad.tolist()
@@ -47,21 +53,7 @@ def check_mixed(mixed, ids: torch.Tensor, num_experts: int, small_m: int = 8, bi
 def check_split(split, ids: torch.Tensor, num_experts: int, big_m: int, tail_max: int, tail_m: int = 16) -> None:
     """Invariants of triton_align.align_split: every expert's full big_m-row blocks first, a remainder
     of <= tail_max rows in tail_m-row blocks after all big blocks (more: one more big block)."""
-    flat = ids.flatten().long()
-    dev = flat.device
-    n = flat.numel()
-    valid = (flat >= 0) & (flat < num_experts)
-    perm = split.perm.long()
-    assert torch.equal(perm >= 0, valid), "perm is -1 exactly for other ranks' experts"
-    rows, experts = perm[valid], flat[valid]
-    assert rows.unique().numel() == rows.numel(), "each pair has its own row"
-    check_pair_order(split.perm, ids, num_experts)
-    sorted_ids = split.big.sorted_ids.long()
-    assert torch.equal(sorted_ids[rows], torch.arange(n, device=dev)[valid]), "sorted_ids inverts perm"
-    pad = torch.ones(split.p_max, dtype=torch.bool, device=dev)
-    pad[rows] = False
-    assert (sorted_ids[pad] == n).all(), "padding rows hold num_pairs"
-    counts = torch.bincount(experts, minlength=num_experts)
+    rows, experts, counts = check_rows(split, ids, num_experts)
     full, rest = counts // big_m, counts % big_m
     over = rest > tail_max
     end_big, start_big = split.big.num_post_pad.tolist()

@@ -149,6 +149,21 @@ BIG_M = 16      # rows of a big block
 
 
 @triton.jit
+def _two_part_blocks(end_big, tot_big, end_small, tot_small, E, bounds_ptr, expert_ids_ptr, sorted_ids_ptr, num_pairs,
+                     MAX_BIG, MAX_SMALL, P_MAX, BIG: tl.constexpr, SMALL: tl.constexpr, E_P2: tl.constexpr,
+                     CHUNK: tl.constexpr):
+    """Bounds ([end, start] of the big blocks' rows, then of the small ones', which follow), the expert
+    of every block of both parts, and the padding fill, for a MixedAlignment."""
+    tl.store(bounds_ptr, tot_big)
+    tl.store(bounds_ptr + 1, 0)
+    tl.store(bounds_ptr + 2, tot_big + tot_small)
+    tl.store(bounds_ptr + 3, tot_big)
+    _block_experts(end_big, E, 0, expert_ids_ptr, MAX_BIG, BIG, E_P2, CHUNK)
+    _block_experts(end_small, E, tot_big, expert_ids_ptr + MAX_BIG, MAX_SMALL, SMALL, E_P2, CHUNK)
+    _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK)
+
+
+@triton.jit
 def _count_mixed_kernel(ids_ptr, chunk_ptr, num_pairs, E, cursor_ptr, expert_ids_ptr, bounds_ptr, sorted_ids_ptr,
                         MAX_BIG, MAX_SMALL, P_MAX, SMALL: tl.constexpr, BIG: tl.constexpr,
                         E_P2: tl.constexpr, CHUNK: tl.constexpr):
@@ -162,14 +177,8 @@ def _count_mixed_kernel(ids_ptr, chunk_ptr, num_pairs, E, cursor_ptr, expert_ids
     end_small = tot_big + tl.cumsum(pad_small, 0)
     tot_small = tl.sum(pad_small, 0)
     tl.store(cursor_ptr + bins, tl.where(big, end_big - pad_big, end_small - pad_small), mask=bins < E)
-    # [end, start] of the big blocks' rows, then of the small blocks' rows
-    tl.store(bounds_ptr, tot_big)
-    tl.store(bounds_ptr + 1, 0)
-    tl.store(bounds_ptr + 2, tot_big + tot_small)
-    tl.store(bounds_ptr + 3, tot_big)
-    _block_experts(end_big, E, 0, expert_ids_ptr, MAX_BIG, BIG, E_P2, CHUNK)
-    _block_experts(end_small, E, tot_big, expert_ids_ptr + MAX_BIG, MAX_SMALL, SMALL, E_P2, CHUNK)
-    _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK)
+    _two_part_blocks(end_big, tot_big, end_small, tot_small, E, bounds_ptr, expert_ids_ptr, sorted_ids_ptr, num_pairs,
+                     MAX_BIG, MAX_SMALL, P_MAX, BIG, SMALL, E_P2, CHUNK)
 
 
 TAIL_M = 16    # rows of a tail block (align_split)
@@ -195,14 +204,8 @@ def _count_split_kernel(ids_ptr, chunk_ptr, num_pairs, E, meta_ptr, expert_ids_p
     # claims past this row go to the tail (with `over`, all of an expert's rows fit in its big blocks)
     tl.store(meta_ptr + E + bins, tl.where(over, end_big, end_big - pad_big + full * BIG), mask=m)
     tl.store(meta_ptr + 2 * E + bins, end_tail - pad_tail, mask=m)
-    # [end, start] of the big blocks' rows, then of the tail blocks' rows
-    tl.store(bounds_ptr, tot_big)
-    tl.store(bounds_ptr + 1, 0)
-    tl.store(bounds_ptr + 2, tot_big + tot_tail)
-    tl.store(bounds_ptr + 3, tot_big)
-    _block_experts(end_big, E, 0, expert_ids_ptr, MAX_BIG, BIG, E_P2, CHUNK)
-    _block_experts(end_tail, E, tot_big, expert_ids_ptr + MAX_BIG, MAX_TAIL, TAIL, E_P2, CHUNK)
-    _fill_padding(sorted_ids_ptr, num_pairs, P_MAX, CHUNK)
+    _two_part_blocks(end_big, tot_big, end_tail, tot_tail, E, bounds_ptr, expert_ids_ptr, sorted_ids_ptr, num_pairs,
+                     MAX_BIG, MAX_TAIL, P_MAX, BIG, TAIL, E_P2, CHUNK)
 
 
 def _bins(num_experts: int) -> tuple[int, int]:
@@ -227,30 +230,37 @@ def _scatter(ids: torch.Tensor, chunks: torch.Tensor, num_experts: int, cursor, 
                                                           num_warps=4)
 
 
-def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:
-    """Like align_by_expert, with SMALL_M-row blocks for experts that fit in one and BIG_M-row blocks
-    for the rest (~8 rows per expert: 59% of experts fit; the others are not split in two)."""
-    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+def _two_part(ids: torch.Tensor, num_experts: int, count_kernel, cursor_words: int, big_m: int, max_big: int,
+              small_m: int, max_small: int, split: bool, *extra, **consts) -> MixedAlignment:
+    """Buffers, count kernel and scatter of a MixedAlignment (big blocks first, then small ones)."""
     n = ids.numel()
     dev = ids.device
-    m = min(num_experts, n)
-    max_small = max(1, m)
-    # big experts have > SMALL_M rows each: at most n // (SMALL_M + 1) of them, ceil(c / BIG_M) blocks each
-    max_big = max(1, min(max_blocks(n, num_experts, BIG_M), min(m, n // (SMALL_M + 1)) + n // BIG_M))
-    p_max = BIG_M * max_big + SMALL_M * max_small
-    cursor = torch.empty(num_experts, dtype=torch.int32, device=dev)
+    p_max = big_m * max_big + small_m * max_small
+    cursor = torch.empty(cursor_words, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(max_big + max_small, dtype=torch.int32, device=dev)
     bounds = torch.empty(4, dtype=torch.int32, device=dev)
     sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
     perm = torch.empty(n, dtype=torch.int32, device=dev)
     e_p2, chunk = _bins(num_experts)
     chunks = _chunk_counts(n, e_p2, dev)
-    _count_mixed_kernel[(1,)](ids, chunks, n, num_experts, cursor, expert_ids, bounds, sorted_ids, max_big, max_small, p_max,
-                              SMALL=SMALL_M, BIG=BIG_M, E_P2=e_p2, CHUNK=chunk, num_warps=8)
-    _scatter(ids, chunks, num_experts, cursor, sorted_ids, perm)
-    big = Alignment(sorted_ids, expert_ids[:max_big], bounds[0:2], perm, BIG_M, max_big)
-    small = Alignment(sorted_ids, expert_ids[max_big:], bounds[2:4], perm, SMALL_M, max_small, row_start=True)
+    count_kernel[(1,)](ids, chunks, n, num_experts, cursor, expert_ids, bounds, sorted_ids, max_big, max_small, p_max,
+                       *extra, E_P2=e_p2, CHUNK=chunk, num_warps=8, **consts)
+    _scatter(ids, chunks, num_experts, cursor, sorted_ids, perm, split=split)
+    big = Alignment(sorted_ids, expert_ids[:max_big], bounds[0:2], perm, big_m, max_big)
+    small = Alignment(sorted_ids, expert_ids[max_big:], bounds[2:4], perm, small_m, max_small, row_start=True)
     return MixedAlignment(big, small, perm, p_max)
+
+
+def align_mixed(topk_ids: torch.Tensor, num_experts: int) -> MixedAlignment:
+    """Like align_by_expert, with SMALL_M-row blocks for experts that fit in one and BIG_M-row blocks
+    for the rest (~8 rows per expert: 59% of experts fit; the others are not split in two)."""
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    n = ids.numel()
+    m = min(num_experts, n)
+    # big experts have > SMALL_M rows each: at most n // (SMALL_M + 1) of them, ceil(c / BIG_M) blocks each
+    max_big = max(1, min(max_blocks(n, num_experts, BIG_M), min(m, n // (SMALL_M + 1)) + n // BIG_M))
+    return _two_part(ids, num_experts, _count_mixed_kernel, num_experts, BIG_M, max_big, SMALL_M, max(1, m), False,
+                     SMALL=SMALL_M, BIG=BIG_M)
 
 
 def align_split(topk_ids: torch.Tensor, num_experts: int, big_m: int, tail_max: int) -> MixedAlignment:
@@ -259,25 +269,12 @@ def align_split(topk_ids: torch.Tensor, num_experts: int, big_m: int, tail_max: 
     tl.dot kernel (reads num_post_pad[0] only: its rows start at 0), `small` for the fragment kernel."""
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     n = ids.numel()
-    dev = ids.device
     m = min(num_experts, n)
-    max_big = max_blocks(n, num_experts, big_m)
     # a tail holds <= tail_max rows, at most one per pair
     max_tail = max(1, min(m * triton.cdiv(max(tail_max, 1), TAIL_M), max_blocks(n, num_experts, TAIL_M)))
-    p_max = big_m * max_big + TAIL_M * max_tail
-    meta = torch.empty(3 * num_experts, dtype=torch.int32, device=dev)
-    expert_ids = torch.empty(max_big + max_tail, dtype=torch.int32, device=dev)
-    bounds = torch.empty(4, dtype=torch.int32, device=dev)
-    sorted_ids = torch.empty(p_max, dtype=torch.int32, device=dev)
-    perm = torch.empty(n, dtype=torch.int32, device=dev)
-    e_p2, chunk = _bins(num_experts)
-    chunks = _chunk_counts(n, e_p2, dev)
-    _count_split_kernel[(1,)](ids, chunks, n, num_experts, meta, expert_ids, bounds, sorted_ids, max_big, max_tail, p_max,
-                              tail_max, BIG=big_m, TAIL=TAIL_M, E_P2=e_p2, CHUNK=chunk, num_warps=8)
-    _scatter(ids, chunks, num_experts, meta, sorted_ids, perm, split=True)
-    big = Alignment(sorted_ids, expert_ids[:max_big], bounds[0:2], perm, big_m, max_big)
-    tail = Alignment(sorted_ids, expert_ids[max_big:], bounds[2:4], perm, TAIL_M, max_tail, row_start=True)
-    return MixedAlignment(big, tail, perm, p_max)
+    # cursor: [first row, end of the big rows, first tail row] per expert (see _scatter_kernel)
+    return _two_part(ids, num_experts, _count_split_kernel, 3 * num_experts, big_m, max_blocks(n, num_experts, big_m),
+                     TAIL_M, max_tail, True, tail_max, BIG=big_m, TAIL=TAIL_M)
 
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:

@@ -1,4 +1,4 @@
-"""FP4 expert GEMMs for few token rows per expert (decode to ~16 rows), on mma.sync fragments.
+"""FP4 expert GEMMs on mma.sync fragments, for 1 to ~80 token rows per expert (in 8- or 16-row blocks).
 
 The weights are packed once in *fragment order* (TritonExperts keeps this copy next to its tiled
 layout for larger batches): for each expert, 16-row tile and K step, the 32
@@ -15,6 +15,12 @@ lane t of a lane group covers 16*SUB contiguous K values per loop step, so
 - its activations are two contiguous 16-byte loads per 64-K sub-step (B fragments of four MMAs),
 - its block scales are two groups per loop step (SUB=2 for NVFP4's 16-groups, SUB=4 for MXFP4's
   32-groups): one 4-byte word per lane and step holds (row g, row g+8) x (group 0, group 1).
+In that natural K order each activation load instruction would use half of every 32-byte sector it
+touches (a lane's two 16-byte halves of a sector come from two instructions, and these cp.async
+copies do not meet in L1), so activation traffic from L2 was twice its bytes. The kernel therefore
+reads activations in a *coalesced* order (XCO, `coalesce_activations`: inside each step, the chunks
+of the four lanes of a row side by side); GEMM1 writes its output in that order (OPERM), and x gets
+one reordering copy per forward. The same K values meet in every MMA: results are bit-identical.
 
 Decode (inline PTX, per 32-bit word = 8 codes = one A fragment): each code c must become bf16 bits
 (c & 8) << 12 | (c & 7) << 6 of its half of a register; the packing scatters the code bits over the

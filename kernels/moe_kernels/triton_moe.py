@@ -7,12 +7,14 @@ Pipeline per forward (4 launches + finalize; no host synchronisation, CUDA-graph
 
 Weights are dequantised in registers, tile by tile, to bf16 (exact for FP4: e2m1 * e4m3/e8m0 has at
 most 6 significant bits); per-expert factors (NVFP4 global scale, exponent offsets) are applied to
-the fp32 accumulator. FP4 with <= FRAG_MAX_ROWS rows per expert (decode and small batches) runs
-on the fragment-order kernel of triton_frag.py (its own weight copy, packed in __init__; 8-row token
-blocks, decoded weights as the A operand of mma.sync, no operand staging). There, one token skips the
-alignment (pairwise blocks; GEMM1, GEMM2 and finalize chained with programmatic dependent launch on
-SM90, pdl.py), and ~8 rows per expert mix 16-row and 8-row blocks (align_mixed). Otherwise: bf16
-tensor-core tiles (tl.dot). Kept selectable by explicit config: the one-row decode loops
+the fp32 accumulator. FP4 with <= FRAG_MAX_ROWS rows per expert (decode to ~2500 tokens of
+DeepSeek-V3) runs on the fragment-order kernel of triton_frag.py (its own weight copy, packed in
+__init__; 8- or 16-row token blocks, decoded weights as the A operand of mma.sync, no operand staging,
+activations read in a coalesced K order). There, one token skips the alignment (pairwise blocks;
+GEMM1, GEMM2 and finalize chained with programmatic dependent launch on SM90, pdl.py), ~8 rows per
+expert mix 16-row and 8-row blocks (align_mixed), more rows take 16-row blocks. Above: 128-row bf16
+tensor-core tiles (tl.dot) for the rows that fill them, and an expert's remainder of up to 32 rows in
+16-row fragment blocks (align_split). Kept selectable by explicit config: the one-row decode loops
 (_fp4_fma_loop_pipe: cp.async stages, mma.sync on the decoded tile or CUDA-core FMAs; the older
 hand-prefetched _fp4_fma_loop, GemmConfig.pipe=0, whose register prefetch never stayed in flight),
 used by default only where the fragment kernel does not apply (pre-SM80, K not a multiple of its
@@ -610,8 +612,9 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
     """Tile choice by rows per touched expert (measured on an H200, see bench/README.md).
 
     FP4 with the fragment copy (frag=True), up to FRAG_MAX_ROWS rows per expert: the fragment-order
-    kernel (triton_frag.py) with 8-row blocks (one token: pairwise, no alignment launches), and above
-    FRAG_NT1_ROWS mixed 8/16-row blocks. Without it, FP4 decode runs the one-row cp.async loop with
+    kernel (triton_frag.py) with 8-row blocks (one token: pairwise, no alignment launches), above
+    FRAG_NT1_ROWS mixed 8/16-row blocks, above FRAG_MIXED_ROWS 16-row blocks; beyond FRAG_MAX_ROWS
+    128-row tiles with 16-row fragment tail blocks (align_split). Without it, FP4 decode runs the one-row cp.async loop with
     mma.sync (_fp4_fma_loop_pipe) and small batches 16-row tensor-core tiles. Large batches: 128-row
     tiles reuse each dequantised weight tile 128 times. Register counts were read from the compiled
     SM90 cubins (no spills)."""
@@ -793,7 +796,7 @@ class TritonExperts:
             raise ValueError(f"{self.fmt} needs H/2 and I/2 to be multiples of {group} (H={h}, I={i})")
         self.w13 = _prepare(weights.w13, self.fmt)
         self.w2 = _prepare(weights.w2, self.fmt)
-        # FP4: the fragment-order copy for <= FRAG_MAX_ROWS rows per expert (decode, small batches).
+        # FP4: the fragment-order copy for <= FRAG_MAX_ROWS rows per expert and for tail blocks.
         # A second copy of the weights (same bytes again); frag=False keeps only the tiled one.
         fits = (self.fmt_id >= FMT_NVFP4 and i % 16 == 0 and h % 16 == 0
                 and h % STEP_K[self.fmt] == 0 and i % STEP_K[self.fmt] == 0)

@@ -60,6 +60,14 @@ def test_triton_moe_in_interpreter(fmt, mode):
     assert float(err) < 3e-2 and ok_perm == "True"
 
 
+def _interpret(code: str, marker: str) -> None:
+    """Run a script under TRITON_INTERPRET=1 in a subprocess; it must exit 0 and print `marker`."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert marker in res.stdout
+
+
 MIXED = r"""
 import torch
 from alignment_checks import check_mixed
@@ -75,10 +83,7 @@ print("MIXED OK")
 
 
 def test_mixed_alignment_in_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    res = subprocess.run([sys.executable, "-c", MIXED], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "MIXED OK" in res.stdout
+    _interpret(MIXED, "MIXED OK")
 
 
 SPLIT = r"""
@@ -103,10 +108,7 @@ print("SPLIT OK")
 
 def test_split_alignment_in_interpreter():
     """align_split (tl.dot blocks + 16-row tail blocks) through Triton's interpreter."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    res = subprocess.run([sys.executable, "-c", SPLIT], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "SPLIT OK" in res.stdout
+    _interpret(SPLIT, "SPLIT OK")
 
 
 COALESCE = r"""
@@ -145,7 +147,4 @@ print("COALESCE OK")
 def test_coalesced_activation_order_in_interpreter():
     """The fragment kernel's coalesced activation order: GEMM1's store permutation (run in Triton's
     interpreter) is the torch reorder of x, and it puts each lane's natural chunks where XCO loads them."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    res = subprocess.run([sys.executable, "-c", COALESCE], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "COALESCE OK" in res.stdout
+    _interpret(COALESCE, "COALESCE OK")
