@@ -927,12 +927,13 @@ class TritonExperts:
         t, top_k = topk_ids.shape
         num_pairs = t * top_k
         cfg = self.config or default_config(self.fmt, num_pairs, self.E, self.frag)
-        if cfg.frag and not self.frag:
-            raise ValueError("a fragment-kernel config needs TritonExperts(frag=True) FP4 weights")
+        if (cfg.frag or cfg.tail is not None) and not self.frag:
+            raise ValueError("a fragment-kernel config (or tail blocks, MoEConfig.tail) needs TritonExperts(frag=True) "
+                             "FP4 weights on an SM80+ GPU")
         x = x.to(torch.bfloat16).contiguous()
         if cfg.frag:
             return self._forward_frag(cfg, x, topk_weights, topk_ids, shared_output, routed_scale, defer_finalize)
-        if cfg.tail is not None and self.frag and num_pairs:
+        if cfg.tail is not None and num_pairs:
             return self._forward_split(cfg, x, topk_weights, topk_ids, shared_output, routed_scale, defer_finalize)
         al = align_by_expert(topk_ids, self.E, cfg.block_m)
         # the CUDA-core path keeps the SiLU*up activations in fp32 (no bf16 rounding between the GEMMs)

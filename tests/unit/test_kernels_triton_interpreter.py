@@ -148,3 +148,25 @@ def test_coalesced_activation_order_in_interpreter():
     """The fragment kernel's coalesced activation order: GEMM1's store permutation (run in Triton's
     interpreter) is the torch reorder of x, and it puts each lane's natural chunks where XCO loads them."""
     _interpret(COALESCE, "COALESCE OK")
+
+
+TAIL_NEEDS_FRAG = r"""
+import torch
+from moe_kernels.experts import ExpertWeights
+from moe_kernels.triton_moe import FragConfig, GemmConfig, MoEConfig, TritonExperts
+ew = ExpertWeights.from_dense(torch.randn(4, 256, 256), torch.randn(4, 256, 128), "nvfp4")
+tile = GemmConfig(32, 128, 4, 1)
+cfg = MoEConfig(16, tile, tile, tail=(FragConfig(2, 4, 1, 1, 3), FragConfig(2, 4, 1, 1, 3)), tail_rows=8)
+ex = TritonExperts(ew, cfg)   # the interpreter cannot run the fragment kernel: no fragment copy
+assert not ex.frag
+try:
+    ex.forward(torch.randn(3, 256).bfloat16(), torch.rand(3, 2), torch.randint(0, 4, (3, 2)))
+except ValueError as exc:
+    assert "fragment" in str(exc) and "tail" in str(exc), exc
+    print("REFUSED OK")
+"""
+
+
+def test_tail_blocks_without_the_fragment_copy_are_refused():
+    """An explicit config with tail blocks is refused, not silently run as tiles only."""
+    _interpret(TAIL_NEEDS_FRAG, "REFUSED OK")
