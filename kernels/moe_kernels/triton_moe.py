@@ -649,8 +649,7 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         # 128-row tl.dot tiles; an expert's remainder of up to a quarter tile goes to 16-row tail blocks
         # instead of one more, mostly padded tile (align_split; at 4096 tokens about half the experts
         # have a few rows over 128: 12.8 ms against 16.4 ms for both formats, any bound from 32 to 96)
-        return MoEConfig(128, GemmConfig(128, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8), tail=(nt2, nt2),
-                         tail_rows=32)
+        return MoEConfig(128, _TILE128, _TILE128, tail=(nt2, nt2), tail_rows=32)
     if not fp4:  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
@@ -664,22 +663,25 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         return MoEConfig(32, GemmConfig(64, 64, 4, 2, 4, swap=True), GemmConfig(128, 64, 8, 2, 4, swap=True))
     if rows <= 96:
         return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
-    return MoEConfig(128, GemmConfig(128, 64, 8, 2, 8), GemmConfig(128, 64, 8, 2, 8))
+    return MoEConfig(128, _TILE128, _TILE128)
 
 
-# Rows per expert up to which the fragment-order kernel (8 or 16 token rows per block, no shared-memory
-# operand staging) is used; above, 128-row tensor-core tiles share activations between warps. Measured
-# at 32 and 64 rows (1024, 2048 tokens: frag faster) and 128 (4096: frag 19.6-20.5 ms against
-# 12.8-13.3 for tiles + tails); the crossover between 64 and 128 rows is interpolated, not measured.
-FRAG_MAX_ROWS = 80
-# Up to this many rows per expert, mixed 8/16-row blocks; above, 16-row blocks only.
-FRAG_MIXED_ROWS = 12
+# 128-row tl.dot tiles of large batches (both GEMMs)
+_TILE128 = GemmConfig(128, 64, 8, 2, 8)
+
 # Above this many rows per expert, mixed blocks (align_mixed: 16-row blocks for experts with > 8 rows,
 # one 8-row block for the others) instead of 8-row blocks only, of which an expert with 9-16 rows
 # needs two (its weights read and decoded twice). Below, hardly any expert has > 8 rows (Poisson:
 # P(rows > 8) < 4% at 4 rows), so the extra two launches of the mixed path are not worth it.
 # Set from the 256-token runs, not measured at the boundary itself.
 FRAG_NT1_ROWS = 6
+# Up to this many rows per expert, mixed 8/16-row blocks; above, 16-row blocks only.
+FRAG_MIXED_ROWS = 12
+# Rows per expert up to which the fragment-order kernel (8 or 16 token rows per block, no shared-memory
+# operand staging) is used; above, 128-row tensor-core tiles share activations between warps. Measured
+# at 32 and 64 rows (1024, 2048 tokens: frag faster) and 128 (4096: frag 19.6-20.5 ms against
+# 12.8-13.3 for tiles + tails); the crossover between 64 and 128 rows is interpolated, not measured.
+FRAG_MAX_ROWS = 80
 
 # Rows per expert up to which the one-row CUDA-core path wins: it re-reads an expert's weights for
 # every row, so it pays off only while nearly every expert has a single row.
@@ -866,8 +868,7 @@ class TritonExperts:
                 al = align_by_expert(topk_ids, self.E, cfg.block_m)
             parts = [(al, cfg.gemm1, cfg.gemm2)]
             perm, p_max, pairwise = al.perm, al.p_max, al.pairwise
-        inter = torch.empty(p_max, self.I, dtype=torch.bfloat16, device=x.device)
-        gemm2_out = torch.empty(p_max, self.H, dtype=torch.bfloat16, device=x.device)
+        inter, gemm2_out = self._buffers(p_max, x.device)
         co = self.coalesce
         xco = co and not pairwise
         if num_pairs:
@@ -876,10 +877,8 @@ class TritonExperts:
                 self._launch_frag(self.f13, xin, inter, al, self.I, g1, True, True, top_k, num_pairs, xco, co)
             for al, _, g2 in parts:
                 self._launch_frag(self.f2, inter, gemm2_out, al, self.H, g2, False, False, top_k, num_pairs, co)
-        if defer_finalize:
-            return DeferredMoEOutput(gemm2_out, topk_weights, perm, float(routed_scale))
-        return moe_finalize_fuse_shared(gemm2_out, topk_weights, perm, shared_output, float(routed_scale),
-                                        pdl=self.pdl and pairwise)
+        return self._finish(gemm2_out, topk_weights, perm, shared_output, routed_scale, defer_finalize,
+                            pdl=self.pdl and pairwise)
 
     def _pairwise(self, topk_ids: torch.Tensor) -> Alignment:
         """One 8-row block per (token, expert) pair, pair i on row 8i: no alignment launches (the
@@ -940,14 +939,11 @@ class TritonExperts:
         # (not with mma.sync in GEMM2: its operands are bf16, as in the reference)
         fma = (cfg.gemm1.fma and cfg.gemm2.fma and self.fmt_id >= FMT_NVFP4
                and not (cfg.gemm2.mma and cfg.gemm2.pipe))
-        inter = torch.empty(al.p_max, self.I, dtype=torch.float32 if fma else torch.bfloat16, device=x.device)
-        gemm2_out = torch.empty(al.p_max, self.H, dtype=torch.bfloat16, device=x.device)
+        inter, gemm2_out = self._buffers(al.p_max, x.device, torch.float32 if fma else torch.bfloat16)
         if num_pairs:
             self._launch(self.w13, x, inter, al, self.I, self.H, cfg.gemm1, True, True, top_k, num_pairs)
             self._launch(self.w2, inter, gemm2_out, al, self.H, self.I, cfg.gemm2, False, False, top_k, num_pairs)
-        if defer_finalize:
-            return DeferredMoEOutput(gemm2_out, topk_weights, al.perm, float(routed_scale))
-        return moe_finalize_fuse_shared(gemm2_out, topk_weights, al.perm, shared_output, float(routed_scale))
+        return self._finish(gemm2_out, topk_weights, al.perm, shared_output, routed_scale, defer_finalize)
 
     def _forward_split(self, cfg: MoEConfig, x, topk_weights, topk_ids, shared_output, routed_scale,
                        defer_finalize):
@@ -958,8 +954,7 @@ class TritonExperts:
         if cfg.tail[0].nt != TAIL_M // 8 or cfg.tail[1].nt != TAIL_M // 8:
             raise ValueError(f"tail configs run {TAIL_M}-row blocks (nt={TAIL_M // 8})")
         split = align_split(topk_ids, self.E, cfg.block_m, cfg.tail_rows)
-        inter = torch.empty(split.p_max, self.I, dtype=torch.bfloat16, device=x.device)
-        gemm2_out = torch.empty(split.p_max, self.H, dtype=torch.bfloat16, device=x.device)
+        inter, gemm2_out = self._buffers(split.p_max, x.device)
         self._launch(self.w13, x, inter, split.big, self.I, self.H, cfg.gemm1, True, True, top_k, num_pairs)
         # tail rows: GEMM1 reads x as it is (a reordered copy of all of x is not worth a few rows per
         # expert) and writes the intermediate in the coalesced order for GEMM2
@@ -969,8 +964,18 @@ class TritonExperts:
         self._launch(self.w2, inter, gemm2_out, split.big, self.H, self.I, cfg.gemm2, False, False, top_k, num_pairs)
         self._launch_frag(self.f2, inter, gemm2_out, split.small, self.H, cfg.tail[1], False, False, top_k,
                           num_pairs, co)
+        return self._finish(gemm2_out, topk_weights, split.perm, shared_output, routed_scale, defer_finalize)
+
+    def _buffers(self, p_max: int, device, inter_dtype: torch.dtype = torch.bfloat16):
+        """GEMM1's output (the intermediate activations) and GEMM2's (un-weighted rows), p_max rows each."""
+        return (torch.empty(p_max, self.I, dtype=inter_dtype, device=device),
+                torch.empty(p_max, self.H, dtype=torch.bfloat16, device=device))
+
+    @staticmethod
+    def _finish(gemm2_out, topk_weights, perm, shared_output, routed_scale, defer_finalize: bool, pdl: bool = False):
+        """Hand the rows over (deferred finalize) or finalize them here, with the shared expert's output."""
         if defer_finalize:
-            return DeferredMoEOutput(gemm2_out, topk_weights, split.perm, float(routed_scale))
-        return moe_finalize_fuse_shared(gemm2_out, topk_weights, split.perm, shared_output, float(routed_scale))
+            return DeferredMoEOutput(gemm2_out, topk_weights, perm, float(routed_scale))
+        return moe_finalize_fuse_shared(gemm2_out, topk_weights, perm, shared_output, float(routed_scale), pdl=pdl)
 
     __call__ = forward
