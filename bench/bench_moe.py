@@ -273,6 +273,11 @@ def main():
                 ex.pdl = False
                 t_nopdl = bench(lambda: ex.forward(x, w, ids))
                 ex.pdl = True
+            t_unfused = None
+            if ex.frag and ex.fuse_finalize and t == 1:   # the finalize as its own launch (not in GEMM2)
+                ex.fuse_finalize = False
+                t_unfused = bench(lambda: ex.forward(x, w, ids))
+                ex.fuse_finalize = True
             t_nat = None
             if ex.frag and ex.coalesce and t > 1:   # the fragment kernels on activations in natural K order
                 ex.coalesce = False
@@ -289,12 +294,14 @@ def main():
                        bf16_us=t_bf16 * 1e6, speedup=t_bf16 / t_ours, limit_us=limit * 1e6,
                        frac_limit=limit / t_ours, rel_err=err,
                        no_pdl_us=None if t_nopdl is None else t_nopdl * 1e6,
+                       finalize_launch_us=None if t_unfused is None else t_unfused * 1e6,
                        natural_order_us=None if t_nat is None else t_nat * 1e6)
             results["rows"].append(row)
             print(f"  T={t:5d} experts={touched:3d}  ours {row['us']:9.1f} us {row['tbs']:5.2f} TB/s | "
                   f"bf16 {row['bf16_us']:9.1f} us  x{row['speedup']:5.2f} | limit {row['limit_us']:8.1f} us "
                   f"{100 * row['frac_limit']:5.1f}% | rel err {err:.2e}"
                   + ("" if t_nopdl is None else f" | without PDL {t_nopdl * 1e6:.1f} us")
+                  + ("" if t_unfused is None else f" | finalize launch {t_unfused * 1e6:.1f} us")
                   + ("" if t_nat is None else f" | natural-order activations {t_nat * 1e6:.1f} us"), flush=True)
         del ex, ref, weights
         torch.cuda.empty_cache()

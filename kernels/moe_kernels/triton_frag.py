@@ -398,6 +398,32 @@ def _store_tile(acc_g, acc_u, c_ptr, stride_cm, pg, pu, slot0, tile_base, N,
 
 
 @triton.jit
+def _arrive_and_finalize(c_ptr, stride_cm, w_ptr, s_ptr, out_ptr, count_ptr, routed_scale, pid_n, N,
+                         TOP_K: tl.constexpr, ROWS: tl.constexpr, HAS_SHARED: tl.constexpr):
+    """One token's finalize, fused into the pairwise down GEMM (FIN): the TOP_K programs of column
+    block pid_n (one per pair, rows 8k of c) count their arrival; the last one adds the TOP_K rows of
+    that block in slot order, exactly as the finalize kernel does (fp32, (w * routed_scale) * row,
+    then the shared expert's row, one bf16 rounding) and resets the counter for the next forward.
+    Ordering as in a split-K semaphore: the CTA barrier orders every thread's stores before thread
+    0's acq_rel atomic at GPU scope (release), whose acquire side lets the last program read the
+    other programs' rows; those reads bypass L1 (.cg)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+    if arrived == TOP_K - 1:
+        tl.store(count_ptr + pid_n, 0)
+        offs = pid_n * ROWS + tl.arange(0, ROWS)
+        ok = offs < N
+        acc = tl.zeros([ROWS], dtype=tl.float32)
+        for k in tl.static_range(TOP_K):
+            w = tl.load(w_ptr + k).to(tl.float32) * routed_scale
+            row = tl.load(c_ptr + (8 * k) * stride_cm + offs, mask=ok, other=0.0, cache_modifier=".cg")
+            acc += w * row.to(tl.float32)
+        if HAS_SHARED:
+            acc += tl.load(s_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, acc.to(tl.bfloat16), mask=ok)
+
+
+@triton.jit
 def frag_moe_kernel(
     a_ptr, stride_a32,             # activations bf16 [rows, K], row stride in int32 units
     w_ptr, stride_we, stride_wt,   # FragWeights.w (int32), strides per expert and per 16-row tile
@@ -410,7 +436,9 @@ def frag_moe_kernel(
     PAIRWISE: tl.constexpr, ROW_START: tl.constexpr, PDL: tl.constexpr,
     NT: tl.constexpr, RT: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, GROUP_M: tl.constexpr,
     PIPE: tl.constexpr, ASM0: tl.constexpr, ASM1: tl.constexpr, CONS: tl.constexpr,
-    XCO: tl.constexpr = False, OPERM: tl.constexpr = False,
+    fin_w_ptr, fin_s_ptr, fin_out_ptr, fin_count_ptr, routed_scale,   # FIN only (see _arrive_and_finalize)
+    XCO: tl.constexpr = False, OPERM: tl.constexpr = False, FIN: tl.constexpr = False,
+    FIN_SHARED: tl.constexpr = False,
 ):
     """C[token rows of one expert block, N tile] = A @ W[e]^T (GATED: silu(A Wg^T) * A Wu^T).
     Program = one block of 8*NT token rows x WN*RT*16 weight rows; warp (wn, wk) takes RT row tiles
@@ -422,7 +450,9 @@ def frag_moe_kernel(
     ROW_START: the blocks' rows start at num_post_pad_ptr[1] (mixed alignment: the 8-row blocks follow
     the 16-row ones); num_post_pad_ptr[0] is where they end.
     PDL: launched with programmatic dependent launch (pdl.py): wait for the previous kernel before
-    the first global access, let the next one launch after the K loop."""
+    the first global access, let the next one launch after the K loop.
+    FIN (PAIRWISE down GEMM): the finalize of the one token is done here, by the last of the top-k
+    programs of each column block (_arrive_and_finalize): one launch fewer on the decode path."""
     if PDL:
         gdc_wait()
     BLOCK_M: tl.constexpr = 8 * NT
@@ -443,6 +473,9 @@ def frag_moe_kernel(
                 for ri in tl.static_range(RT):
                     _store_tile(nothing, nothing, c_ptr, stride_cm, 1.0, 1.0, base_m, pid_n * WN * RT, N,
                                 False, WN, WK, RT, ri, OPERM, SUBS)
+                if FIN:
+                    _arrive_and_finalize(c_ptr, stride_cm, fin_w_ptr, fin_s_ptr, fin_out_ptr, fin_count_ptr,
+                                         routed_scale, pid_n, N, TOP_K, 16 * WN * RT, FIN_SHARED)
             return
     else:
         if ROW_START:
@@ -548,6 +581,9 @@ def frag_moe_kernel(
         if NT == 2:
             _store_tile(g21, u21, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 2, OPERM, SUBS)
             _store_tile(g31, u31, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 3, OPERM, SUBS)
+    if FIN:
+        _arrive_and_finalize(c_ptr, stride_cm, fin_w_ptr, fin_s_ptr, fin_out_ptr, fin_count_ptr, routed_scale,
+                             pid_n, N, TOP_K, 16 * WN * RT, FIN_SHARED)
 
 
 def coalesce_activations(x: torch.Tensor, fmt: str) -> torch.Tensor:

@@ -46,7 +46,7 @@ import triton.language as tl
 from . import formats as F
 from . import fp4_ptx as ptx
 from .experts import ExpertWeights
-from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
+from .finalize import DeferredMoEOutput, _check as _check_finalize, moe_finalize_fuse_shared
 from .reference import _check_inputs
 from .pdl import pdl_supported
 from .triton_align import TAIL_M, Alignment, align_by_expert, align_mixed, align_split
@@ -819,6 +819,12 @@ class TritonExperts:
         self.coalesce = True
         # one-token (pairwise) forward: GEMM1, GEMM2 and finalize launched with PDL where supported (pdl.py)
         self.pdl = (self.frag and pdl_supported(weights.device)) if pdl is None else bool(pdl and self.frag)
+        # one token: the down GEMM finalizes (triton_frag._arrive_and_finalize) instead of a finalize
+        # launch; its arrival counters (one int32 per column block, zero between forwards: the last
+        # program of a block resets its own) are per device. Forwards of this object must therefore not
+        # run concurrently on two streams.
+        self.fuse_finalize = True
+        self._fin_counts: dict = {}
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
                 num_pairs: int):
@@ -871,14 +877,38 @@ class TritonExperts:
         inter, gemm2_out = self._buffers(p_max, x.device)
         co = self.coalesce
         xco = co and not pairwise
+        fin = None
+        if pairwise and not defer_finalize and self.fuse_finalize:
+            fin = self._fused_finalize_args(gemm2_out, topk_weights, perm, shared_output, routed_scale)
         if num_pairs:
             xin = coalesce_activations(x, self.fmt) if xco else x
             for al, g1, _ in parts:
                 self._launch_frag(self.f13, xin, inter, al, self.I, g1, True, True, top_k, num_pairs, xco, co)
             for al, _, g2 in parts:
-                self._launch_frag(self.f2, inter, gemm2_out, al, self.H, g2, False, False, top_k, num_pairs, co)
+                self._launch_frag(self.f2, inter, gemm2_out, al, self.H, g2, False, False, top_k, num_pairs, co,
+                                  fin=fin)
+        if fin is not None:
+            return fin[2]
         return self._finish(gemm2_out, topk_weights, perm, shared_output, routed_scale, defer_finalize,
                             pdl=self.pdl and pairwise)
+
+    def _fused_finalize_args(self, gemm2_out, topk_weights, perm, shared_output, routed_scale):
+        """(weights, shared row or None, output [1, H], arrival counters, routed_scale) for the pairwise
+        down GEMM that finalizes the one token itself (FIN in triton_frag)."""
+        _check_finalize(gemm2_out, topk_weights, perm, shared_output)
+        out = torch.empty(1, self.H, dtype=torch.bfloat16, device=gemm2_out.device)
+        shared = None
+        if shared_output is not None:
+            if shared_output.shape[1] != self.H:
+                raise TypeError(f"shared_output must be bf16 [T, {self.H}], got {tuple(shared_output.shape)}")
+            shared = shared_output.contiguous()
+        key = gemm2_out.device
+        counts = self._fin_counts.get(key)
+        if counts is None:   # one per 16-row column block at most; zeroed once (outside graph capture)
+            counts = torch.zeros(triton.cdiv(self.H, 16), dtype=torch.int32, device=key)
+            if not torch.cuda.is_current_stream_capturing():
+                self._fin_counts[key] = counts
+        return topk_weights.contiguous(), shared, out, counts, float(routed_scale)
 
     def _pairwise(self, topk_ids: torch.Tensor) -> Alignment:
         """One 8-row block per (token, expert) pair, pair i on row 8i: no alignment launches (the
@@ -895,8 +925,11 @@ class TritonExperts:
         return Alignment(ids, ids, ids, perm, 8, n, pairwise=True)
 
     def _launch_frag(self, fw: FragWeights, a, c, al, n: int, cfg: FragConfig, gather: bool, gated: bool,
-                     top_k: int, num_pairs: int, xco: bool = False, operm: bool = False):
-        """xco: `a` is in the coalesced order (coalesce_activations); operm: write `c` in that order."""
+                     top_k: int, num_pairs: int, xco: bool = False, operm: bool = False, fin=None):
+        """xco: `a` is in the coalesced order (coalesce_activations); operm: write `c` in that order.
+        fin: (weights, shared or None, out, counters, routed_scale) of the fused one-token finalize."""
+        if fin is not None and not (al.pairwise and not gated):
+            raise ValueError("the fused finalize is for the one-token (pairwise) down GEMM")
         steps = fw.k // STEP_K[self.fmt]
         wk = math.gcd(cfg.wk, steps)   # K-splitting warps: a divisor of the step count
         if al.block_m != 8 * cfg.nt:
@@ -916,6 +949,9 @@ class TritonExperts:
             TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, ROW_START=al.row_start,
             PDL=pdl, XCO=xco, OPERM=operm, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
             WK=wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
+            fin_w_ptr=fin[0] if fin else c, fin_s_ptr=fin[1] if fin and fin[1] is not None else c,
+            fin_out_ptr=fin[2] if fin else c, fin_count_ptr=fin[3] if fin else c,
+            routed_scale=fin[4] if fin else 1.0, FIN=fin is not None, FIN_SHARED=bool(fin) and fin[1] is not None,
             num_warps=cfg.wn * wk, **({"launch_pdl": True} if pdl else {}),
         )
 

@@ -201,6 +201,40 @@ def test_fragment_kernel_one_token_without_alignment_skips_other_ranks(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_one_token_fused_finalize_is_the_finalize_kernel(fmt, wdtype):
+    # one token: the down GEMM finalizes itself (last program of each column block); bit-equal to the
+    # separate finalize launch, with and without the shared expert, other ranks' pairs included, over
+    # repeated forwards and graph replays (the arrival counters must reset themselves every time)
+    weights, x, w, ids, shared = _problem(fmt, 16, 1024, 512, 1, 8, seed=41)
+    ids = ids.clone()
+    ids[0, 2] = -1
+    w = w.to(wdtype)
+    ex = TritonExperts(weights, frag=True)
+    unfused = TritonExperts(weights, frag=True)
+    unfused.fuse_finalize = False
+    for sh, rs in ((shared, 1.5), (None, 1.0)):
+        _poison_allocator()
+        want = unfused.forward(x, w, ids, shared_output=sh, routed_scale=rs)
+        assert torch.isfinite(want.float()).all()
+        for _ in range(50):
+            assert torch.equal(ex.forward(x, w, ids, shared_output=sh, routed_scale=rs), want)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ex.forward(x, w, ids, shared_output=sh, routed_scale=rs)
+        for _ in range(5):
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want)
+        d = ex.forward(x, w, ids, routed_scale=rs, defer_finalize=True)
+        assert torch.equal(d.finalize(sh), want)
+    assert all(int(c.abs().sum()) == 0 for c in ex._fin_counts.values())
+    ref = TorchExperts(weights).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+    assert _rel(ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5), ref) < 1e-2
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_fragment_kernel_mixed_blocks(fmt):
     # ~10 rows per expert: the default mixes 16-row blocks (experts with > 8 rows, here also one with
     # > 16) and 8-row blocks; other ranks' pairs are skipped

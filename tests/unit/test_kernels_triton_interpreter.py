@@ -170,3 +170,55 @@ except ValueError as exc:
 def test_tail_blocks_without_the_fragment_copy_are_refused():
     """An explicit config with tail blocks is refused, not silently run as tiles only."""
     _interpret(TAIL_NEEDS_FRAG, "REFUSED OK")
+
+
+FUSED_FINALIZE = r"""
+import torch, triton, triton.language as tl
+from moe_kernels.finalize import finalize_reference
+from moe_kernels.triton_frag import _arrive_and_finalize
+
+@triton.jit
+def pairwise_down(rows_ptr, c_ptr, stride_cm, w_ptr, s_ptr, out_ptr, count_ptr, routed_scale, N,
+                  TOP_K: tl.constexpr, ROWS: tl.constexpr, HAS_SHARED: tl.constexpr):
+    # stands in for the pairwise down GEMM: program (pair k, column block n) writes its rows of c
+    # (row 8k, as the fragment kernel does), then arrives
+    k = tl.program_id(0) % TOP_K
+    n = tl.program_id(0) // TOP_K
+    offs = n * ROWS + tl.arange(0, ROWS)
+    v = tl.load(rows_ptr + k * N + offs, mask=offs < N)
+    tl.store(c_ptr + (8 * k) * stride_cm + offs, v, mask=offs < N)
+    _arrive_and_finalize(c_ptr, stride_cm, w_ptr, s_ptr, out_ptr, count_ptr, routed_scale, n, N, TOP_K, ROWS, HAS_SHARED)
+
+torch.manual_seed(0)
+for top_k, n, rows, wdt, shared in [(8, 300, 64, torch.float32, True), (4, 128, 32, torch.bfloat16, False)]:
+    g2 = torch.randn(top_k, n).bfloat16()
+    c = torch.full((8 * top_k, n), float("nan")).bfloat16()
+    w = torch.rand(1, top_k).to(wdt)
+    s = torch.randn(1, n).bfloat16()
+    out = torch.full((1, n), float("nan")).bfloat16()
+    counts = torch.zeros(16, dtype=torch.int32)
+    blocks = triton.cdiv(n, rows)
+    for rep in range(2):   # the counters reset themselves: a second forward finalizes again
+        out.fill_(float("nan"))
+        pairwise_down[(top_k * blocks,)](g2, c, c.stride(0), w, s if shared else out, out, counts, 1.5, n,
+                                         TOP_K=top_k, ROWS=rows, HAS_SHARED=shared)
+        # the finalize reference's fp32 sum (slot order), rounded to bf16 the interpreter's way
+        # (truncation; the GPU rounds to nearest: bit-equality with the finalize kernel is a GPU test)
+        acc = torch.zeros(1, n)
+        for j in range(top_k):
+            acc += c[8 * j].float() * (w[0, j].float() * 1.5)
+        if shared:
+            acc += s.float()
+        ref = (acc.view(torch.int32) & -65536).view(torch.float32).bfloat16()
+        assert torch.equal(out, ref), (top_k, n, rep)
+        near = finalize_reference(c, w, torch.arange(0, 8 * top_k, 8, dtype=torch.int32), s if shared else None, 1.5)
+        assert ((out.float() - near.float()).abs() <= near.float().abs() / 64).all()
+        assert int(counts.abs().sum()) == 0, counts
+print("FUSED FINALIZE OK")
+"""
+
+
+def test_fused_one_token_finalize_in_interpreter():
+    """The one-token finalize fused into the down GEMM: the last of a column block's top-k programs
+    sums their rows exactly like the finalize reference (bit-equal) and resets its counter."""
+    _interpret(FUSED_FINALIZE, "FUSED FINALIZE OK")
