@@ -625,10 +625,13 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         # (nt, rt, wn, wk, pipe[, group_m]) from the H200 sweeps in bench/README.md. MXFP4 GEMM1 keeps
         # two row tiles per warp with 8-row blocks at 2-8 rows per expert (four: more registers in its
         # 4-sub-step loop; slower there, faster at one token since the cheaper word decode).
-        if rows <= 1.5:   # decode: few programs, so NVFP4 GEMM1 splits K over two warps to fill the SMs
-            g1 = FragConfig(1, 4, 1, 2, 4) if fmt == "nvfp4" else FragConfig(1, 4, 1, 2, 3)
-            g2 = FragConfig(1, 4, 1, 1, 4) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3)
-            return MoEConfig(8, g1, g2)
+        if rows <= 1.5:   # decode: few programs, so GEMM1 splits K over two warps to fill the SMs.
+            # GEMM1 takes > 1/3 of an SM's shared memory (NVFP4: 5 stages) so that at most two of its
+            # programs share an SM even when PDL places them while the previous kernel's are still
+            # resident (with 4 stages three fit: some SMs got three, others none, +20% time; one-token
+            # sweep in bench/README.md). Down GEMM: one-warp programs (also the fused finalize's blocks).
+            g1 = FragConfig(1, 4, 1, 2, 5) if fmt == "nvfp4" else FragConfig(1, 4, 1, 2, 3)
+            return MoEConfig(8, g1, FragConfig(1, 4, 1, 1, 3))
         if rows <= FRAG_NT1_ROWS:   # 8-row token blocks: nearly every expert fits in one
             g1 = FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)
             g2 = FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)
