@@ -48,6 +48,7 @@ def _stub_experts(fmt: str, experts: int) -> TritonExperts:
     ex = object.__new__(TritonExperts)
     ex.fmt, ex.E, ex.H, ex.I = fmt, experts, H, I
     ex.pdl, ex.coalesce, ex.fuse_finalize, ex._pairwise_perm, ex._fin_counts = True, True, True, {}, {}
+    ex.fin_early_launch = True
 
     def zeros(n, k):
         step, sub = STEP_K[fmt], SUB[fmt]
@@ -139,6 +140,18 @@ def main():
         unfused = ex.forward(x, w, ids)
         ex.fuse_finalize = True
         row["bit_equal"] = bool(torch.equal(ex.forward(x, w, ids), unfused))
+        # A/B, interleaved three times: fused finalize letting the next launch start after its K loop
+        # (early) or at its end (late), and the finalize as its own launch
+        ab = {"fused, early": [], "fused, late": [], "finalize launch": []}
+        for _ in range(3):
+            for name in ab:
+                ex.fuse_finalize = name != "finalize launch"
+                ex.fin_early_launch = name == "fused, early"
+                ab[name].append(us(lambda: ex.forward(x, w, ids)))
+        ex.fuse_finalize, ex.fin_early_launch = True, True
+        row["ab"] = ab
+        print(f"[{fmt}] A/B (us, 3 runs each): " + "; ".join(f"{k} " + " / ".join(f"{v:.1f}" for v in vs)
+                                                          for k, vs in ab.items()), flush=True)
         row["forward_no_finalize"] = us(lambda: ex.forward(x, w, ids, defer_finalize=True))
         row["gemm1"] = us(launches(ex, x, w, ids, 1, cfg.gemm1))
         row["gemm2"] = us(launches(ex, x, w, ids, 2, cfg.gemm2))

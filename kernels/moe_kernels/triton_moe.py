@@ -827,6 +827,8 @@ class TritonExperts:
         # program of a block resets its own) are per device. Forwards of this object must therefore not
         # run concurrently on two streams.
         self.fuse_finalize = True
+        # ... and, under PDL, lets the next kernel launch after its K loop (False: when it completes)
+        self.fin_early_launch = True
         self._fin_counts: dict = {}
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
@@ -955,6 +957,7 @@ class TritonExperts:
             fin_w_ptr=fin[0] if fin else c, fin_s_ptr=fin[1] if fin and fin[1] is not None else c,
             fin_out_ptr=fin[2] if fin else c, fin_count_ptr=fin[3] if fin else c,
             routed_scale=fin[4] if fin else 1.0, FIN=fin is not None, FIN_SHARED=bool(fin) and fin[1] is not None,
+            FIN_EARLY=self.fin_early_launch,
             num_warps=cfg.wn * wk, **({"launch_pdl": True} if pdl else {}),
         )
 
