@@ -48,7 +48,7 @@ def _stub_experts(fmt: str, experts: int) -> TritonExperts:
     ex = object.__new__(TritonExperts)
     ex.fmt, ex.E, ex.H, ex.I = fmt, experts, H, I
     ex.pdl, ex.coalesce, ex.fuse_finalize, ex._pairwise_perm, ex._fin_counts = True, True, True, {}, {}
-    ex.fin_early_launch = True
+    ex.fin_early_launch, ex.pdl_gate_up = True, True
 
     def zeros(n, k):
         step, sub = STEP_K[fmt], SUB[fmt]
@@ -149,6 +149,18 @@ def main():
                 ex.fin_early_launch = name == "fused, early"
                 ab[name].append(us(lambda: ex.forward(x, w, ids)))
         ex.fuse_finalize, ex.fin_early_launch = True, True
+        # gate/up GEMM launched with PDL (placed beside the previous kernel's programs) or not, at 4 and 5
+        # stages (NVFP4: three 4-stage programs fit on an SM)
+        d1 = default_config(fmt, K, E, True).gemm1
+        for pl in (True, False):
+            for pipe in (d1.pipe - 1, d1.pipe, d1.pipe + 1):
+                name = f"gate/up {'PDL' if pl else 'no PDL'} launch, {pipe} stages"
+                ab[name] = []
+                ex.pdl_gate_up = pl
+                for _ in range(3):
+                    ab[name].append(forward_us(ex, x, w, ids, (d1.rt, d1.wn, d1.wk, pipe),
+                                               (cfg.gemm2.rt, cfg.gemm2.wn, cfg.gemm2.wk, cfg.gemm2.pipe)))
+        ex.pdl_gate_up = True
         row["ab"] = ab
         print(f"[{fmt}] A/B (us, 3 runs each): " + "; ".join(f"{k} " + " / ".join(f"{v:.1f}" for v in vs)
                                                           for k, vs in ab.items()), flush=True)

@@ -829,6 +829,7 @@ class TritonExperts:
         self.fuse_finalize = True
         # ... and, under PDL, lets the next kernel launch after its K loop (False: when it completes)
         self.fin_early_launch = True
+        self.pdl_gate_up = True
         self._fin_counts: dict = {}
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
@@ -943,6 +944,9 @@ class TritonExperts:
             a = a.contiguous().clone()
         grid = (al.max_blocks * triton.cdiv(n, 16 * cfg.wn * cfg.rt),)
         pdl = self.pdl and al.pairwise   # measured: -1.5 us at 1 token, +0-2% at 8-64 tokens
+        # the gate/up GEMM keeps its PDL code (it lets the down GEMM launch early) but is itself launched
+        # early only with pdl_gate_up: its programs would be placed beside the previous kernel's
+        launch_pdl = pdl and (not gated or self.pdl_gate_up)
         frag_moe_kernel[grid](
             a, a.stride(0) // 2,
             fw.w, fw.w.stride(0), fw.w.stride(1),
@@ -958,7 +962,7 @@ class TritonExperts:
             fin_out_ptr=fin[2] if fin else c, fin_count_ptr=fin[3] if fin else c,
             routed_scale=fin[4] if fin else 1.0, FIN=fin is not None, FIN_SHARED=bool(fin) and fin[1] is not None,
             FIN_EARLY=self.fin_early_launch,
-            num_warps=cfg.wn * wk, **({"launch_pdl": True} if pdl else {}),
+            num_warps=cfg.wn * wk, **({"launch_pdl": True} if launch_pdl else {}),
         )
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
