@@ -48,7 +48,7 @@ def _stub_experts(fmt: str, experts: int) -> TritonExperts:
     ex = object.__new__(TritonExperts)
     ex.fmt, ex.E, ex.H, ex.I = fmt, experts, H, I
     ex.pdl, ex.coalesce, ex.fuse_finalize, ex._pairwise_perm, ex._fin_counts = True, True, True, {}, {}
-    ex.fin_early_launch, ex.pdl_gate_up = True, True
+    ex.fin_early_launch = True
 
     def zeros(n, k):
         step, sub = STEP_K[fmt], SUB[fmt]
@@ -69,8 +69,8 @@ def launches(ex: TritonExperts, x, w, ids, which: int, cfg: FragConfig, fin: boo
     return lambda: ex._launch_frag(ex.f2, inter, gemm2_out, al, ex.H, cfg, False, False, K, K, ex.coalesce, fin=fargs)
 
 
-def forward_us(ex: TritonExperts, x, w, ids, g1, g2) -> float:
-    ex.config = MoEConfig(8, FragConfig(1, *g1), FragConfig(1, *g2))
+def forward_us(ex: TritonExperts, x, w, ids, g1, g2, gate_up_pdl: bool = True) -> float:
+    ex.config = MoEConfig(8, FragConfig(1, *g1), FragConfig(1, *g2), gate_up_pdl=gate_up_pdl)
     try:
         return us(lambda: ex.forward(x, w, ids))
     except Exception as exc:  # noqa: BLE001
@@ -156,11 +156,9 @@ def main():
             for pipe in (d1.pipe - 1, d1.pipe, d1.pipe + 1):
                 name = f"gate/up {'PDL' if pl else 'no PDL'} launch, {pipe} stages"
                 ab[name] = []
-                ex.pdl_gate_up = pl
                 for _ in range(3):
                     ab[name].append(forward_us(ex, x, w, ids, (d1.rt, d1.wn, d1.wk, pipe),
-                                               (cfg.gemm2.rt, cfg.gemm2.wn, cfg.gemm2.wk, cfg.gemm2.pipe)))
-        ex.pdl_gate_up = True
+                                               (cfg.gemm2.rt, cfg.gemm2.wn, cfg.gemm2.wk, cfg.gemm2.pipe), pl))
         row["ab"] = ab
         print(f"[{fmt}] A/B (us, 3 runs each): " + "; ".join(f"{k} " + " / ".join(f"{v:.1f}" for v in vs)
                                                           for k, vs in ab.items()), flush=True)
@@ -201,11 +199,11 @@ def main():
             pairs = [(d1, d2), (deeper, d2)] + [(c, d2) for c in best[1][:5] if c not in (d1, deeper)]
             fwd = {}
             for g1, g2 in pairs:
-                fwd[(g1, g2)] = forward_us(ex, x, w, ids, g1, g2)
+                fwd[(g1, g2)] = forward_us(ex, x, w, ids, g1, g2, cfg.gate_up_pdl)
             b1 = min(fwd, key=fwd.get)[0]
             for g2 in best[2][:4]:
                 if (b1, g2) not in fwd:
-                    fwd[(b1, g2)] = forward_us(ex, x, w, ids, b1, g2)
+                    fwd[(b1, g2)] = forward_us(ex, x, w, ids, b1, g2, cfg.gate_up_pdl)
             print("  forward (gate/up, down): " + ", ".join(
                 f"{a}/{b} {t:.1f} ({100 * lim / t:.1f}%)" for (a, b), t in sorted(fwd.items(), key=lambda kv: kv[1])),
                 flush=True)

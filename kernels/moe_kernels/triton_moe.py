@@ -602,6 +602,9 @@ class MoEConfig:
     # (nt=2) configs instead of one more, mostly padded, block_m-row tile. Needs the fragment copy.
     tail: tuple[FragConfig, FragConfig] | None = None
     tail_rows: int = 0
+    # one token (pairwise) under PDL: launch the gate/up GEMM early too (its programs are then placed
+    # beside the previous kernel's, which can stack them unevenly over the SMs; see default_config)
+    gate_up_pdl: bool = True
 
     @property
     def frag(self) -> bool:
@@ -626,12 +629,15 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         # two row tiles per warp with 8-row blocks at 2-8 rows per expert (four: more registers in its
         # 4-sub-step loop; slower there, faster at one token since the cheaper word decode).
         if rows <= 1.5:   # decode: few programs, so GEMM1 splits K over two warps to fill the SMs.
-            # GEMM1 takes > 1/3 of an SM's shared memory (NVFP4: 5 stages) so that at most two of its
-            # programs share an SM even when PDL places them while the previous kernel's are still
-            # resident (with 4 stages three fit: some SMs got three, others none, +20% time; one-token
-            # sweep in bench/README.md). Down GEMM: one-warp programs (also the fused finalize's blocks).
-            g1 = FragConfig(1, 4, 1, 2, 5) if fmt == "nvfp4" else FragConfig(1, 4, 1, 2, 3)
-            return MoEConfig(8, g1, FragConfig(1, 4, 1, 1, 3))
+            # Launched early (PDL), GEMM1's programs are placed while the previous kernel's are still
+            # resident: where three fit on an SM (NVFP4 with 4 stages), some SMs got three and others
+            # none (+20% time). MXFP4's 3-stage programs take > 1/3 of an SM's shared memory (at most
+            # two per SM): launched early. NVFP4 keeps 4 stages and waits for the previous kernel
+            # (64.6 us against 65.5 with 5 stages launched early; one-token A/B in bench/README.md).
+            # Down GEMM: one-warp programs (also the fused finalize's column blocks).
+            if fmt == "nvfp4":
+                return MoEConfig(8, FragConfig(1, 4, 1, 2, 4), FragConfig(1, 4, 1, 1, 3), gate_up_pdl=False)
+            return MoEConfig(8, FragConfig(1, 4, 1, 2, 3), FragConfig(1, 4, 1, 1, 3))
         if rows <= FRAG_NT1_ROWS:   # 8-row token blocks: nearly every expert fits in one
             g1 = FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)
             g2 = FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)
@@ -829,7 +835,6 @@ class TritonExperts:
         self.fuse_finalize = True
         # ... and, under PDL, lets the next kernel launch after its K loop (False: when it completes)
         self.fin_early_launch = True
-        self.pdl_gate_up = True
         self._fin_counts: dict = {}
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
@@ -889,7 +894,8 @@ class TritonExperts:
         if num_pairs:
             xin = coalesce_activations(x, self.fmt) if xco else x
             for al, g1, _ in parts:
-                self._launch_frag(self.f13, xin, inter, al, self.I, g1, True, True, top_k, num_pairs, xco, co)
+                self._launch_frag(self.f13, xin, inter, al, self.I, g1, True, True, top_k, num_pairs, xco, co,
+                                  gate_up_pdl=cfg.gate_up_pdl)
             for al, _, g2 in parts:
                 self._launch_frag(self.f2, inter, gemm2_out, al, self.H, g2, False, False, top_k, num_pairs, co,
                                   fin=fin)
@@ -931,7 +937,8 @@ class TritonExperts:
         return Alignment(ids, ids, ids, perm, 8, n, pairwise=True)
 
     def _launch_frag(self, fw: FragWeights, a, c, al, n: int, cfg: FragConfig, gather: bool, gated: bool,
-                     top_k: int, num_pairs: int, xco: bool = False, operm: bool = False, fin=None):
+                     top_k: int, num_pairs: int, xco: bool = False, operm: bool = False, fin=None,
+                     gate_up_pdl: bool = True):
         """xco: `a` is in the coalesced order (coalesce_activations); operm: write `c` in that order.
         fin: (weights, shared or None, out, counters, routed_scale) of the fused one-token finalize."""
         if fin is not None and not (al.pairwise and not gated):
@@ -945,8 +952,8 @@ class TritonExperts:
         grid = (al.max_blocks * triton.cdiv(n, 16 * cfg.wn * cfg.rt),)
         pdl = self.pdl and al.pairwise   # measured: -1.5 us at 1 token, +0-2% at 8-64 tokens
         # the gate/up GEMM keeps its PDL code (it lets the down GEMM launch early) but is itself launched
-        # early only with pdl_gate_up: its programs would be placed beside the previous kernel's
-        launch_pdl = pdl and (not gated or self.pdl_gate_up)
+        # early only with gate_up_pdl (MoEConfig): its programs are placed beside the previous kernel's
+        launch_pdl = pdl and (not gated or gate_up_pdl)
         frag_moe_kernel[grid](
             a, a.stride(0) // 2,
             fw.w, fw.w.stride(0), fw.w.stride(1),
