@@ -11,7 +11,8 @@ the fp32 accumulator. FP4 with <= FRAG_MAX_ROWS rows per expert (decode to ~2500
 DeepSeek-V3) runs on the fragment-order kernel of triton_frag.py (its own weight copy, packed in
 __init__; 8- or 16-row token blocks, decoded weights as the A operand of mma.sync, no operand staging,
 activations read in a coalesced K order). There, one token skips the alignment (pairwise blocks;
-GEMM1, GEMM2 and finalize chained with programmatic dependent launch on SM90, pdl.py), ~8 rows per
+GEMM1 and GEMM2 chained with programmatic dependent launch on SM90, pdl.py; GEMM2 does the finalize
+itself, the last of each column block's top-k programs summing their rows: two launches), ~8 rows per
 expert mix 16-row and 8-row blocks (align_mixed), more rows take 16-row blocks. Above: 128-row bf16
 tensor-core tiles (tl.dot) for the rows that fill them, and an expert's remainder of up to 32 rows in
 16-row fragment blocks (align_split). Kept selectable by explicit config: the one-row decode loops
