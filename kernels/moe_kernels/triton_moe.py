@@ -789,6 +789,16 @@ def _scale_tiles(s: torch.Tensor, per_tile: int) -> torch.Tensor:
     return torch.cat([lo, hi], dim=-1).permute(0, 2, 1, 3).contiguous()
 
 
+@dataclass
+class _FusedFinalize:
+    """The one-token finalize done by the pairwise down GEMM (triton_frag._arrive_and_finalize)."""
+    weights: torch.Tensor          # topk_weights [1, K], fp32 or bf16
+    shared: torch.Tensor | None    # shared expert's output [1, H] bf16
+    out: torch.Tensor              # [1, H] bf16, the layer's output
+    counts: torch.Tensor           # int32 arrival counter per column block, zero between forwards
+    routed_scale: float
+
+
 class TritonExperts:
     """Weight-only (W4A16 / W8A16 / bf16) grouped-GEMM MoE experts in Triton. CUDA tensors only."""
 
@@ -827,7 +837,7 @@ class TritonExperts:
         # order (triton_frag.coalesce_activations); GEMM1 reads a reordered copy of x, except for one
         # token (pairwise: one row, the copy would cost more than it saves)
         self.coalesce = True
-        # one-token (pairwise) forward: GEMM1, GEMM2 and finalize launched with PDL where supported (pdl.py)
+        # one-token (pairwise) forward: GEMM1 and GEMM2 (which finalizes) launched with PDL where supported (pdl.py)
         self.pdl = (self.frag and pdl_supported(weights.device)) if pdl is None else bool(pdl and self.frag)
         # one token: the down GEMM finalizes (triton_frag._arrive_and_finalize) instead of a finalize
         # launch; its arrival counters (one int32 per column block, zero between forwards: the last
@@ -901,15 +911,13 @@ class TritonExperts:
                 self._launch_frag(self.f2, inter, gemm2_out, al, self.H, g2, False, False, top_k, num_pairs, co,
                                   fin=fin)
         if fin is not None:
-            return fin[2]
+            return fin.out
         return self._finish(gemm2_out, topk_weights, perm, shared_output, routed_scale, defer_finalize,
                             pdl=self.pdl and pairwise)
 
-    def _fused_finalize_args(self, gemm2_out, topk_weights, perm, shared_output, routed_scale):
-        """(weights, shared row or None, output [1, H], arrival counters, routed_scale) for the pairwise
-        down GEMM that finalizes the one token itself (FIN in triton_frag)."""
+    def _fused_finalize_args(self, gemm2_out, topk_weights, perm, shared_output, routed_scale) -> _FusedFinalize:
+        """What the pairwise down GEMM needs to finalize the one token itself (FIN in triton_frag)."""
         _check_finalize(gemm2_out, topk_weights, perm, shared_output)
-        out = torch.empty(1, self.H, dtype=torch.bfloat16, device=gemm2_out.device)
         shared = None
         if shared_output is not None:
             if shared_output.shape[1] != self.H:
@@ -921,7 +929,8 @@ class TritonExperts:
             counts = torch.zeros(triton.cdiv(self.H, 16), dtype=torch.int32, device=key)
             if not torch.cuda.is_current_stream_capturing():
                 self._fin_counts[key] = counts
-        return topk_weights.contiguous(), shared, out, counts, float(routed_scale)
+        out = torch.empty(1, self.H, dtype=torch.bfloat16, device=key)
+        return _FusedFinalize(topk_weights.contiguous(), shared, out, counts, float(routed_scale))
 
     def _pairwise(self, topk_ids: torch.Tensor) -> Alignment:
         """One 8-row block per (token, expert) pair, pair i on row 8i: no alignment launches (the
@@ -938,10 +947,10 @@ class TritonExperts:
         return Alignment(ids, ids, ids, perm, 8, n, pairwise=True)
 
     def _launch_frag(self, fw: FragWeights, a, c, al, n: int, cfg: FragConfig, gather: bool, gated: bool,
-                     top_k: int, num_pairs: int, xco: bool = False, operm: bool = False, fin=None,
-                     gate_up_pdl: bool = True):
+                     top_k: int, num_pairs: int, xco: bool = False, operm: bool = False,
+                     fin: _FusedFinalize | None = None, gate_up_pdl: bool = True):
         """xco: `a` is in the coalesced order (coalesce_activations); operm: write `c` in that order.
-        fin: (weights, shared or None, out, counters, routed_scale) of the fused one-token finalize."""
+        fin: the fused one-token finalize (pairwise down GEMM only)."""
         if fin is not None and not (al.pairwise and not gated):
             raise ValueError("the fused finalize is for the one-token (pairwise) down GEMM")
         steps = fw.k // STEP_K[self.fmt]
@@ -966,10 +975,11 @@ class TritonExperts:
             TOP_K=top_k, GATHER_A=gather, GATED=gated, SUBS=fw.sub, PAIRWISE=al.pairwise, ROW_START=al.row_start,
             PDL=pdl, XCO=xco, OPERM=operm, NT=cfg.nt, RT=cfg.rt, WN=cfg.wn,
             WK=wk, GROUP_M=cfg.group_m, PIPE=cfg.pipe, **frag_asm_args(self.fmt, cfg.nt, cfg.rt),
-            fin_w_ptr=fin[0] if fin else c, fin_s_ptr=fin[1] if fin and fin[1] is not None else c,
-            fin_out_ptr=fin[2] if fin else c, fin_count_ptr=fin[3] if fin else c,
-            routed_scale=fin[4] if fin else 1.0, FIN=fin is not None, FIN_SHARED=bool(fin) and fin[1] is not None,
-            FIN_EARLY=self.fin_early_launch,
+            # (unused pointer arguments without FIN: any tensor)
+            fin_w_ptr=fin.weights if fin else c, fin_s_ptr=fin.shared if fin and fin.shared is not None else c,
+            fin_out_ptr=fin.out if fin else c, fin_count_ptr=fin.counts if fin else c,
+            routed_scale=fin.routed_scale if fin else 1.0, FIN=fin is not None,
+            FIN_SHARED=fin is not None and fin.shared is not None, FIN_EARLY=self.fin_early_launch,
             num_warps=cfg.wn * wk, **({"launch_pdl": True} if launch_pdl else {}),
         )
 
