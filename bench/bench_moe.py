@@ -44,6 +44,15 @@ def bench(fn, graph=True):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
 
 
+def bench_without(ex: TritonExperts, switch: str, fn) -> float:
+    """fn timed with the boolean attribute `switch` of ex turned off (restored afterwards)."""
+    setattr(ex, switch, False)
+    try:
+        return bench(fn)
+    finally:
+        setattr(ex, switch, True)
+
+
 def copy_bandwidth() -> float:
     n = 1 << 30  # 2 GiB of bf16 per buffer
     a = torch.randn(n, device=DEV, dtype=torch.bfloat16)
@@ -268,21 +277,12 @@ def main():
             out = ex.forward(x, w, ids)
             err = rel(out, ref.forward(x, w, ids))
             t_ours = bench(lambda: ex.forward(x, w, ids))
-            t_nopdl = None
-            if ex.pdl and t == 1:   # the same forward without programmatic dependent launch
-                ex.pdl = False
-                t_nopdl = bench(lambda: ex.forward(x, w, ids))
-                ex.pdl = True
-            t_unfused = None
-            if ex.frag and ex.fuse_finalize and t == 1:   # the finalize as its own launch (not in GEMM2)
-                ex.fuse_finalize = False
-                t_unfused = bench(lambda: ex.forward(x, w, ids))
-                ex.fuse_finalize = True
-            t_nat = None
-            if ex.frag and ex.coalesce and t > 1:   # the fragment kernels on activations in natural K order
-                ex.coalesce = False
-                t_nat = bench(lambda: ex.forward(x, w, ids))
-                ex.coalesce = True
+            fwd = lambda: ex.forward(x, w, ids)  # noqa: E731
+            # same-run A/Bs: without programmatic dependent launch (one token), the finalize as its own
+            # launch (one token), the fragment kernels on activations in natural K order (more tokens)
+            t_nopdl = bench_without(ex, "pdl", fwd) if ex.pdl and t == 1 else None
+            t_unfused = bench_without(ex, "fuse_finalize", fwd) if ex.frag and ex.fuse_finalize and t == 1 else None
+            t_nat = bench_without(ex, "coalesce", fwd) if ex.frag and ex.coalesce and t > 1 else None
             # baseline inputs: tokens sorted by expert, int32 offsets
             flat = ids.flatten().long()
             order = torch.argsort(flat, stable=True)

@@ -48,7 +48,6 @@ def _stub_experts(fmt: str, experts: int) -> TritonExperts:
     ex = object.__new__(TritonExperts)
     ex.fmt, ex.E, ex.H, ex.I = fmt, experts, H, I
     ex.pdl, ex.coalesce, ex.fuse_finalize, ex._pairwise_perm, ex._fin_counts = True, True, True, {}, {}
-    ex.fin_early_launch = True
 
     def zeros(n, k):
         step, sub = STEP_K[fmt], SUB[fmt]
@@ -140,15 +139,13 @@ def main():
         unfused = ex.forward(x, w, ids)
         ex.fuse_finalize = True
         row["bit_equal"] = bool(torch.equal(ex.forward(x, w, ids), unfused))
-        # A/B, interleaved three times: fused finalize letting the next launch start after its K loop
-        # (early) or at its end (late), and the finalize as its own launch
-        ab = {"fused, early": [], "fused, late": [], "finalize launch": []}
+        # A/B, interleaved three times: finalize fused into the down GEMM, or its own launch
+        ab = {"fused finalize": [], "finalize launch": []}
         for _ in range(3):
             for name in ab:
-                ex.fuse_finalize = name != "finalize launch"
-                ex.fin_early_launch = name == "fused, early"
+                ex.fuse_finalize = name == "fused finalize"
                 ab[name].append(us(lambda: ex.forward(x, w, ids)))
-        ex.fuse_finalize, ex.fin_early_launch = True, True
+        ex.fuse_finalize = True
         # gate/up GEMM launched with PDL (placed beside the previous kernel's programs) or not, at 4 and 5
         # stages (NVFP4: three 4-stage programs fit on an SM)
         d1 = default_config(fmt, K, E, True).gemm1

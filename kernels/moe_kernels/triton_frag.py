@@ -438,7 +438,7 @@ def frag_moe_kernel(
     PIPE: tl.constexpr, ASM0: tl.constexpr, ASM1: tl.constexpr, CONS: tl.constexpr,
     fin_w_ptr, fin_s_ptr, fin_out_ptr, fin_count_ptr, routed_scale,   # FIN only (see _arrive_and_finalize)
     XCO: tl.constexpr = False, OPERM: tl.constexpr = False, FIN: tl.constexpr = False,
-    FIN_SHARED: tl.constexpr = False, FIN_EARLY: tl.constexpr = True,
+    FIN_SHARED: tl.constexpr = False,
 ):
     """C[token rows of one expert block, N tile] = A @ W[e]^T (GATED: silu(A Wg^T) * A Wu^T).
     Program = one block of 8*NT token rows x WN*RT*16 weight rows; warp (wn, wk) takes RT row tiles
@@ -452,8 +452,7 @@ def frag_moe_kernel(
     PDL: launched with programmatic dependent launch (pdl.py): wait for the previous kernel before
     the first global access, let the next one launch after the K loop.
     FIN (PAIRWISE down GEMM): the finalize of the one token is done here, by the last of the top-k
-    programs of each column block (_arrive_and_finalize): one launch fewer on the decode path.
-    FIN_EARLY: with FIN, still let the next kernel launch after the K loop (else: at completion)."""
+    programs of each column block (_arrive_and_finalize): one launch fewer on the decode path."""
     if PDL:
         gdc_wait()
     BLOCK_M: tl.constexpr = 8 * NT
@@ -563,7 +562,7 @@ def frag_moe_kernel(
                     u00, u01, u10, u11, u20, u21, u30, u31 = _substep(wu0, wu1, wu2, wu3, su0, su1, su2, su3, xl0, xh0, xl1,
                                                             xh1, u00, u01, u10, u11, u20, u21, u30, u31, ASM1, CONS, NT, RT)
 
-    if PDL and (FIN_EARLY or not FIN):
+    if PDL:
         gdc_launch_dependents()
     pg = tl.load(p_ptr + e * 2)
     pu = tl.load(p_ptr + e * 2 + 1)

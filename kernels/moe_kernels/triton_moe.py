@@ -789,6 +789,17 @@ def _scale_tiles(s: torch.Tensor, per_tile: int) -> torch.Tensor:
     return torch.cat([lo, hi], dim=-1).permute(0, 2, 1, 3).contiguous()
 
 
+def _constant(cache: dict, key, make):
+    """cache[key], made on first use. Not kept when made during CUDA-graph capture: it would live in
+    the graph's private pool (the captured graph keeps its own copy alive)."""
+    value = cache.get(key)
+    if value is None:
+        value = make()
+        if not torch.cuda.is_current_stream_capturing():
+            cache[key] = value
+    return value
+
+
 @dataclass
 class _FusedFinalize:
     """The one-token finalize done by the pairwise down GEMM (triton_frag._arrive_and_finalize)."""
@@ -844,8 +855,6 @@ class TritonExperts:
         # program of a block resets its own) are per device. Forwards of this object must therefore not
         # run concurrently on two streams.
         self.fuse_finalize = True
-        # ... and, under PDL, lets the next kernel launch after its K loop (False: when it completes)
-        self.fin_early_launch = True
         self._fin_counts: dict = {}
 
     def _launch(self, op: _Operand, a, c, al, n, k, cfg: GemmConfig, gather: bool, gated: bool, top_k: int,
@@ -923,13 +932,11 @@ class TritonExperts:
             if shared_output.shape[1] != self.H:
                 raise TypeError(f"shared_output must be bf16 [T, {self.H}], got {tuple(shared_output.shape)}")
             shared = shared_output.contiguous()
-        key = gemm2_out.device
-        counts = self._fin_counts.get(key)
-        if counts is None:   # one per 16-row column block at most; zeroed once (outside graph capture)
-            counts = torch.zeros(triton.cdiv(self.H, 16), dtype=torch.int32, device=key)
-            if not torch.cuda.is_current_stream_capturing():
-                self._fin_counts[key] = counts
-        out = torch.empty(1, self.H, dtype=torch.bfloat16, device=key)
+        dev = gemm2_out.device
+        # one counter per 16-row column block at most, zeroed once
+        counts = _constant(self._fin_counts, dev, lambda: torch.zeros(triton.cdiv(self.H, 16), dtype=torch.int32,
+                                                                       device=dev))
+        out = torch.empty(1, self.H, dtype=torch.bfloat16, device=dev)
         return _FusedFinalize(topk_weights.contiguous(), shared, out, counts, float(routed_scale))
 
     def _pairwise(self, topk_ids: torch.Tensor) -> Alignment:
@@ -938,12 +945,8 @@ class TritonExperts:
         made once per top-k outside graph capture."""
         ids = topk_ids.reshape(-1)
         n = ids.numel()
-        key = (n, ids.device)
-        perm = self._pairwise_perm.get(key)
-        if perm is None:
-            perm = torch.arange(0, 8 * n, 8, dtype=torch.int32, device=ids.device)
-            if not torch.cuda.is_current_stream_capturing():
-                self._pairwise_perm[key] = perm
+        perm = _constant(self._pairwise_perm, (n, ids.device),
+                         lambda: torch.arange(0, 8 * n, 8, dtype=torch.int32, device=ids.device))
         return Alignment(ids, ids, ids, perm, 8, n, pairwise=True)
 
     def _launch_frag(self, fw: FragWeights, a, c, al, n: int, cfg: FragConfig, gather: bool, gated: bool,
@@ -979,7 +982,7 @@ class TritonExperts:
             fin_w_ptr=fin.weights if fin else c, fin_s_ptr=fin.shared if fin and fin.shared is not None else c,
             fin_out_ptr=fin.out if fin else c, fin_count_ptr=fin.counts if fin else c,
             routed_scale=fin.routed_scale if fin else 1.0, FIN=fin is not None,
-            FIN_SHARED=fin is not None and fin.shared is not None, FIN_EARLY=self.fin_early_launch,
+            FIN_SHARED=fin is not None and fin.shared is not None,
             num_warps=cfg.wn * wk, **({"launch_pdl": True} if launch_pdl else {}),
         )
 
