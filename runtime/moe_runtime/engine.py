@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from . import sampling
 from .log import log
 
 
@@ -39,6 +40,14 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    top_k: int = 0  # 0 (or -1 at the HTTP side): off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # HF rule on prompt + output tokens; 1 = off
+    frequency_penalty: float = 0.0  # OpenAI rule on output tokens
+    presence_penalty: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()  # extra ids that end the sequence (not emitted), like EOS
+    min_tokens: int = 0  # EOS / stop_token_ids cannot be picked before this many tokens
+    logprobs: int | None = None  # None: off; k: the chosen token's logprob and the k most likely
 
 
 @dataclass
@@ -181,19 +190,9 @@ class Engine:
                 self._gauges()
                 self.cv.notify_all()
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
-        """logits fp32 [B, V] -> next token per request (greedy at temperature 0)."""
-        out = logits.argmax(-1).tolist()
-        for i, r in enumerate(reqs):
-            p = r.params
-            if p.temperature > 0:
-                probs = torch.softmax(logits[i] / p.temperature, -1)
-                if p.top_p < 1.0:
-                    sp, si = probs.sort(descending=True)
-                    keep = sp.cumsum(-1) - sp < p.top_p
-                    probs = torch.zeros_like(probs).scatter_(0, si[keep], sp[keep])
-                out[i] = int(torch.multinomial(probs, 1, generator=r.generator))
-        return out
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[tuple[int, Any]]:
+        """logits fp32 [B, V] -> (next token, logprobs or None) per request (greedy at temperature 0)."""
+        return sampling.sample(logits, reqs, self.stop_ids)
 
     def _prefill(self, reqs: list[Request]) -> None:
         """One forward for all newly admitted prompts, right-padded to the longest.
@@ -221,8 +220,8 @@ class Engine:
             if self.metrics:
                 self.metrics.prompt_tokens.inc(len(r.prompt_ids))
             self.running.append(r)
-        for r, tok in zip(reqs, self._sample(logits, reqs)):
-            self._accept(r, tok)
+        for r, (tok, lp) in zip(reqs, self._sample(logits, reqs)):
+            self._accept(r, tok, lp)
 
     def _decode_step(self) -> None:
         for r in [r for r in self.running if r.cancelled]:
@@ -244,11 +243,11 @@ class Engine:
             logits = self.model(ids, pos, slots, kv_len=max(r.position for r in reqs) + 1)[:, -1]
         if self.metrics:
             self.metrics.decode_steps.inc()
-        for r, tok in zip(reqs, self._sample(logits, reqs)):
+        for r, (tok, lp) in zip(reqs, self._sample(logits, reqs)):
             r.position += 1
-            self._accept(r, tok)
+            self._accept(r, tok, lp)
 
-    def _accept(self, r: Request, tok: int) -> None:
+    def _accept(self, r: Request, tok: int, lp: Any = None) -> None:
         if r.first_token_at is None:
             r.first_token_at = time.time()
             if self.metrics:
@@ -257,9 +256,9 @@ class Engine:
         r.last_token = tok
         if self.metrics:
             self.metrics.generation_tokens.inc()
-        stop = tok in self.stop_ids and not r.params.ignore_eos
+        stop = (tok in self.stop_ids and not r.params.ignore_eos) or tok in r.params.stop_token_ids
         if not stop:
-            r.emit(tok)
+            r.emit(tok if lp is None else lp)  # a sampling.Sampled when the client asked for logprobs
         if stop:
             self._finish(r, "stop")
         elif len(r.generated) >= r.params.max_tokens or r.position + 1 >= self.max_len:

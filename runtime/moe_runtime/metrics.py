@@ -10,8 +10,12 @@ _LAT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("moe_runtime_requests", "HTTP API requests by endpoint and status code",
+        self.requests = Counter("moe_runtime_requests", "HTTP requests by endpoint (route template; 'unmatched' for "
+                                "unknown paths) and status code (499: the client went away first)",
                                 ["endpoint", "status"], registry=r)
+        self.errors = Counter("moe_runtime_request_errors", "HTTP requests that ended in an error, by endpoint "
+                              "(route template) and OpenAI error type, 500s and errors inside a stream included",
+                              ["endpoint", "type"], registry=r)
         self.prompt_tokens = Counter("moe_runtime_prompt_tokens", "prompt tokens processed", registry=r)
         self.generation_tokens = Counter("moe_runtime_generation_tokens", "tokens generated", registry=r)
         self.latency = Histogram("moe_runtime_request_latency_seconds", "request latency (end to end)",

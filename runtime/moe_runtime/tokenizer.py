@@ -94,7 +94,19 @@ class Tokenizer:
         return self._tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """Without the GIL (the batch API releases it), so the HTTP event loop keeps answering while
+        another thread tokenizes a long prompt."""
+        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The longest vocabulary entry, in characters: a text of N characters is at least
+        N / max_token_chars tokens (how the server refuses a huge prompt without tokenizing it)."""
+        return max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1) or 1
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text (for logprobs), decoded on its own."""
+        return self._tok.decode([token_id], skip_special_tokens=False)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

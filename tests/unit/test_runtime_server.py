@@ -135,9 +135,10 @@ def test_chat_and_streaming(server):
     (json.dumps({"prompt": "x", "temperature": "hot"}).encode(), 400, "temperature"),
     (json.dumps({"prompt": [999999]}).encode(), 400, "token ids"),
     (json.dumps({"prompt": "x", "model": "gpt-5"}).encode(), 404, "does not exist"),
-    (json.dumps({"prompt": "x", "n": 3}).encode(), 400, "n"),
+    (json.dumps({"prompt": "x", "n": 17}).encode(), 400, "n"),
     (json.dumps({"prompt": ["a", "b"]}).encode(), 400, "batched prompts"),
-    (json.dumps({"prompt": "x", "logprobs": 5}).encode(), 400, "logprobs is not supported"),
+    (json.dumps({"prompt": "x", "logprobs": 6}).encode(), 400, "logprobs"),
+    (json.dumps({"prompt": "x", "echo": True}).encode(), 400, "not supported by this server: echo"),
 ])
 def test_malformed_requests_get_4xx_json(server, body, status, needle):
     r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
