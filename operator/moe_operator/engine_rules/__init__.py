@@ -1,0 +1,252 @@
+"""The engines' own start-up validation of explicit MoE choices, as data rows. Pure, no I/O.
+
+sglang validates `--moe-runner-backend` / `--moe-a2a-backend` while it resolves its server
+arguments (`srt/arg_groups/moe_hook.py`) and again when each MoE layer's quantization method builds
+its runner (`create_moe_runner`, the fused-function registry); vLLM validates `--moe-backend` in the
+MoE oracle of the checkpoint's quantization (`model_executor/layers/fused_moe/oracle/`) and in each
+experts class's `is_supported_config` (`_supports_current_device`, `_supports_quant_scheme`, ...).
+A choice that fails there is a pod that crash-loops; here it is a refusal before the pod exists.
+
+Each row is one upstream check: a predicate over a `Case`, the engine's own message, and its source
+(file, lines, function, the release the line numbers refer to, and the first release read that has
+the check). `check(case)` returns the refusals; `alternatives(case)` the values that pass for the
+same checkpoint on the same GPU with the same engine version.
+
+Versions read (released wheels from PyPI, unpacked outside the project): see `VERSIONS_READ`.
+A rule applies to a version when the nearest release read at or below it has the check (releases
+not read between two read ones therefore get only the checks the older one had: no refusal is
+guessed). A version newer than the newest read is checked with the newest read's rules and says so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping
+
+# Releases whose wheels were unpacked and read for these rows.
+VERSIONS_READ: dict[str, tuple[str, ...]] = {
+    # newest first is not required; kept in ascending order
+    "sglang": ("0.5.10", "0.5.14", "0.5.17", "0.5.19", "0.5.21", "0.5.22", "0.5.23"),
+    "vllm": ("0.33.0",),
+}
+
+
+def vt(v: str | None) -> tuple[int, ...]:
+    """'0.5.23' -> (0, 5, 23); suffixes (rc, post, +local) are ignored."""
+    if not v:
+        return ()
+    out = []
+    for part in v.split("+")[0].split("."):
+        m = re.match(r"\d+", part)
+        if not m:
+            break
+        out.append(int(m.group()))
+    return tuple(out + [0] * (3 - len(out))) if out else ()
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an engine performs a check. Line numbers refer to `version`'s released wheel."""
+
+    file: str  # path inside the wheel, e.g. sglang/srt/arg_groups/moe_hook.py
+    lines: str  # "76-88"
+    function: str
+    version: str  # the release the lines refer to
+    since: str  # first release in VERSIONS_READ that has the check (found by its message)
+    marker: str = ""  # a literal piece of the upstream code/message used to find it per release
+
+    def cite(self, engine: str) -> str:
+        first = f"; present since {engine} {self.since} (releases read)" if self.since != self.version else ""
+        return f"{self.file}:{self.lines} {self.function}, {engine} {self.version}{first}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One explicit configuration as the engine sees it at start-up."""
+
+    engine: str  # sglang | vllm
+    version: str
+    fmt: str  # checkpoint format (planner vocabulary, tuning-rules.md section 6)
+    arch: str  # config.json architectures[0]
+    family: str  # GPU family key: sm80 sm89 sm90 sm100 sm110 sm120 sm121 gfx942 gfx950
+    runner: str  # the runner value the engine gets (explicit, or the planner's selection)
+    a2a: str = "none"
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1  # attention data parallel (sglang --dp-size with --enable-dp-attention)
+    cc: str | None = None  # compute capability "10.3"
+    driver: str | None = None  # NVIDIA driver version "595.58.03"
+    flashinfer: str | None = None
+    quant_method: str | None = None  # config.json quantization_config.quant_method as written
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def ver(self) -> tuple[int, ...]:
+        return vt(self.version)
+
+    @property
+    def rocm(self) -> bool:
+        return self.family.startswith("gfx")
+
+    def truthy(self, key: str) -> bool:
+        v = self.env.get(key)
+        return v is not None and v.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    engine: str
+    when: Callable[[Case], bool]
+    message: str  # the engine's own words (str.format fields: runner, a2a, fmt, family, arch, tp, ep, dp)
+    source: Source
+    flag: str = "runner"  # which choice the rule is about: runner | a2a | both
+    same_as: tuple[str, ...] = ()  # planner check ids that already express this upstream check
+
+
+@dataclass(frozen=True)
+class Refusal:
+    rule: Rule
+    text: str
+
+
+def read_floor(engine: str, version: str) -> str | None:
+    """The newest release read at or below `version` (None: older than everything read)."""
+    below = [v for v in VERSIONS_READ.get(engine, ()) if vt(v) <= vt(version)]
+    return max(below, key=vt) if below else None
+
+
+def coverage_note(engine: str, version: str) -> str | None:
+    """Why the rules for this version are partial, or None when the version was read."""
+    read = VERSIONS_READ.get(engine, ())
+    if not read:
+        return None
+    if any(vt(version) == vt(v) for v in read):
+        return None
+    floor = read_floor(engine, version)
+    if floor is None:
+        return (f"{engine} {version} is older than every release whose start-up checks were read "
+                f"({', '.join(read)}): explicit choices are checked only by the planner's own rows")
+    if vt(version) > max((vt(v) for v in read)):
+        return (f"{engine} {version} is newer than the newest release read ({floor}): explicit choices are "
+                f"checked against {floor}'s start-up checks")
+    return (f"{engine} {version} was not read: explicit choices are checked against the checks of {floor}, "
+            f"the nearest older release read")
+
+
+def _applies(rule: Rule, case: Case) -> bool:
+    floor = read_floor(case.engine, case.version)
+    return floor is not None and vt(rule.source.since) <= vt(floor)
+
+
+def _rules(engine: str) -> tuple[Rule, ...]:
+    if engine == "sglang":
+        from .sglang import RULES
+    elif engine == "vllm":
+        from .vllm import RULES
+    else:
+        return ()
+    return RULES
+
+
+def catalogue(engine: str, version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(runner values, a2a values) the engine's command line accepts in this version."""
+    if engine == "sglang":
+        from .sglang import choices
+    elif engine == "vllm":
+        from .vllm import choices
+    else:
+        return (), ()
+    return choices(version)
+
+
+def _fields(case: Case) -> dict:
+    return dict(runner=case.runner, a2a=case.a2a, fmt=case.fmt, family=case.family, arch=case.arch,
+                tp=case.tp, ep=case.ep, dp=case.dp, version=case.version, fi=case.flashinfer or "none",
+                driver=case.driver or "unknown", quant=case.quant_method)
+
+
+def check(case: Case, skip_same_as: frozenset[str] = frozenset()) -> list[Refusal]:
+    """Every start-up check of `case.engine` `case.version` that this case fails.
+
+    `skip_same_as`: planner check ids that already fired (rows that express the same upstream
+    check are not repeated)."""
+    out = []
+    for rule in _rules(case.engine):
+        if not _applies(rule, case) or (set(rule.same_as) & skip_same_as):
+            continue
+        if rule.when(case):
+            msg = rule.message.format(**_fields(case))
+            out.append(Refusal(rule, f"[{rule.id}] {case.engine} {case.version} refuses this at start-up: {msg} "
+                                     f"({rule.source.cite(case.engine)})"))
+    return out
+
+
+# Values never offered as alternatives: they need a setup the spec cannot express here
+# (LoRA adapters, Intel XPU, Ascend, CPU) or are the engine's own experimental/emulation paths.
+_NOT_OFFERED = frozenset({"auto", "lora_cutedsl", "lora_triton", "lora_marlin", "intel_xpu", "experimental_sgl_trtllm",
+                          "experimental_sgl_marlin", "emulation", "rdna3", "flydsl", "hpc", "megamoe"})
+
+
+def alternatives(case: Case, also_ok: Callable[[Case], bool] | None = None) -> dict[str, list[str]]:
+    """What works instead, for this checkpoint on this GPU with this engine version.
+
+    Returns {"runner": [...]} (runner values that pass with the case's a2a) and, when the a2a choice
+    is itself refused or no runner passes with it, {"runner_without_a2a": [...]} (with a2a none).
+    `also_ok` adds the caller's own checks (the planner's validate rows)."""
+    runners, _ = catalogue(case.engine, case.version)
+
+    def ok(c: Case) -> bool:
+        # AMD's aiter library (SGLANG_USE_AITER / VLLM_ROCM_USE_AITER) exists only on ROCm images
+        if not c.rocm and c.runner.startswith("aiter"):
+            return False
+        return not check(c) and (also_ok is None or also_ok(c))
+
+    out: dict[str, list[str]] = {}
+    out["runner"] = [r for r in runners if r not in _NOT_OFFERED and ok(replace(case, runner=r))]
+    if case.a2a != "none" and not out["runner"]:
+        base = replace(case, a2a="none")
+        out["runner_without_a2a"] = [r for r in runners if r not in _NOT_OFFERED and ok(replace(base, runner=r))]
+    return out
+
+
+def describe_alternatives(case: Case, alts: dict[str, list[str]], flag: str) -> str:
+    where = f"{case.fmt} on {case.family} with {case.engine} {case.version}"
+    with_a2a = alts.get("runner") or []
+    parts = []
+    if with_a2a:
+        a2a = f" and {'--moe-a2a-backend' if case.engine == 'sglang' else '--all2all-backend'} {case.a2a}" if case.a2a != "none" else ""
+        parts.append(f"{flag} values that pass its start-up checks for {where}{a2a}: {', '.join(with_a2a)}")
+    elif case.a2a != "none":
+        without = alts.get("runner_without_a2a") or []
+        parts.append(f"no {flag} value passes with a2a {case.a2a} for {where}"
+                     + (f"; without an all-to-all backend: {', '.join(without)}" if without else ""))
+    else:
+        parts.append(f"no explicit {flag} value passes for {where}")
+    return "Works instead: " + "; ".join(parts) + " (or leave it at auto)."
+
+
+def server_quantization(case: Case) -> tuple[bool, str | None]:
+    """sglang: the `--quantization` value its server-argument asserts see (known, value).
+
+    The planner never passes --quantization, so it is None unless a model override resolves it
+    from config.json; those overrides run on SM100 only (tuning-rules.md 1.6):
+    `_deepseek_moe_quant_resolution` (srt/arg_groups/overrides.py:764-810, 0.5.23) and the
+    per-model modules. Where the raw `quant_method` the override copies is not known with certainty
+    (ModelOpt checkpoints write `modelopt` or nothing), the value is reported unknown and the
+    quantization asserts are not evaluated."""
+    from .sglang import QUANT_RESOLVING_ARCHS
+    if case.family != "sm100" or case.arch not in QUANT_RESOLVING_ARCHS:
+        return True, None
+    qm = case.quant_method
+    if case.fmt == "bf16":
+        return True, None
+    if case.fmt in ("fp8",) and qm in (None, "fp8"):
+        # DeepSeek-V3/R1 declare fp8 or have FP8 expert weights (overrides.py:788-800 probes them)
+        return True, "fp8"
+    if case.fmt.startswith("ct_") and qm == "compressed-tensors":
+        return True, "compressed-tensors"
+    if case.fmt in ("mxfp4", "w4afp8") and qm == case.fmt:
+        return True, qm
+    return False, None

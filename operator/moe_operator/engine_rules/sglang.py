@@ -1,0 +1,346 @@
+"""sglang's start-up checks of `--moe-runner-backend` / `--moe-a2a-backend`, as rows.
+
+Read from the released wheels sglang==0.5.10, 0.5.14, 0.5.17, 0.5.19, 0.5.21, 0.5.22, 0.5.23
+(PyPI). Line numbers are 0.5.23's; `since` is the first of those releases whose code has the check
+(found by the row's `marker`, a literal piece of the upstream message). Paths are inside the wheel.
+
+Where the checks run (0.5.23):
+  * server arguments: `srt/arg_groups/moe_hook.py` `handle_moe_kernel_config` (runner x quantization,
+    ep), `handle_a2a_moe` (a2a x runner, attention DP, architecture registries);
+  * layer build: each quantization method's `__init__` / `create_moe_runner` / `apply`
+    (`srt/layers/quantization/*.py`) and `MoeRunner.__init__` (`srt/layers/moe/moe_runner/runner.py`),
+    which needs a fused function registered for (a2a, runner) for the fused-only runners
+    (`@register_fused_func` in `srt/layers/moe/moe_runner/*.py`) or a permute method for the
+    dispatch format (`PermuteMethodPool.get_pre_permute`, `moe_runner/base.py`). The first forward
+    (CUDA-graph capture / warm-up) runs before the server reports ready, so `apply` errors are
+    start-up errors too.
+"""
+
+from __future__ import annotations
+
+from . import Case, Rule, Source, server_quantization, vt
+
+V = "0.5.23"
+
+# --moe-runner-backend choices per release read (MOE_RUNNER_BACKEND_CHOICES: server_args.py in
+# 0.5.10-0.5.19, srt/arg_groups/choices.py:136-159 from 0.5.21).
+_R_0510 = ("auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "flashinfer_trtllm_routed",
+           "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl", "cutlass")
+_R_0514 = _R_0510[:5] + ("experimental_sgl_trtllm",) + _R_0510[5:] + ("aiter", "marlin")
+_R_0517 = _R_0514 + ("humming", "experimental_sgl_marlin", "hpc_ops")
+_R_0519 = _R_0517 + ("megamoe", "intel_xpu")
+_R_0521 = _R_0519 + ("flashinfer_megamoe",)
+_R_0523 = _R_0521 + ("lora_cutedsl", "lora_triton", "lora_marlin")
+RUNNER_CHOICES = {"0.5.10": _R_0510, "0.5.14": _R_0514, "0.5.17": _R_0517, "0.5.19": _R_0519,
+                  "0.5.21": _R_0521, "0.5.22": _R_0521, "0.5.23": _R_0523}
+
+# --moe-a2a-backend choices per release read (server_args.py `moe_a2a_backend: Literal[...]` in
+# 0.5.10, MOE_A2A_BACKEND_CHOICES in 0.5.14-0.5.17, the field in 0.5.19 server_args.py:2222,
+# srt/arg_groups/fields/exec_.py:836-866 in 0.5.23).
+_A_0510 = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer")
+_A_0514 = _A_0510 + ("megamoe",)
+_A_0517 = _A_0514 + ("pplx", "ascend_tp")
+_A_0519 = _A_0517 + ("deepep_v2",)
+_A_0521 = _A_0519 + ("flashinfer_megamoe",)
+A2A_CHOICES = {"0.5.10": _A_0510, "0.5.14": _A_0514, "0.5.17": _A_0517, "0.5.19": _A_0519,
+               "0.5.21": _A_0521, "0.5.22": _A_0521, "0.5.23": _A_0521}
+
+
+def _nearest(table: dict, version: str, above: bool = False):
+    keys = sorted(table, key=vt)
+    if above:
+        up = [k for k in keys if vt(k) >= vt(version)]
+        return table[up[0]] if up else table[keys[-1]]
+    down = [k for k in keys if vt(k) <= vt(version)]
+    return table[down[-1]] if down else table[keys[0]]
+
+
+def choices(version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Values accepted by this release: those of the nearest release read at or below it (for a
+    release not read, a value is also accepted when the nearest one above has it: no refusal is
+    guessed)."""
+    runners = tuple(dict.fromkeys(_nearest(RUNNER_CHOICES, version)))
+    a2a = _nearest(A2A_CHOICES, version)
+    if version not in RUNNER_CHOICES:
+        runners = tuple(dict.fromkeys(runners + tuple(r for r in _nearest(RUNNER_CHOICES, version, True)
+                                                      if vt(version) < vt("0.5.23") or r in runners)))
+        a2a = tuple(dict.fromkeys(a2a + tuple(a for a in _nearest(A2A_CHOICES, version, True)
+                                               if vt(version) < vt("0.5.23") or a in a2a)))
+    return runners, a2a
+
+
+# Architectures whose model override copies config.json's quant_method into --quantization
+# (on SM100 only for the first three groups): overrides.py:745-760 `_DEEPSEEK_FAMILY_ARCHS`,
+# model_overrides/qwen3_moe.py:29-49, glm4_moe.py:15-32 (0.5.23).
+_DEEPSEEK_FAMILY_ARCHS = frozenset({
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration", "MistralLarge3ForCausalLM",
+    "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM", "Glm5NextForConditionalGeneration", "HYV4ForCausalLM",
+    "HYV4ForCausalLMNextN", "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN", "Dots3NoteForCausalLM",
+})
+_QWEN3_FAMILY_ARCHS = frozenset({
+    "Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Qwen3NextForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+    "Qwen4ExpForConditionalGeneration",
+})
+QUANT_RESOLVING_ARCHS = _DEEPSEEK_FAMILY_ARCHS | _QWEN3_FAMILY_ARCHS | {"Glm4MoeForCausalLM"}
+# Overrides that resolve --quantization on every GPU (model_overrides/minimax_m3.py:37-54,
+# nemotron_h.py:17-55): the value is not known here, so the quantization asserts are skipped.
+QUANT_RESOLVING_ANYWHERE = frozenset({
+    "MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration", "NemotronHForCausalLM",
+    "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3",
+})
+
+# FlashInfer MegaMOE validated architectures (moe_hook.py:242-256 validate_flashinfer_megamoe_model).
+MEGAMOE_ARCHS = frozenset({
+    "BeamForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM",
+    "Glm4MoeForCausalLM", "GlmMoeDsaForCausalLM", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM",
+})
+# DeepEP v2 registered architectures (srt/configs/moe_model_registry.py:20-28 `_DEEPEP_V2_MODELS`).
+DEEPEP_V2_ARCHS = frozenset({
+    "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "Qwen3MoeForCausalLM", "Glm5NextForConditionalGeneration",
+    "GlmMoeDsaForCausalLM", "MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM",
+})
+
+# Fused-only runners: MoeRunner.__init__ sets runner_core = None for them (runner.py:117-162) and
+# then needs a fused function for (a2a, runner) (runner.py:166-180).
+FUSED_ONLY = frozenset({"marlin", "flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutedsl",
+                        "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_megamoe", "hpc_ops"})
+# @register_fused_func(a2a, runner) registrations in 0.5.23:
+#   moe_runner/flashinfer_cutedsl.py:438,515,624; flashinfer_cutlass.py:399,419,451;
+#   flashinfer_trtllm.py:1820,1844,1876,1877; hpc_ops.py:126; marlin.py:115;
+#   layers/moe/flashinfer_megamoe.py:651.
+FUSED_FUNCS = frozenset({
+    ("none", "flashinfer_cutedsl"), ("flashinfer", "flashinfer_cutedsl"), ("deepep", "flashinfer_cutedsl"),
+    ("none", "flashinfer_cutlass"), ("flashinfer", "flashinfer_cutlass"), ("none", "flashinfer_mxfp4"),
+    ("none", "flashinfer_trtllm"), ("none", "flashinfer_trtllm_routed"), ("flashinfer", "flashinfer_trtllm"),
+    ("flashinfer", "flashinfer_trtllm_routed"), ("none", "hpc_ops"), ("none", "marlin"),
+    ("flashinfer_megamoe", "flashinfer_megamoe"),
+})
+# Runners with a runner core take the dispatcher's output through a registered pre-permute for
+# its format (base.py PermuteMethodPool.get_pre_permute asserts): triton.py:268 (standard only),
+# triton_kernels.py:161 (standard only), humming.py:839,887,929 (deepep_ll, deepep_normal, standard).
+# Dispatch formats: deepep -> deepep_normal/deepep_ll, deepep_v2 -> deepep_v2, flashinfer -> flashinfer
+# (token_dispatcher/base.py:170-176 DispatchOutputFormat).
+_PERMUTE_FORMATS = {"triton": frozenset({"none"}), "triton_kernel": frozenset({"none"}),
+                    "humming": frozenset({"none", "deepep"})}
+
+# Layer quantization methods by checkpoint format (planner vocabulary):
+NVFP4_METHOD = frozenset({"nvfp4"})  # ModelOptNvFp4FusedMoEMethod (modelopt_quant.py:2362)
+MXFP4_METHOD = frozenset({"mxfp4"})  # Mxfp4MoEMethod (mxfp4.py:387), serialized MXFP4 (gpt-oss)
+FP8_METHOD = frozenset({"fp8", "dsv4_fp8", "dsv4_fp4"})  # Fp8MoEMethod (fp8.py:1490; DSV4 FP4 experts: is_fp4_experts)
+SM90_SM100_SM12X = frozenset({"sm90", "sm100", "sm120", "sm121"})  # is_sm90 / is_sm100 / platform is_sm120 (major 12)
+BLACKWELL = frozenset({"sm100", "sm110", "sm120", "sm121"})  # platform is_blackwell (major 10, 11, 12)
+
+
+def _runner_substituted(c: Case) -> bool:
+    """The layer method does not build a MoeRunner with the requested fused-only runner:
+    Fp8MoEMethod runs flashinfer_cutlass/cutedsl layers on triton (fp8.py:2973-2983) and takes
+    marlin/flashinfer_mxfp4 as direct kernels without a MoeRunner (fp8.py:2985-2998) unless the
+    experts are FP4 (then Mxfp4MarlinMoEMethod / Mxfp4Flashinfer*MoEMethod build one, fp8.py:445-470);
+    UnquantizedFusedMoEMethod builds triton for every runner but trtllm/flashinfer_cutlass/deep_gemm/
+    triton_kernel (unquant.py:1169-1194)."""
+    if c.fmt in ("fp8", "dsv4_fp8"):
+        return c.runner in ("flashinfer_cutlass", "flashinfer_cutedsl", "marlin", "flashinfer_mxfp4")
+    if c.fmt == "dsv4_fp4":
+        return c.runner in ("flashinfer_cutlass", "flashinfer_cutedsl")
+    if c.fmt == "bf16":
+        return c.runner in ("flashinfer_cutedsl", "marlin", "flashinfer_mxfp4")
+    return False
+
+
+def _quant(c: Case) -> tuple[bool, str | None]:
+    if c.arch in QUANT_RESOLVING_ANYWHERE:
+        return False, None
+    return server_quantization(c)
+
+
+def _quant_not_in(allowed: tuple) -> "callable":
+    def pred(c: Case) -> bool:
+        known, q = _quant(c)
+        return known and q not in allowed
+    return pred
+
+
+def _src(file: str, lines: str, function: str, since: str, marker: str) -> Source:
+    return Source(file=file, lines=lines, function=function, version=V, since=since, marker=marker)
+
+
+_MH = "sglang/srt/arg_groups/moe_hook.py"
+_RUN = "sglang/srt/layers/moe/moe_runner/runner.py"
+_MQ = "sglang/srt/layers/quantization/modelopt_quant.py"
+_MX = "sglang/srt/layers/quantization/mxfp4.py"
+_F8 = "sglang/srt/layers/quantization/fp8.py"
+
+RULES: tuple[Rule, ...] = (
+    # ---- command line -------------------------------------------------------------------------
+    Rule("SG-A2A", "sglang", lambda c: c.a2a not in choices(c.version)[1],
+         "argument --moe-a2a-backend: invalid choice: '{a2a}'",
+         _src("sglang/srt/arg_groups/fields/exec_.py", "836-866", "ExecArgs.moe_a2a_backend (argparse choices)",
+              "0.5.10", '"ascend_fuseep"'), flag="a2a"),
+
+    # ---- server arguments: handle_moe_kernel_config ------------------------------------------
+    Rule("SG-FICUTLASS-Q", "sglang",
+         lambda c: c.runner == "flashinfer_cutlass" and _quant_not_in(("modelopt_fp4", "modelopt_fp8", "modelopt_mixed", None))(c),
+         "Invalid quantization '{quant}'. FlashInfer Cutlass MOE supports only: 'modelopt_fp4', 'modelopt_fp8', "
+         "'modelopt_mixed', or bfloat16 (None).",
+         _src(_MH, "78-88", "handle_moe_kernel_config", "0.5.10", "FlashInfer Cutlass MOE supports only"),
+         same_as=("K23", "V8b")),
+    Rule("SG-FICUTLASS-EP", "sglang", lambda c: c.runner == "flashinfer_cutlass" and c.ep not in (1, c.tp),
+         "The expert parallel size must be 1 or the same as the tensor parallel size (ep={ep}, tp={tp})",
+         _src(_MH, "89-92", "handle_moe_kernel_config", "0.5.10",
+              "The expert parallel size must be 1 or the same as the tensor parallel size")),
+    Rule("SG-CUTEDSL-Q", "sglang",
+         lambda c: c.runner == "flashinfer_cutedsl" and c.fmt != "dsv4_nvfp4"
+         and _quant_not_in(("modelopt_fp4", "modelopt_mixed", "nvfp4_online"))(c),
+         "Invalid quantization '{quant}'. FlashInfer CuteDSL MOE currently supports only: 'modelopt_fp4', "
+         "'modelopt_mixed' (with NVFP4 MoE layers), 'nvfp4_online', or hybrid NVFP4 models. (The planner passes no "
+         "--quantization and no model override resolves it for {arch} on {family}.)",
+         _src(_MH, "94-101", "handle_moe_kernel_config", "0.5.14", "FlashInfer CuteDSL MOE currently supports only")),
+    Rule("SG-CUTEDSL-EP", "sglang", lambda c: c.runner == "flashinfer_cutedsl" and c.ep not in (1, c.tp),
+         "The expert parallel size must be 1 or the same as the tensor parallel size (ep={ep}, tp={tp})",
+         _src(_MH, "102-105", "handle_moe_kernel_config", "0.5.14", "FlashInfer CuteDSL MOE currently supports only")),
+    Rule("SG-CUTEDSL-A2A", "sglang",
+         lambda c: c.runner == "flashinfer_cutedsl" and c.a2a not in ("none", "deepep", "flashinfer"),
+         "flashinfer_cutedsl supports moe_a2a_backend='none', 'deepep', or 'flashinfer', got '{a2a}'.",
+         _src(_MH, "106-113", "handle_moe_kernel_config", "0.5.14", "flashinfer_cutedsl supports moe_a2a_backend="),
+         flag="both"),
+    Rule("SG-CUTEDSL-PERTOKEN", "sglang",
+         lambda c: c.runner == "flashinfer_cutedsl" and c.a2a == "deepep" and c.truthy("SGLANG_FLASHINFER_NVFP4_PER_TOKEN_ACTIVATION"),
+         "flashinfer_cutedsl per-token NVFP4 activation requires moe_a2a_backend='none' or 'flashinfer'.",
+         _src(_MH, "114-122", "handle_moe_kernel_config", "0.5.19", "flashinfer_cutedsl per-token NVFP4 activation requires"),
+         flag="both"),
+    Rule("SG-TRTLLM-Q", "sglang",
+         lambda c: c.runner in ("flashinfer_trtllm", "experimental_sgl_trtllm") and _quant_not_in(
+             ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed", "compressed-tensors", None))(c),
+         "Invalid quantization '{quant}'. FlashInfer TRTLLM MOE supports only: 'modelopt_fp4', 'nvfp4_online', 'fp8', "
+         "'modelopt_fp8', 'modelopt_mixed', 'compressed-tensors', or bfloat16 (None).",
+         _src(_MH, "124-138", "handle_moe_kernel_config", "0.5.10", "FlashInfer TRTLLM MOE supports only")),
+    Rule("SG-ROUTED-Q", "sglang",
+         lambda c: c.runner == "flashinfer_trtllm_routed" and _quant_not_in(
+             ("fp8", "mxfp8", "modelopt_fp4", "modelopt_mixed", "nvfp4_online", "minimax_m3_nvfp4", None))(c),
+         "Invalid quantization '{quant}'. FlashInfer TRTLLM routed MOE supports only: 'fp8', 'mxfp8', 'modelopt_fp4', "
+         "'modelopt_mixed', 'nvfp4_online', 'minimax_m3_nvfp4', or bfloat16 (None).",
+         _src(_MH, "140-152", "handle_moe_kernel_config", "0.5.10", "FlashInfer TRTLLM routed MOE supports only")),
+
+    # ---- server arguments: handle_a2a_moe ----------------------------------------------------
+    Rule("SG-MEGAMOE-ARCH", "sglang", lambda c: c.a2a == "flashinfer_megamoe" and c.arch not in MEGAMOE_ARCHS,
+         "FlashInfer MegaMOE is not validated for model architectures ['{arch}'].",
+         _src(_MH, "237-262", "validate_flashinfer_megamoe_model", "0.5.21",
+              "FlashInfer MegaMOE is not validated for model architectures"), flag="a2a"),
+    Rule("SG-MEGAMOE-Q", "sglang",
+         lambda c: c.a2a == "flashinfer_megamoe" and c.fmt not in ("dsv4_fp4", "dsv4_nvfp4")
+         and _quant_not_in(("mxfp8", "modelopt_fp4"))(c),
+         "FlashInfer MegaMOE currently supports only MXFP8, ModelOpt NVFP4, FP4-expert, hybrid NVFP4 MoE checkpoints, "
+         "or nvfp4_online with SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16=1; got quantization={quant!r}. Standard FP8 MoE "
+         "checkpoints are not supported.",
+         _src(_MH, "264-281", "validate_flashinfer_megamoe_model", "0.5.21",
+              "FlashInfer MegaMOE currently supports only MXFP8"), flag="a2a"),
+    Rule("SG-MEGAMOE-DP", "sglang", lambda c: c.a2a == "flashinfer_megamoe" and c.dp != c.tp,
+         "FlashInfer MegaMOE is only supported with --attn-dp-size equal to --tp-size (dp={dp}, tp={tp})",
+         _src(_MH, "324-327", "handle_a2a_moe", "0.5.22", "FlashInfer MegaMOE is only supported with --attn-dp-size"),
+         flag="a2a"),
+    Rule("SG-MEGAMOE-RUNNER", "sglang",
+         lambda c: c.a2a == "flashinfer_megamoe" and c.runner not in ("auto", "flashinfer_megamoe"),
+         "FlashInfer MegaMOE a2a backend requires --moe-runner-backend flashinfer_megamoe",
+         _src(_MH, "328-334", "handle_a2a_moe", "0.5.21", "FlashInfer MegaMOE a2a backend requires"), flag="both"),
+    Rule("SG-MEGAMOE-SM100", "sglang", lambda c: c.a2a == "flashinfer_megamoe" and c.family != "sm100",
+         "FlashInfer MegaMOE currently requires an SM100-family CUDA device for all supported quantization formats.",
+         _src(_MH, "335-339", "handle_a2a_moe", "0.5.21", "FlashInfer MegaMOE currently requires an SM100-family"),
+         flag="a2a"),
+    Rule("SG-DEEPEPV2-ARCH", "sglang", lambda c: c.a2a == "deepep_v2" and c.arch not in DEEPEP_V2_ARCHS,
+         "DeepEP v2 MoE is not validated for '{arch}'. The model package must register its architecture with "
+         "register_deepep_v2_model (srt/configs/moe_model_registry.py:20-28).",
+         _src(_MH, "719-731", "validate_deepep_v2_model_architecture", "0.5.21", "register_deepep_v2_model, because"),
+         flag="a2a"),
+    Rule("SG-DEEPEPV2-RUNNER", "sglang", lambda c: c.a2a == "deepep_v2" and c.runner not in ("auto", "deep_gemm"),
+         "DeepEP v2 MoE currently supports only --moe-runner-backend deep_gemm. Got '{runner}'.",
+         _src(_MH, "404-419", "handle_a2a_moe", "0.5.19", "DeepEP v2 MoE currently supports only"), flag="both"),
+    Rule("SG-FIA2A-RUNNER", "sglang",
+         lambda c: c.a2a == "flashinfer" and c.runner not in ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm",
+                                                              "flashinfer_trtllm_routed", "deep_gemm"),
+         "FlashInfer MoE A2A is supported with flashinfer_cutlass, flashinfer_cutedsl, flashinfer_trtllm, "
+         "flashinfer_trtllm_routed, or deep_gemm (runner: {runner}).",
+         _src(_MH, "534-545", "handle_a2a_moe", "0.5.19", "FlashInfer MoE A2A is supported with"), flag="both"),
+    Rule("SG-PPLX-DP", "sglang", lambda c: c.a2a == "pplx" and c.dp < 2,
+         "moe_a2a_backend='pplx' requires attention DP with at least 2 groups (--attn-dp-size >= 2); dp={dp}.",
+         _src(_MH, "588-595", "handle_a2a_moe", "0.5.22", "requires attention DP with at least 2"), flag="a2a"),
+    Rule("SG-PPLX-RUNNER", "sglang", lambda c: c.a2a == "pplx" and c.runner not in ("deep_gemm", "auto"),
+         "moe_a2a_backend='pplx' is only supported with --moe-runner-backend deep_gemm (or auto).",
+         _src(_MH, "596-602", "handle_a2a_moe", "0.5.17", "is only supported with --moe-runner-backend"), flag="both"),
+
+    # ---- layer build: MoeRunner --------------------------------------------------------------
+    Rule("SG-FUSED", "sglang",
+         lambda c: c.runner in FUSED_ONLY and c.a2a != "megamoe" and (c.a2a, c.runner) not in FUSED_FUNCS
+         and not _runner_substituted(c),
+         "Runner backend {runner} requires a fused func for a2a backend {a2a}, but none is registered.",
+         _src(_RUN, "166-180", "MoeRunner.__init__ (FusedOpPool.get_fused_func)", "0.5.10",
+              "requires a fused func for a2a backend"), flag="both", same_as=("V2", "V5")),
+    Rule("SG-PERMUTE", "sglang",
+         lambda c: c.runner in _PERMUTE_FORMATS and c.a2a in ("deepep", "deepep_v2", "flashinfer")
+         and c.a2a not in _PERMUTE_FORMATS[c.runner],
+         "no pre-permute method registered for dispatch format {a2a} -> runner {runner} "
+         "(PermuteMethodPool.get_pre_permute assertion at the first forward)",
+         _src("sglang/srt/layers/moe/moe_runner/base.py", "255-275", "PermuteMethodPool.get_pre_permute", "0.5.23",
+              "register_pre_permute"), flag="both", same_as=("V5",)),
+    Rule("SG-DEEPEPV2-LAYER", "sglang", lambda c: c.a2a == "deepep_v2" and c.fmt in NVFP4_METHOD | MXFP4_METHOD | {"ct_nvfp4", "mixed"},
+         "--moe-a2a-backend deepep_v2 requires the deep_gemm MoE runner, but this MoE layer's quantization method "
+         "selected another runner ({fmt} experts); use an FP8 blockwise-quantized or BF16 checkpoint, or --moe-a2a-backend deepep.",
+         _src(_RUN, "84-93", "MoeRunner.__init__", "0.5.19", "--moe-a2a-backend deepep_v2 requires the deep_gemm MoE runner"),
+         flag="a2a"),
+    Rule("SG-HPCOPS-SM90", "sglang", lambda c: c.runner == "hpc_ops" and c.family != "sm90",
+         "--moe-runner-backend hpc_ops requires an SM90 (Hopper) GPU (the HPC-Ops kernels ship sm90a only), got {family}.",
+         _src(_RUN, "150-158", "MoeRunner.__init__", "0.5.17", "requires an SM90 (Hopper)")),
+    Rule("SG-HPCOPS-FP8", "sglang", lambda c: c.runner == "hpc_ops" and c.fmt not in ("fp8", "dsv4_fp8"),
+         "--moe-runner-backend hpc_ops was requested, but this MoE layer's quantization method selected another runner "
+         "(hpc_ops only supports FP8 blockwise / per-tensor quantized MoE; checkpoint: {fmt}).",
+         _src(_RUN, "68-82", "MoeRunner.__init__", "0.5.17", "--moe-runner-backend hpc_ops was requested")),
+
+    # ---- layer build: quantization methods -----------------------------------------------------
+    Rule("SG-NVFP4-PLATFORM", "sglang",
+         lambda c: c.fmt in NVFP4_METHOD | {"mixed"} and c.family not in BLACKWELL and c.runner not in ("marlin", "auto"),
+         "Current platform does not support NVFP4 quantization with the selected MoE backend. Please use Blackwell "
+         "and above, or use moe_runner_backend=marlin on SM80+.",
+         _src(_MQ, "2369-2387", "ModelOptNvFp4FusedMoEMethod.__init__", "0.5.10", "Current platform does not support NVFP4"),
+         same_as=("V7",)),
+    Rule("SG-NVFP4-CUTLASS", "sglang", lambda c: c.fmt in NVFP4_METHOD and c.runner == "cutlass",
+         "moe_runner_backend=cutlass is not supported for NVFP4 MoE. Use --moe-runner-backend flashinfer_cutlass instead.",
+         _src(_MQ, "3144-3148", "ModelOptNvFp4FusedMoEMethod.create_moe_runner", "0.5.17",
+              "moe_runner_backend=cutlass is not supported for NVFP4 MoE")),
+    Rule("SG-NVFP4-RUNNER", "sglang",
+         lambda c: c.fmt in NVFP4_METHOD and c.a2a != "megamoe" and c.runner not in (
+             "auto", "flashinfer_megamoe", "marlin", "flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutedsl",
+             "flashinfer_cutlass", "cutlass", "experimental_sgl_trtllm", "lora_cutedsl", "lora_triton", "lora_marlin"),
+         "Unsupported moe_runner_backend for NVFP4 MoE: {runner}. Use --moe-runner-backend flashinfer_cutlass instead.",
+         _src(_MQ, "3366-3369", "ModelOptNvFp4FusedMoEMethod.apply", "0.5.17", "Unsupported moe_runner_backend for NVFP4 MoE")),
+    Rule("SG-MXFP4-ROCM", "sglang", lambda c: c.fmt in MXFP4_METHOD and c.family == "gfx942",
+         "Current platform gfx942 not support mxfp4 computation",
+         _src(_MX, "326-333", "Mxfp4Config.from_config", "0.5.10", "not support mxfp4 computation")),
+    Rule("SG-MXFP4-RUNNER", "sglang",
+         lambda c: c.fmt in MXFP4_METHOD and c.runner not in (
+             "auto", "aiter", "triton_kernel", "triton", "marlin", "deep_gemm", "flashinfer_mxfp4",
+             "lora_cutedsl", "lora_triton", "lora_marlin"),
+         "Mxfp4MoEMethod has no MoeRunner for backend={runner}.",
+         _src(_MX, "1433-1478", "Mxfp4MoEMethod.create_moe_runner", "0.5.21", "Mxfp4MoEMethod has no MoeRunner for backend")),
+    Rule("SG-MXFP4-MARLIN", "sglang", lambda c: c.fmt in MXFP4_METHOD and c.runner == "marlin" and c.family not in SM90_SM100_SM12X,
+         "MXFP4 Marlin requires SM90+.",
+         _src(_MX, "650-655", "Mxfp4MoEMethod.process_weights_after_loading", "0.5.17", "MXFP4 Marlin requires SM90+")),
+    Rule("SG-MXFP4-FI", "sglang",
+         lambda c: c.fmt in MXFP4_METHOD | {"dsv4_fp4"} and c.runner == "flashinfer_mxfp4" and c.family not in SM90_SM100_SM12X,
+         "moe_runner_backend=flashinfer_mxfp4 requires SM90, SM100, or SM120.",
+         _src(_MX, "416-441", "Mxfp4MoEMethod.__init__", "0.5.10", "requires SM90, SM100"), same_as=("V2",)),
+    Rule("SG-FP4EXPERT-MARLIN", "sglang",
+         lambda c: c.fmt == "dsv4_fp4" and c.runner == "marlin" and c.family not in ("sm90", "sm120", "sm121"),
+         "MXFP4 Marlin requires SM90 or SM120.",
+         _src("sglang/srt/layers/quantization/mxfp4_marlin_moe.py", "160-161", "Mxfp4MarlinMoEMethod.process_weights_after_loading",
+              "0.5.14", "MXFP4 Marlin requires SM90 or SM120")),
+    Rule("SG-FP8-CUTLASS", "sglang",
+         lambda c: c.fmt in FP8_METHOD and c.runner == "cutlass" and c.family not in SM90_SM100_SM12X,
+         "cutlass_fp8 MoE requires SM90, SM100, or SM120 GPUs",
+         _src(_F8, "1508-1517", "Fp8MoEMethod.__init__", "0.5.10", "cutlass_fp8 MoE requires SM90, SM100, or SM120")),
+    Rule("SG-FP4EXPERT-DEQUANT", "sglang",
+         lambda c: c.fmt == "dsv4_fp4" and c.truthy("SGLANG_DSV4_FP4_DEQUANT") and c.runner != "auto",
+         "{runner} is not compatible with SGLANG_DSV4_FP4_DEQUANT=1",
+         _src(_F8, "425-428", "Fp8Config.get_quant_method", "0.5.19", "is not compatible with SGLANG_DSV4_FP4_DEQUANT=1"),
+         same_as=("V4",)),
+)
