@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from importlib import metadata
 
-from . import registry
+from moe_core import registry
 
 KERNEL_PACKAGES = ("flashinfer-python", "triton")
 

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from moe_core.formats import EXPERT_FORMATS
 
 from . import formats as F
 from .finalize import DeferredMoEOutput  # noqa: F401  (re-exported: part of the experts contract)
-
-FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
 
 _QUANTIZE = {
     "bf16": lambda w: w.to(torch.bfloat16).contiguous(),
@@ -61,8 +60,8 @@ class ExpertWeights:
     extras: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.format not in FORMATS:
-            raise ValueError(f"unknown expert weight format {self.format!r}; known: {FORMATS}")
+        if self.format not in EXPERT_FORMATS:
+            raise ValueError(f"unknown expert weight format {self.format!r}; known: {EXPERT_FORMATS}")
         e, n13, h = self.w13.shape
         e2, h2, i = self.w2.shape
         if e != e2 or h != h2 or n13 != 2 * i:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from moe_core import registry
 
-from . import registry
 from .backends import load_backend
 from .experts import ExpertWeights
 from .reference import TorchExperts

@@ -11,11 +11,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from moe_kernels import registry
+from moe_core import registry
+from moe_core.checkpoint import CheckpointInfo
+from moe_core.formats import FORMATS
+from moe_core.gpu import FAMILIES
+from moe_core.plan import Plan
 
-from .checkpoint import FORMATS, CheckpointInfo
-from .gpu import FAMILIES
-from .plan import Plan
 from .planner import ALL_A2A, ALL_RUNNERS, SGLANG_A2A, SGLANG_RUNNERS, VLLM_MOE_BACKENDS
 
 

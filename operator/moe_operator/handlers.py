@@ -9,10 +9,10 @@ import random
 from typing import Any
 
 import kopf
+from moe_core.gpu import FAMILIES, from_name
 
 from . import API_GROUP, API_VERSION, PLURAL
 from .api import MoEDeploymentSpec
-from .gpu import FAMILIES, from_name
 from .inspection import InspectionFailed, InspectionPending, inspect_spec
 from .inventory import NodeInfo, build, node_info, pod_gpu_requests
 from .kube import Kube

@@ -5,7 +5,7 @@ One table, read by the planner (which flashinfer the bundled image has) and the 
 
 from __future__ import annotations
 
-from .gpu import GpuClass
+from moe_core.gpu import GpuClass
 
 RUNTIME_REPOSITORY = "ghcr.io/moe-operator/moe-runtime"
 RUNTIME_VERSION = "0.1.0"

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from moe_core.checkpoint import CheckpointInfo, InspectionError, TensorMeta, classify, inspect_dir
+
 from .api import MoEDeploymentSpec
-from .checkpoint import CheckpointInfo, InspectionError, TensorMeta, classify, inspect_dir
 from .metrics import INSPECTION_SECONDS
 
 log = logging.getLogger("moe_operator.inspection")

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .gpu import GpuClass, from_node_labels
+from moe_core.gpu import GpuClass, from_node_labels
 
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from moe_core.checkpoint import CheckpointInfo
+from moe_core.plan import Plan
+
 from .api import MoEDeploymentSpec
-from .checkpoint import CheckpointInfo
 from .inventory import ClassInventory
-from .plan import Plan
 from .planner import Choices, plan
 
 

@@ -44,8 +44,8 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .checkpoint import InspectionError, inspect_dir
-    from .gpu import GpuClassError, from_name
+    from moe_core.checkpoint import InspectionError, inspect_dir
+    from moe_core.gpu import GpuClassError, from_name
     from .planner import Choices, plan
 
     try:

@@ -6,7 +6,7 @@ The tuning rules live here and only here, as tables of rows (tuning-rules.md sec
   * select rows (S*, W*, B*) fill values the user left at `auto`; first matching row wins;
   * validate rows (V*, K*) run on the final values, explicit or selected;
   * env rows (E*) for engine environment variables.
-The bundled engine's rows are derived from the kernel-backend registry (`moe_kernels.registry`).
+The bundled engine's rows are derived from the kernel-backend registry (`moe_core.registry`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
-from moe_kernels import registry
-
-from .checkpoint import CheckpointInfo
-from .gpu import BLACKWELL, GpuClass
-from .plan import Decision, Plan, PlanCheckpoint, PlanEngine, PlanGpu, PlanMoE
+from moe_core import registry
+from moe_core.checkpoint import CheckpointInfo
+from moe_core.formats import EXPERT_FORMATS, expert_format
+from moe_core.gpu import BLACKWELL, GpuClass
+from moe_core.plan import Decision, Plan, PlanCheckpoint, PlanEngine, PlanGpu, PlanMoE
 
 ENGINES = ("bundled", "sglang", "vllm")
 DEFAULT_VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0", "bundled": "0.1.0"}
@@ -71,7 +71,7 @@ GPT_OSS = "GptOssForCausalLM"
 
 
 def vtuple(v: str | None) -> tuple[int, ...]:
-    return registry._version_tuple(v) if v else ()
+    return registry.version_tuple(v) if v else ()
 
 
 def truthy(v: str | None) -> bool:
@@ -532,7 +532,7 @@ def _plan_vllm(b: _Builder) -> PlanMoE:
 def _plan_bundled(b: _Builder) -> PlanMoE:
     """The bundled runtime's rules, derived from the kernel-backend registry (B rows)."""
     f = b.f
-    wfmt = registry.expert_weight_format(f.fmt)
+    wfmt = expert_format(f.fmt)
     family = f.fam
     installed = {"flashinfer-python": f.flashinfer, "triton": "3.6" if not f.rocm else None}
     if f.a2a != "none":
@@ -541,7 +541,7 @@ def _plan_bundled(b: _Builder) -> PlanMoE:
         b.errors.append("[B6] the bundled runtime serves one GPU per replica (tp=dp=1); use engine sglang or vllm for multi-GPU replicas")
     if wfmt is None:
         b.errors.append(f"[B0] the bundled runtime cannot load {f.fmt} expert weights; it supports "
-                        f"{', '.join(registry.EXPERT_WEIGHT_FORMATS)} (bf16, FP8 block, NVFP4, MXFP4): use engine sglang or vllm")
+                        f"{', '.join(EXPERT_FORMATS)} (bf16, FP8 block, NVFP4, MXFP4): use engine sglang or vllm")
         return PlanMoE(runnerBackend=f.choices.runner_backend, a2aBackend=f.a2a, deferredFinalize=False)
     fits = registry.candidates(family, wfmt, installed)
     user = f.choices.runner_backend

@@ -12,11 +12,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_core.gpu import from_name
 from pydantic import ValidationError
 
 from .api import Condition, MoEDeploymentSpec, WorkloadRef
 from .images import RUNTIME_REPOSITORY, runtime_image
-from .gpu import from_name
 from .inspection import InspectionFailed, InspectionPending, inspect_spec
 from .inventory import ClassInventory, fingerprint
 from .kube import ApplyError, Kube

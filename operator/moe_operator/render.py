@@ -17,9 +17,9 @@ import jinja2
 import yaml
 
 from .api import MoEDeploymentSpec
-from .gpu import GpuClass
+from moe_core.gpu import GpuClass
 from .images import RUNTIME_REPOSITORY, runtime_image
-from .plan import Plan
+from moe_core.plan import Plan
 
 TEMPLATES = Path(__file__).parent / "templates"
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,

@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+from moe_core.checkpoint import InspectionError, inspect_dir
+
 from .errors import RuntimeFailure
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -17,8 +19,6 @@ _TERMINATION_LIMIT = 4096  # Kubernetes truncates termination messages at 4 KiB
 
 
 def inspect_checkpoint(path: str | Path):
-    from moe_operator.checkpoint import InspectionError, inspect_dir
-
     try:
         return inspect_dir(path)
     except InspectionError as e:

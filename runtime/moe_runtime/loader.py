@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from moe_core.checkpoint import InspectionError, inspect_dir, read_safetensors_header
+from moe_core import formats
 
 from . import kcompat
 from .errors import RuntimeFailure
@@ -34,7 +36,7 @@ class Validated:
     root: Path
     config: dict[str, Any]
     arch: str
-    info: Any  # moe_operator.checkpoint.CheckpointInfo
+    info: Any  # moe_core.checkpoint.CheckpointInfo
     expert_format: str
     files: dict[str, list[str]]  # file name -> tensor names needed from it
     specs: dict[str, Any]
@@ -44,10 +46,6 @@ class Validated:
 
 def validate_checkpoint(path: str | Path) -> Validated:
     """Headers-only validation. Raises RuntimeFailure with the file/tensor and the problem."""
-    from moe_operator.checkpoint import InspectionError, inspect_dir, read_safetensors_header
-
-    from moe_kernels.registry import expert_weight_format
-
     root = Path(path)
     try:
         info = inspect_dir(root)
@@ -59,7 +57,7 @@ def validate_checkpoint(path: str | Path) -> Validated:
         raise RuntimeFailure(
             f"{root}: unsupported checkpoint format {info.format!r} ({info.formatSource}); the bundled runtime "
             f"loads {', '.join(LOADABLE_FORMATS)}")
-    expert_format = expert_weight_format(info.format)
+    expert_format = formats.expert_format(info.format)
     headers: dict[str, Any] = {}
     where: dict[str, str] = {}
     for f in sorted(root.glob("*.safetensors")):

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from moe_core import registry
+from moe_core.formats import EXPERT_FORMATS, expert_format
+
 from .errors import RuntimeFailure
 
 ENV_BACKEND = "MOE_RUNNER_BACKEND"
@@ -71,8 +74,6 @@ def _where(family: str, product: str | None) -> str:
 
 def resolve(plan: Mapping[str, Any] | None, family: str, product: str | None, info: Any,
             environ: Mapping[str, str], installed: dict[str, str | None]) -> Resolution:
-    from moe_kernels import registry
-
     reasons: list[str] = []
     warnings: list[str] = []
     plan = plan or {}
@@ -97,10 +98,10 @@ def resolve(plan: Mapping[str, Any] | None, family: str, product: str | None, in
     if moe.get("a2aBackend", "none") not in (None, "none"):
         raise RuntimeFailure(f"plan asks for all-to-all backend {moe['a2aBackend']!r}; the bundled runtime has none")
 
-    wfmt = registry.expert_weight_format(info.format)
+    wfmt = expert_format(info.format)
     if wfmt is None:
         raise RuntimeFailure(f"the bundled runtime cannot run {info.format} experts "
-                             f"(supported: {', '.join(registry.EXPERT_WEIGHT_FORMATS)})")
+                             f"(supported: {', '.join(EXPERT_FORMATS)})")
     env = effective_env(plan, environ)
     fits = registry.candidates(family, wfmt, installed)
     requested = env.get(ENV_BACKEND) or moe.get("runnerBackend") or "auto"
@@ -154,8 +155,6 @@ def resolve(plan: Mapping[str, Any] | None, family: str, product: str | None, in
 
 def deferred_for(backend: str, want: bool) -> tuple[bool, str | None]:
     """A fallback backend that cannot stop before finalize runs the plain path (and says so)."""
-    from moe_kernels import registry
-
     if want and not registry.get(backend).deferred_finalize:
         return False, f"{backend} cannot defer finalize: shared expert added after the routed sum"
     return want, None

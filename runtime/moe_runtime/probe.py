@@ -9,20 +9,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from moe_core.gpu import GFD_FAMILY_NAME, GpuClassError, family_from_compute
+
 from .errors import RuntimeFailure
 
-def gpu_family(major: int, minor: int) -> str:
-    """Compute capability -> registry family key, by the operator's own mapping (one table)."""
-    from moe_operator.gpu import GpuClassError, family_from_compute
 
+def gpu_family(major: int, minor: int) -> str:
+    """Compute capability -> registry family key, by moe_core.gpu's mapping (one table)."""
     try:
         return family_from_compute(major, minor)
     except GpuClassError:  # still report the device; the plan check will refuse it by name
         return f"sm{major}{minor}"
 
 
-_GFD_FAMILY = {"sm80": "ampere", "sm89": "ada-lovelace", "sm90": "hopper", "sm100": "blackwell",
-               "sm120": "blackwell", "sm121": "blackwell"}
 ANNOTATION_PREFIX = "moe.serving.dev/gpu."
 
 
@@ -103,14 +102,14 @@ def probe_nvml() -> ProbeResult:
 
 def node_annotations(result: ProbeResult) -> dict[str, str]:
     """The node-probe annotations: GPU Feature Discovery's label names under our prefix
-    (`nvidia.com/gpu.product` -> `moe.serving.dev/gpu.product`), read by moe_operator.gpu."""
+    (`nvidia.com/gpu.product` -> `moe.serving.dev/gpu.product`), read by moe_core.gpu."""
     g = result.gpus[0]
     major, minor = g.computeCapability.split(".")
     ann = {"product": g.name.replace(" ", "-"),  # GFD sanitises the NVML name the same way
            "compute.major": major, "compute.minor": minor, "count": str(result.count),
            "memory": str(g.memoryTotalBytes // (1024 * 1024))}
-    if g.family in _GFD_FAMILY:
-        ann["family"] = _GFD_FAMILY[g.family]
+    if g.family in GFD_FAMILY_NAME:
+        ann["family"] = GFD_FAMILY_NAME[g.family]
     if len({x.name for x in result.gpus}) > 1:  # mixed GPUs: the operator must not assume a class
         ann["product"] = "MIXED-" + "-".join(sorted({x.name.replace(" ", "-") for x in result.gpus}))
     return {ANNOTATION_PREFIX + k: v for k, v in ann.items()}

@@ -9,7 +9,8 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from moe_kernels.experts import FORMATS, ExpertWeights  # noqa: E402
+from moe_core.formats import EXPERT_FORMATS as FORMATS  # noqa: E402
+from moe_kernels.experts import ExpertWeights  # noqa: E402
 from moe_kernels.finalize import finalize_reference, moe_finalize_fuse_shared  # noqa: E402
 from moe_kernels.reference import TorchExperts  # noqa: E402
 from moe_kernels.routing import softmax_topk  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moe_kernels import registry
+from moe_core import registry
 from moe_operator.crd import crd
 from moe_operator.planner import ALL_A2A, ALL_RUNNERS
 

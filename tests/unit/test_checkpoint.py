@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from moe_operator.checkpoint import InspectionError, inspect_dir
+from moe_core.checkpoint import InspectionError, inspect_dir
 from moe_operator.sample_checkpoints import SAMPLES, write_safetensors, write_sample
 
 EXPECTED = {

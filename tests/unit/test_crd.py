@@ -6,7 +6,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from moe_kernels import registry
+from moe_core import registry
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.crd import crd, crd_yaml
 

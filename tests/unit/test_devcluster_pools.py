@@ -99,7 +99,7 @@ def test_pool_manifests_grow_only_missing_indices():
 
 def test_labels_are_read_back_by_the_operators_gpu_inventory():
     """The simulated nodes must classify as the operator's inventory expects."""
-    gpu = pytest.importorskip("moe_operator.gpu")
+    gpu = pytest.importorskip("moe_core.gpu")
     for pool, fam in [("h100", "sm90"), ("h200", "sm90"), ("b200", "sm100"), ("gb200", "sm100"),
                       ("rtx-pro-6000", "sm120"), ("mi300x", "gfx942")]:
         node = P.node_manifest(pool, 0)

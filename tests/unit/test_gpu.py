@@ -1,6 +1,6 @@
 import pytest
 
-from moe_operator.gpu import GpuClassError, family_from_compute, from_name, from_node_labels
+from moe_core.gpu import GpuClassError, family_from_compute, from_name, from_node_labels
 
 
 def gfd(product, major, minor, family=None, **extra):

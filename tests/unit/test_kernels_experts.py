@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from moe_kernels import formats as F
-from moe_kernels.experts import FORMATS, ExpertWeights
+from moe_core.formats import EXPERT_FORMATS as FORMATS
+from moe_kernels.experts import ExpertWeights
 from moe_kernels.finalize import DeferredMoEOutput
 from moe_kernels.reference import TorchExperts
 from moe_kernels.routing import softmax_topk

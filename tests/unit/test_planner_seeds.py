@@ -2,8 +2,8 @@
 
 import pytest
 
-from moe_operator.checkpoint import CheckpointInfo
-from moe_operator.gpu import from_name
+from moe_core.checkpoint import CheckpointInfo
+from moe_core.gpu import from_name
 from moe_operator.planner import Choices, plan
 
 

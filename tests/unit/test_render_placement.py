@@ -3,7 +3,7 @@
 import yaml
 
 from moe_operator.api import MoEDeploymentSpec
-from moe_operator.checkpoint import inspect_dir
+from moe_core.checkpoint import inspect_dir
 from moe_operator.handlers import validate_spec
 from moe_operator.inventory import build, fingerprint, node_info, pod_gpu_requests
 from moe_operator.placement import place

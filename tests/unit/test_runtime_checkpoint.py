@@ -6,7 +6,7 @@ import json
 import pytest
 from safetensors import safe_open
 
-from moe_operator.checkpoint import inspect_dir
+from moe_core.checkpoint import inspect_dir
 from moe_runtime.checkpoint_writer import make_checkpoint
 from moe_runtime.cli import main
 from moe_runtime.loader import validate_checkpoint
@@ -126,7 +126,7 @@ def test_gpu_family_mapping():
 
 def test_probe_annotations_are_read_back_by_the_operator(monkeypatch, capsys):
     import moe_runtime.probe as probe
-    from moe_operator.gpu import from_node_labels
+    from moe_core.gpu import from_node_labels
 
     result = probe.ProbeResult(count=8, driverVersion="580.159.03", cudaDriverVersion="13.0", gpus=[
         probe.GpuInfo(i, "NVIDIA H200", "9.0", "sm90", 143771 * 1024 * 1024) for i in range(8)])

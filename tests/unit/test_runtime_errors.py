@@ -158,7 +158,7 @@ class _Info:
 
 
 def test_auto_resolves_like_the_planner():
-    from moe_kernels import registry
+    from moe_core import registry
     from moe_runtime.plan_check import resolve
 
     installed = {"triton": "3.6.0", "flashinfer-python": None}
@@ -208,8 +208,9 @@ def test_selftest_failure_falls_back_and_counts(monkeypatch):
 
 def test_real_planner_output_is_accepted_and_checked(tmp_path):
     """Contract with moe_operator.planner: its JSON plan for this node passes; one for another GPU fails."""
-    from moe_operator import gpu, planner
-    from moe_operator.checkpoint import inspect_dir
+    from moe_core import gpu
+    from moe_core.checkpoint import inspect_dir
+    from moe_operator import planner
     from moe_runtime.plan_check import resolve
 
     d = make_checkpoint(tmp_path / "c", "deepseek_v3", "nvfp4", "tiny")

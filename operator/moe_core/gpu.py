@@ -20,6 +20,9 @@ FP4_TENSOR_CORES = frozenset({"sm100", "sm110", "sm120", "sm121", "gfx950"})
 BLACKWELL = frozenset({"sm100", "sm110", "sm120", "sm121"})
 
 GFD = "nvidia.com/gpu."
+# family key -> GFD's `nvidia.com/gpu.family` value (the node probe writes the same names)
+GFD_FAMILY_NAME = {"sm80": "ampere", "sm89": "ada-lovelace", "sm90": "hopper", "sm100": "blackwell",
+                   "sm120": "blackwell", "sm121": "blackwell"}
 
 
 class GpuClass(BaseModel):
@@ -166,8 +169,7 @@ def _from_nvidia(nv: dict[str, str], capacity: dict[str, str], arch: str, from_p
         raise GpuClassError(f"contradictory labels: product {product} is {PRODUCTS[base][1]} but "
                             f"compute capability {major}.{minor or 0} means {family}")
     gfd_family = nv.get(GFD + "family")
-    expected = {"sm80": "ampere", "sm89": "ada-lovelace", "sm90": "hopper", "sm100": "blackwell",
-                "sm120": "blackwell", "sm121": "blackwell"}.get(family)
+    expected = GFD_FAMILY_NAME.get(family)
     if gfd_family and expected and gfd_family != expected:
         raise GpuClassError(f"contradictory labels: nvidia.com/gpu.family={gfd_family} but compute "
                             f"capability {major}.{minor or 0} is {expected}")

@@ -4,43 +4,23 @@ Torch-free on purpose: the control plane's planner reads these capabilities to c
 for a GPU class, and the runtime reads the same entries to instantiate, self-test and fall back.
 No backend name is special-cased anywhere else.
 
-Weight formats are the *expert* weight formats (`bf16`, `fp8`, `nvfp4`, `mxfp4`); the mapping from a
-checkpoint format (e.g. `dsv4_fp4`) to its expert weight format lives in `expert_weight_format`.
+Weight formats are the *expert* weight formats (`moe_core.formats.EXPERT_FORMATS`); the mapping
+from a checkpoint format (e.g. `dsv4_fp4`) to its expert weight format is `moe_core.formats`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ALL_NVIDIA = frozenset({"sm80", "sm89", "sm90", "sm100", "sm110", "sm120", "sm121"})
-ALL_AMD = frozenset({"gfx942", "gfx950"})
+from .formats import EXPERT_FORMATS
+from .gpu import AMD_FAMILIES, NVIDIA_FAMILIES
+
+ALL_NVIDIA = frozenset(NVIDIA_FAMILIES)
+ALL_AMD = frozenset(AMD_FAMILIES)
 CPU = "cpu"
 
-EXPERT_WEIGHT_FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
 
-# checkpoint format (planner vocabulary, tuning-rules.md section 6) -> expert weight format
-_EXPERT_FORMAT_OF = {
-    "bf16": "bf16",
-    "fp8": "fp8",
-    "modelopt_fp8": "fp8",
-    "dsv4_fp8": "fp8",
-    "nvfp4": "nvfp4",
-    "ct_nvfp4": "nvfp4",
-    "mixed": "nvfp4",
-    "mixed_w4a16": "nvfp4",
-    "dsv4_nvfp4": "nvfp4",
-    "mxfp4": "mxfp4",
-    "ct_mxfp4_pack": "mxfp4",
-    "dsv4_fp4": "mxfp4",
-}
-
-
-def expert_weight_format(checkpoint_format: str) -> str | None:
-    """Expert weight format of a checkpoint format, or None when the bundled kernels cannot load it."""
-    return _EXPERT_FORMAT_OF.get(checkpoint_format)
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
+def version_tuple(v: str) -> tuple[int, ...]:
     out: list[int] = []
     for part in v.replace("-", ".").split("."):
         digits = "".join(ch for ch in part if ch.isdigit())
@@ -53,7 +33,7 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 def version_at_least(have: str | None, need: str) -> bool:
-    return have is not None and _version_tuple(have) >= _version_tuple(need)
+    return have is not None and version_tuple(have) >= version_tuple(need)
 
 
 @dataclass(frozen=True)
@@ -145,7 +125,7 @@ BACKENDS: tuple[BackendSpec, ...] = (
         name="triton",
         summary="Our Triton grouped GEMM: weight-only FP4/FP8 dequantised in registers, bf16 math (W4A16/W8A16), fused SiLU and fused finalize; FP4 decode/small batches on a fragment-order mma.sync kernel (SM80+)",
         families=ALL_NVIDIA,
-        weight_formats=frozenset(EXPERT_WEIGHT_FORMATS),
+        weight_formats=frozenset(EXPERT_FORMATS),
         deferred_finalize=True,
         priority=50,
         implementation="moe_kernels.triton_moe:TritonExperts",
@@ -155,7 +135,7 @@ BACKENDS: tuple[BackendSpec, ...] = (
         name="torch",
         summary="Torch reference experts (dequantise, bf16 matmul per expert); correct everywhere, slow",
         families=ALL_NVIDIA | ALL_AMD | {CPU},
-        weight_formats=frozenset(EXPERT_WEIGHT_FORMATS),
+        weight_formats=frozenset(EXPERT_FORMATS),
         deferred_finalize=True,
         priority=10,
         implementation="moe_kernels.reference:TorchExperts",

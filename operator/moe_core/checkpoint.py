@@ -24,15 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-# Formats (operator `fmt`, tuning-rules.md section 6). Kept as one tuple so the API enum and the
-# planner agree with the detector.
-FORMATS = (
-    "bf16", "fp8", "modelopt_fp8", "mxfp8", "nvfp4", "ct_nvfp4", "mixed", "mixed_w4a16", "w4afp8",
-    "mxfp4", "ct_int4_g32", "ct_mxfp4_pack", "dsv4_fp4", "dsv4_fp8", "dsv4_nvfp4", "other",
-)
-FP4_EXPERT_FORMATS = frozenset({
-    "nvfp4", "ct_nvfp4", "mixed", "mixed_w4a16", "mxfp4", "ct_mxfp4_pack", "dsv4_fp4", "dsv4_nvfp4",
-})
+from .formats import is_fp4
 
 DEEPSEEK_V4_ARCHS = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4DSparkForCausalLM"})
 
@@ -316,7 +308,7 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
         format=fmt,
         formatSource=source,
         quantMethod=raw_method,
-        expertsFp4=fmt in FP4_EXPERT_FORMATS,
+        expertsFp4=is_fp4(fmt),
         numExperts=num_experts,
         expertsPerToken=get("num_experts_per_tok", "moe_topk", "num_experts_per_token"),
         numSharedExperts=get("n_shared_experts", "num_shared_experts"),
