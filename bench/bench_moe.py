@@ -13,6 +13,8 @@ Correctness is checked against the torch reference at every size. All numbers co
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -28,7 +30,8 @@ from moe_kernels.experts import ExpertWeights  # noqa: E402
 from moe_kernels.formats import MxFp4Tensor, NvFp4Tensor  # noqa: E402
 from moe_kernels.reference import TorchExperts  # noqa: E402
 from moe_kernels.routing import softmax_topk  # noqa: E402
-from moe_kernels.triton_moe import FragConfig, GemmConfig, MoEConfig, TritonExperts, default_config  # noqa: E402
+from moe_kernels.triton_config import FragConfig, GemmConfig, MoEConfig, default_config  # noqa: E402
+from moe_kernels.triton_moe import TritonExperts  # noqa: E402
 
 E, H, I, K = 256, 7168, 2048, 8
 DEV = "cuda"
@@ -44,13 +47,16 @@ def bench(fn, graph=True):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
 
 
-def bench_without(ex: TritonExperts, switch: str, fn) -> float:
-    """fn timed with the boolean attribute `switch` of ex turned off (restored afterwards)."""
-    setattr(ex, switch, False)
+@contextlib.contextmanager
+def config_with(ex: TritonExperts, num_pairs: int, **fields):
+    """ex runs the config it would for num_pairs pairs with `fields` replaced (same-run A/Bs of the
+    MoEConfig path switches); its own config is restored afterwards."""
+    saved = ex.config
+    ex.config = dataclasses.replace(ex.config_for(num_pairs), **fields)
     try:
-        return bench(fn)
+        yield
     finally:
-        setattr(ex, switch, True)
+        ex.config = saved
 
 
 def copy_bandwidth() -> float:
@@ -110,8 +116,8 @@ def _c(bm, g1, g2):
 
 
 # (block_n, block_k, num_warps, num_stages, group_m, swap) per GEMM
-def _f(g1, g2):  # one-row CUDA-core configs: (block_n, block_k, num_warps)
-    return MoEConfig(1, GemmConfig(*g1, 1, fma=True), GemmConfig(*g2, 1, fma=True))
+def _f(g1, g2):  # one-row loop configs: (block_n, block_k, num_warps)
+    return MoEConfig(1, GemmConfig(*g1, 1, one_row=True), GemmConfig(*g2, 1, one_row=True))
 
 
 SWEEP = {
@@ -125,7 +131,6 @@ SWEEP = {
     "large": [
         _c(128, (128, 64, 8, 2, 8, False), (128, 64, 8, 2, 8, False)),
         MoEConfig(128, GemmConfig(128, 64, 8, 2, 8, swap=True), GemmConfig(128, 64, 8, 2, 8, swap=True)),
-        MoEConfig(128, GemmConfig(128, 64, 8, 2, 8, depth=3), GemmConfig(128, 64, 8, 2, 8, depth=3)),
         MoEConfig(128, GemmConfig(128, 64, 8, 3, 8), GemmConfig(128, 64, 8, 3, 8)),
         MoEConfig(128, GemmConfig(64, 64, 4, 2, 8, swap=True), GemmConfig(64, 64, 4, 2, 8, swap=True)),
         MoEConfig(64, GemmConfig(128, 64, 8, 2, 8, swap=True), GemmConfig(128, 64, 8, 2, 8, swap=True)),
@@ -220,16 +225,15 @@ def sweep(ex: TritonExperts, tokens: list[int], g):
         w, ids = softmax_topk(torch.randn(t, E, device=DEV, generator=g), K, True)
         cands = SWEEP["decode"] if t * K / min(E, t * K) <= 16 else SWEEP["large"]
         for i, cfg in enumerate(cands):
-            ex.config = cfg
             for asm in ((True, False) if i == 0 and t == tokens[0] else (True,)):
-                ex.asm = asm
+                ex.config = dataclasses.replace(cfg, asm=asm)
                 try:
                     us = bench(lambda: ex.forward(x, w, ids)) * 1e6
                     print(f"  sweep {ex.fmt} T={t} #{i} asm={int(asm)} {cfg}: {us:.1f} us", flush=True)
                 except Exception as exc:  # noqa: BLE001
                     print(f"  sweep {ex.fmt} T={t} #{i} {cfg}: failed {type(exc).__name__}: {str(exc)[:200]}",
                           flush=True)
-        ex.config, ex.asm = None, True
+        ex.config = None
 
 
 def main():
@@ -280,9 +284,17 @@ def main():
             fwd = lambda: ex.forward(x, w, ids)  # noqa: E731
             # same-run A/Bs: without programmatic dependent launch (one token), the finalize as its own
             # launch (one token), the fragment kernels on activations in natural K order (more tokens)
-            t_nopdl = bench_without(ex, "pdl", fwd) if ex.pdl and t == 1 else None
-            t_unfused = bench_without(ex, "fuse_finalize", fwd) if ex.frag and ex.fuse_finalize and t == 1 else None
-            t_nat = bench_without(ex, "coalesce", fwd) if ex.frag and ex.coalesce and t > 1 else None
+            cfg = ex.config_for(t * K)
+            t_nopdl = t_unfused = t_nat = None
+            if ex.can_pdl and cfg.pdl and t == 1:
+                with config_with(ex, t * K, pdl=False):
+                    t_nopdl = bench(fwd)
+            if ex.frag and cfg.fuse_finalize and t == 1:
+                with config_with(ex, t * K, fuse_finalize=False):
+                    t_unfused = bench(fwd)
+            if ex.frag and cfg.coalesce and t > 1:
+                with config_with(ex, t * K, coalesce=False):
+                    t_nat = bench(fwd)
             # baseline inputs: tokens sorted by expert, int32 offsets
             flat = ids.flatten().long()
             order = torch.argsort(flat, stable=True)

@@ -25,9 +25,10 @@ import triton.testing
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "kernels"))
 
-from bench_moe import DEV, E, H, I, K, copy_bandwidth, random_weights  # noqa: E402
+from bench_moe import DEV, E, H, I, K, config_with, copy_bandwidth, random_weights  # noqa: E402
+from moe_kernels.triton_config import FragConfig, MoEConfig, default_config  # noqa: E402
 from moe_kernels.triton_frag import STEP_K, SUB, FragWeights  # noqa: E402
-from moe_kernels.triton_moe import FragConfig, MoEConfig, TritonExperts, default_config  # noqa: E402
+from moe_kernels.triton_moe import TritonExperts  # noqa: E402
 
 
 def us(fn) -> float:
@@ -47,7 +48,7 @@ def _stub_experts(fmt: str, experts: int) -> TritonExperts:
     """A TritonExperts with zero fragment weights of the real shapes (no packing), for compiling."""
     ex = object.__new__(TritonExperts)
     ex.fmt, ex.E, ex.H, ex.I = fmt, experts, H, I
-    ex.pdl, ex.coalesce, ex.fuse_finalize, ex._pairwise_perm, ex._fin_counts = True, True, True, {}, {}
+    ex.config, ex.can_pdl, ex._pairwise_perm, ex._fin_counts = None, True, {}, {}
 
     def zeros(n, k):
         step, sub = STEP_K[fmt], SUB[fmt]
@@ -58,14 +59,16 @@ def _stub_experts(fmt: str, experts: int) -> TritonExperts:
     return ex
 
 
-def launches(ex: TritonExperts, x, w, ids, which: int, cfg: FragConfig, fin: bool = False):
-    """The one launch of GEMM `which` (1: gate/up, 2: down) on the pairwise blocks of one token."""
+def launches(ex: TritonExperts, x, w, ids, which: int, cfg: FragConfig, fin: bool = False, pdl: bool | None = None):
+    """The one launch of GEMM `which` (1: gate/up, 2: down) on the pairwise blocks of one token, as the
+    forward launches it (coalesced intermediate; pdl: PDL code and launch, None: where the forward uses it)."""
     al = ex._pairwise(ids)
     inter, gemm2_out = ex._buffers(al.p_max, x.device)
     fargs = ex._fused_finalize_args(gemm2_out, w, al.perm, None, 1.0) if fin else None
+    pdl = ex.can_pdl if pdl is None else pdl
     if which == 1:
-        return lambda: ex._launch_frag(ex.f13, x, inter, al, ex.I, cfg, True, True, K, K, False, ex.coalesce)
-    return lambda: ex._launch_frag(ex.f2, inter, gemm2_out, al, ex.H, cfg, False, False, K, K, ex.coalesce, fin=fargs)
+        return lambda: ex._launch_frag(ex.f13, x, inter, al, ex.I, cfg, True, K, K, operm=True, pdl=pdl)
+    return lambda: ex._launch_frag(ex.f2, inter, gemm2_out, al, ex.H, cfg, False, K, K, xco=True, fin=fargs, pdl=pdl)
 
 
 def forward_us(ex: TritonExperts, x, w, ids, g1, g2, gate_up_pdl: bool = True) -> float:
@@ -134,18 +137,16 @@ def main():
         cfg = default_config(fmt, K, E, True)
         row = {"limit_us": (b1 + b2) / bw * 1e6, "g1_limit_us": b1 / bw * 1e6, "g2_limit_us": b2 / bw * 1e6}
         row["forward_fused"] = us(lambda: ex.forward(x, w, ids))
-        ex.fuse_finalize = False
-        row["forward_unfused"] = us(lambda: ex.forward(x, w, ids))
-        unfused = ex.forward(x, w, ids)
-        ex.fuse_finalize = True
+        with config_with(ex, K, fuse_finalize=False):
+            row["forward_unfused"] = us(lambda: ex.forward(x, w, ids))
+            unfused = ex.forward(x, w, ids)
         row["bit_equal"] = bool(torch.equal(ex.forward(x, w, ids), unfused))
         # A/B, interleaved three times: finalize fused into the down GEMM, or its own launch
         ab = {"fused finalize": [], "finalize launch": []}
         for _ in range(3):
             for name in ab:
-                ex.fuse_finalize = name == "fused finalize"
-                ab[name].append(us(lambda: ex.forward(x, w, ids)))
-        ex.fuse_finalize = True
+                with config_with(ex, K, fuse_finalize=name == "fused finalize"):
+                    ab[name].append(us(lambda: ex.forward(x, w, ids)))
         # gate/up GEMM launched with PDL (placed beside the previous kernel's programs) or not, at 4 and 5
         # stages (NVFP4: three 4-stage programs fit on an SM)
         d1 = default_config(fmt, K, E, True).gemm1
@@ -174,21 +175,19 @@ def main():
         if args.sweep:
             # each launch alone, without PDL: with it, a launch's CTAs are placed while the previous
             # replay's are still resident, which unbalances them over the SMs (see bench/README.md)
-            ex.pdl = False
             best = {}
             for which in (1, 2):
                 lim_g = row[f"g{which}_limit_us"]
                 times = {}
                 for c in candidates(which):
                     try:
-                        times[c] = us(launches(ex, x, w, ids, which, FragConfig(1, *c)))
+                        times[c] = us(launches(ex, x, w, ids, which, FragConfig(1, *c), pdl=False))
                     except Exception as exc:  # noqa: BLE001
                         print(f"  gemm{which} {c}: failed {type(exc).__name__}: {str(exc)[:200]}")
                 best[which] = [c for c, _ in sorted(times.items(), key=lambda kv: kv[1])]
                 print(f"  gemm{which} alone, no PDL (rt, wn, wk, pipe): " + ", ".join(
                     f"{c} {times[c]:.1f} ({100 * lim_g / times[c]:.0f}%)" for c in best[which]), flush=True)
                 row[f"sweep{which}"] = {str(c): times[c] for c in best[which]}
-            ex.pdl = True
             # whole forwards (fused finalize, PDL) on the best few of each
             d1 = (cfg.gemm1.rt, cfg.gemm1.wn, cfg.gemm1.wk, cfg.gemm1.pipe)
             d2 = (cfg.gemm2.rt, cfg.gemm2.wn, cfg.gemm2.wk, cfg.gemm2.pipe)

@@ -4,6 +4,8 @@ Fresh random inputs per case; outputs are poisoned (the caching allocator hands 
 filled with NaN) so an unwritten element shows up as NaN instead of a stale or zero value.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ from moe_kernels.triton_align import align_by_expert  # noqa: E402
 from alignment_checks import check_mixed as _check_mixed  # noqa: E402
 from alignment_checks import check_split as _check_split  # noqa: E402
 from alignment_checks import check_pair_order as _check_pair_order  # noqa: E402
+from moe_kernels.triton_config import FragConfig, GemmConfig, MoEConfig, default_config  # noqa: E402
 from moe_kernels.triton_moe import TritonExperts  # noqa: E402
 
 DEV = "cuda"
@@ -168,7 +171,6 @@ FRAG_CONFIGS = [  # nt, rt, wn, wk, pipe: one row tile / two per warp, K split o
 @pytest.mark.parametrize("cfg", FRAG_CONFIGS, ids=lambda c: "nt{}rt{}wn{}wk{}p{}".format(*c))
 @pytest.mark.parametrize("t,k", [(1, 8), (7, 4), (40, 8)])
 def test_fragment_kernel_matches_reference(fmt, cfg, t, k):
-    from moe_kernels.triton_moe import FragConfig, MoEConfig
     nt, rt, wn, wk, pipe = cfg
     e, h, i = 16, 1024, 512
     weights, x, w, ids, shared = _problem(fmt, e, h, i, t, k, seed=hash((fmt, cfg, t)) % 10000)
@@ -198,7 +200,8 @@ def test_fragment_kernel_one_token_without_alignment_skips_other_ranks(fmt):
     again = _graph_replay(lambda: ex.forward(x, w, ids, shared_output=shared))
     assert torch.equal(again, out)
     # programmatic dependent launch changes when kernels start, never what they compute
-    assert torch.equal(TritonExperts(weights, frag=True, pdl=False).forward(x, w, ids, shared_output=shared), out)
+    no_pdl = replace(default_config(fmt, 8, 16, True), pdl=False)
+    assert torch.equal(TritonExperts(weights, no_pdl, frag=True).forward(x, w, ids, shared_output=shared), out)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -212,8 +215,7 @@ def test_one_token_fused_finalize_is_the_finalize_kernel(fmt, wdtype):
     ids[0, 2] = -1
     w = w.to(wdtype)
     ex = TritonExperts(weights, frag=True)
-    unfused = TritonExperts(weights, frag=True)
-    unfused.fuse_finalize = False
+    unfused = TritonExperts(weights, replace(default_config(fmt, 8, 16, True), fuse_finalize=False), frag=True)
     for sh, rs in ((shared, 1.5), (None, 1.0)):
         _poison_allocator()
         want = unfused.forward(x, w, ids, shared_output=sh, routed_scale=rs)
@@ -239,7 +241,6 @@ def test_one_token_fused_finalize_is_the_finalize_kernel(fmt, wdtype):
 def test_fragment_kernel_mixed_blocks(fmt):
     # ~10 rows per expert: the default mixes 16-row blocks (experts with > 8 rows, here also one with
     # > 16) and 8-row blocks; other ranks' pairs are skipped
-    from moe_kernels.triton_moe import default_config
     e, h, i, t, k = 16, 1024, 512, 40, 4
     weights, x, w, ids, shared = _problem(fmt, e, h, i, t, k, seed=31)
     ids = ids.clone()
@@ -280,7 +281,6 @@ def test_split_align_puts_remainders_in_tail_blocks():
 def test_tl_dot_tiles_with_fragment_tail_blocks(fmt, bm, tail_rows):
     # ~150 rows per expert, one expert with many more, other ranks' pairs: full bm-row tl.dot tiles,
     # remainders of <= tail_rows rows in 16-row fragment-kernel blocks (the rest: one more tile)
-    from moe_kernels.triton_moe import FragConfig, GemmConfig, MoEConfig
     e, h, i, t, k = 16, 1024, 512, 600, 4
     weights, x, w, ids, shared = _problem(fmt, e, h, i, t, k, seed=41 + bm)
     ids = ids.clone()
@@ -308,17 +308,14 @@ def test_coalesced_activation_order_changes_no_bit(fmt, t, k):
     # GEMM1 reading a reordered x and writing the intermediate reordered, GEMM2 reading it so: the same
     # K pairs meet in every MMA, so the output is bit-identical to the natural order (8-row, mixed,
     # 16-row and tile + tail paths)
-    from moe_kernels.triton_moe import FragConfig, GemmConfig, MoEConfig
     weights, x, w, ids, shared = _problem(fmt, 16, 1024, 512, t, k, seed=51 + t)
-    cfg = None
+    cfg = default_config(fmt, t * k, 16, True)
     if t == 600:
         tile = GemmConfig(128, 64, 8, 2, 8)
         cfg = MoEConfig(128, tile, tile, tail=(FragConfig(2, 4, 1, 1, 3), FragConfig(2, 4, 1, 1, 3)), tail_rows=64)
-    ex = TritonExperts(weights, cfg, frag=True)
-    assert ex.coalesce
+    assert cfg.coalesce
     _poison_allocator()
-    out = ex.forward(x, w, ids, shared_output=shared)
-    ex.coalesce = False
-    natural = ex.forward(x, w, ids, shared_output=shared)
+    out = TritonExperts(weights, cfg, frag=True).forward(x, w, ids, shared_output=shared)
+    natural = TritonExperts(weights, replace(cfg, coalesce=False), frag=True).forward(x, w, ids, shared_output=shared)
     assert torch.equal(out, natural)
     assert _rel(out, TorchExperts(weights).forward(x, w, ids, shared_output=shared)) < 1e-2

@@ -126,7 +126,7 @@ def test_default_configs_are_ones_the_fragment_kernel_takes(fmt):
     # every default below FRAG_MAX_ROWS is a fragment config whose (rt, nt) has generated PTX, with
     # block_m matching its token tiles; above it the tiled kernel takes over
     from moe_kernels.triton_frag import frag_asm_args
-    from moe_kernels.triton_moe import FRAG_MAX_ROWS, FRAG_MIXED_ROWS, FRAG_NT1_ROWS, FragConfig, default_config
+    from moe_kernels.triton_config import FRAG_MAX_ROWS, FRAG_MIXED_ROWS, FRAG_NT1_ROWS, FragConfig, default_config
     for tokens in (1, 2, 8, 16, 64, 128, 200, 256, 384, 1024, 1280, 2048, 2600, 4096, 8192):
         cfg = default_config(fmt, tokens * 8, 256, frag=True)
         rows = tokens * 8 / min(256, tokens * 8)

@@ -14,7 +14,8 @@ SCRIPT = r"""
 import os, sys, torch
 from moe_kernels.experts import ExpertWeights
 from moe_kernels.reference import TorchExperts
-from moe_kernels.triton_moe import TritonExperts, MoEConfig, GemmConfig
+from moe_kernels.triton_config import GemmConfig, MoEConfig
+from moe_kernels.triton_moe import TritonExperts
 from moe_kernels.routing import softmax_topk
 from moe_kernels.triton_align import align_by_expert
 torch.manual_seed(0)
@@ -30,10 +31,8 @@ ids[0, -1] = -1   # an expert of another rank
 shared = torch.randn(t, H).bfloat16()
 ref = TorchExperts(ew).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
 cfg = MoEConfig(16, GemmConfig(32, 128, 4, 1, swap=swap), GemmConfig(64, 64, 4, 1, swap=swap))
-if mode == "fma":  # one row per block on the CUDA cores (FP4 decode path)
-    cfg = MoEConfig(1, GemmConfig(32, 64, 4, 1, fma=True), GemmConfig(64, 64, 4, 1, fma=True))
-if mode == "pipe":  # the same with the cp.async-pipelined loop
-    cfg = MoEConfig(1, GemmConfig(32, 64, 4, 1, fma=True, pipe=3), GemmConfig(64, 64, 4, 1, fma=True, pipe=3))
+if mode == "row":  # one row per block: the one-row FP4 decode loop (its portable decode here)
+    cfg = MoEConfig(1, GemmConfig(32, 64, 4, 1, one_row=True, pipe=3), GemmConfig(64, 64, 4, 1, one_row=True, pipe=3))
 out = TritonExperts(ew, cfg).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
 err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 al = align_by_expert(ids, E, 16)
@@ -48,7 +47,7 @@ print("RESULT", err, ok_perm)
 
 
 @pytest.mark.parametrize("fmt,mode", [(f, m) for f in ("bf16", "fp8", "nvfp4", "mxfp4") for m in ("mma", "swap")]
-                         + [(f, m) for f in ("nvfp4", "mxfp4") for m in ("fma", "pipe")])
+                         + [(f, "row") for f in ("nvfp4", "mxfp4")])
 def test_triton_moe_in_interpreter(fmt, mode):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     res = subprocess.run([sys.executable, "-c", SCRIPT, fmt, "5", "3", mode], env=env, capture_output=True, text=True,
@@ -153,7 +152,8 @@ def test_coalesced_activation_order_in_interpreter():
 TAIL_NEEDS_FRAG = r"""
 import torch
 from moe_kernels.experts import ExpertWeights
-from moe_kernels.triton_moe import FragConfig, GemmConfig, MoEConfig, TritonExperts
+from moe_kernels.triton_config import FragConfig, GemmConfig, MoEConfig
+from moe_kernels.triton_moe import TritonExperts
 ew = ExpertWeights.from_dense(torch.randn(4, 256, 256), torch.randn(4, 256, 128), "nvfp4")
 tile = GemmConfig(32, 128, 4, 1)
 cfg = MoEConfig(16, tile, tile, tail=(FragConfig(2, 4, 1, 1, 3), FragConfig(2, 4, 1, 1, 3)), tail_rows=8)

@@ -1,0 +1,151 @@
+"""Launch configurations of the Triton MoE experts and the default choice by rows per expert.
+
+All numbers behind the defaults and thresholds are H200 measurements in bench/README.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One GEMM on the tile kernel (triton_tile.py)."""
+    block_n: int
+    block_k: int
+    num_warps: int      # (one_row: derived from block_n instead, 8 weight bytes per thread)
+    num_stages: int
+    group_m: int = 1
+    swap: bool = False  # weights as the MMA's left operand (token rows as its N dimension)
+    one_row: bool = False  # FP4, block_m=1: the one-row decode loop (triton_row.py)
+    pipe: int = 4       # one_row: cp.async stages of its K loop
+
+    def __post_init__(self):
+        if self.one_row and self.pipe < 1:
+            raise ValueError(f"the one-row loop needs at least one cp.async stage, got pipe={self.pipe}")
+
+
+@dataclass(frozen=True)
+class FragConfig:
+    """FP4 fragment-order kernel (triton_frag.py): 8*nt token rows per block; each warp takes rt
+    16-row weight tiles; wn x wk warps per program (wk: warps splitting K); pipe: cp.async stages."""
+    nt: int = 1
+    rt: int = 1
+    wn: int = 4
+    wk: int = 1
+    pipe: int = 4
+    group_m: int = 1
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    block_m: int
+    gemm1: GemmConfig | FragConfig
+    gemm2: GemmConfig | FragConfig
+    # fragment kernel, mixed blocks (triton_align.align_mixed): gemm1/gemm2 (nt=2) run the 16-row blocks
+    # of experts with > 8 rows, these two (nt=1) the one 8-row block of each other expert
+    small: tuple[FragConfig, FragConfig] | None = None
+    # tl.dot tiles (block_m rows) with 16-row fragment-kernel tail blocks (triton_align.align_split):
+    # an expert's remainder of at most tail_rows rows past its full block_m blocks runs in these two
+    # (nt=2) configs instead of one more, mostly padded, block_m-row tile. Needs the fragment copy.
+    tail: tuple[FragConfig, FragConfig] | None = None
+    tail_rows: int = 0
+    # one token (pairwise) under PDL: launch the gate/up GEMM early too (its programs are then placed
+    # beside the previous kernel's, which can stack them unevenly over the SMs; see default_config)
+    gate_up_pdl: bool = True
+    # Path switches. The defaults are the measured winners; False exists for same-run A/Bs (benches)
+    # and bit-equality tests, so they are fields here rather than flags to flip on an experts object.
+    pdl: bool = True            # one token: programmatic dependent launch where the device has it (pdl.py)
+    fuse_finalize: bool = True  # one token: the down GEMM finalizes (False: a finalize launch)
+    coalesce: bool = True       # fragment kernel: activations in the coalesced K order (False: natural)
+    asm: bool = True            # tile kernel: inline-PTX FP4 decode (False: the portable Triton decode)
+
+    @property
+    def frag(self) -> bool:
+        return isinstance(self.gemm1, FragConfig)
+
+
+# 128-row tl.dot tiles of large batches (both GEMMs)
+TILE128 = GemmConfig(128, 64, 8, 2, 8)
+
+# Above this many rows per expert, mixed blocks (align_mixed: 16-row blocks for experts with > 8 rows,
+# one 8-row block for the others) instead of 8-row blocks only, of which an expert with 9-16 rows
+# needs two (its weights read and decoded twice). Below, hardly any expert has > 8 rows (Poisson:
+# P(rows > 8) < 4% at 4 rows), so the extra two launches of the mixed path are not worth it.
+# Set from the 256-token runs, not measured at the boundary itself.
+FRAG_NT1_ROWS = 6
+# Up to this many rows per expert, mixed 8/16-row blocks; above, 16-row blocks only.
+FRAG_MIXED_ROWS = 12
+# Rows per expert up to which the fragment-order kernel (8 or 16 token rows per block, no shared-memory
+# operand staging) is used; above, 128-row tensor-core tiles share activations between warps. Measured
+# at 32 and 64 rows (1024, 2048 tokens: frag faster) and 128 (4096: frag 19.6-20.5 ms against
+# 12.8-13.3 for tiles + tails); the crossover between 64 and 128 rows is interpolated, not measured.
+FRAG_MAX_ROWS = 80
+
+# Without the fragment copy: rows per expert up to which the one-row loop wins. It re-reads an
+# expert's weights for every row, so it pays off only while nearly every expert has a single row.
+ONE_ROW_MAX_ROWS = 1.5
+
+
+def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = False) -> MoEConfig:
+    """Tile choice by rows per touched expert (measured on an H200, see bench/README.md).
+
+    FP4 with the fragment copy (frag=True), up to FRAG_MAX_ROWS rows per expert: the fragment-order
+    kernel (triton_frag.py) with 8-row blocks (one token: pairwise, no alignment launches), above
+    FRAG_NT1_ROWS mixed 8/16-row blocks, above FRAG_MIXED_ROWS 16-row blocks; beyond FRAG_MAX_ROWS
+    128-row tiles with 16-row fragment tail blocks (align_split). Without it, FP4 decode runs the
+    one-row cp.async loop with mma.sync (triton_row.py) and small batches 16-row tensor-core tiles.
+    Large batches: 128-row tiles reuse each dequantised weight tile 128 times. Register counts were
+    read from the compiled SM90 cubins (no spills)."""
+    rows = num_pairs / max(1, min(num_experts, num_pairs))
+    fp4 = fmt in ("nvfp4", "mxfp4")
+    nt2 = FragConfig(2, 4, 1, 1, 3)   # 16-row blocks, four row tiles per warp
+    if fp4 and frag and rows <= FRAG_MAX_ROWS:
+        # (nt, rt, wn, wk, pipe[, group_m]) from the H200 sweeps in bench/README.md. MXFP4 GEMM1 keeps
+        # two row tiles per warp with 8-row blocks at 2-8 rows per expert (four: more registers in its
+        # 4-sub-step loop; slower there, faster at one token since the cheaper word decode).
+        if rows <= 1.5:   # decode: few programs, so GEMM1 splits K over two warps to fill the SMs.
+            # Launched early (PDL), GEMM1's programs are placed while the previous kernel's are still
+            # resident: where three fit on an SM (NVFP4 with 4 stages), some SMs got three and others
+            # none (+20% time). MXFP4's 3-stage programs take > 1/3 of an SM's shared memory (at most
+            # two per SM): launched early. NVFP4 keeps 4 stages and waits for the previous kernel
+            # (64.6 us against 65.5 with 5 stages launched early; one-token A/B in bench/README.md).
+            # Down GEMM: one-warp programs (also the fused finalize's column blocks).
+            if fmt == "nvfp4":
+                return MoEConfig(8, FragConfig(1, 4, 1, 2, 4), FragConfig(1, 4, 1, 1, 3), gate_up_pdl=False)
+            return MoEConfig(8, FragConfig(1, 4, 1, 2, 3), FragConfig(1, 4, 1, 1, 3))
+        if rows <= FRAG_NT1_ROWS:   # 8-row token blocks: nearly every expert fits in one
+            g1 = FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)
+            g2 = FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)
+            return MoEConfig(8, g1, g2)
+        if rows <= FRAG_MIXED_ROWS:
+            # mixed blocks: 16-row blocks for the experts with > 8 rows (one block instead of re-reading
+            # and re-decoding their weights for a second 8-row block), one 8-row block for the others.
+            # Measured at 256 tokens: 2% (NVFP4) / 6% (MXFP4) faster than 16-row blocks only; with every
+            # row real, both block sizes cost ~1.4x the bandwidth limit per weight byte there
+            small = ((FragConfig(1, 4, 1, 2, 3) if fmt == "nvfp4" else FragConfig(1, 2, 2, 1, 3)),
+                     (FragConfig(1, 4, 1, 1, 4, 2) if fmt == "nvfp4" else FragConfig(1, 4, 2, 1, 3, 2)))
+            return MoEConfig(16, nt2, nt2, small)
+        # 16-row blocks only: at 1024 tokens (~32 rows per expert) 5.5 ms NVFP4 against 8.5 ms for
+        # 32-row tl.dot tiles (MXFP4 5.9 / 6.6), at 2048 (~64 rows) 10.3 / 13.1-17.6 ms for 64-row
+        # tiles with or without tails (MXFP4 10.9 / 10.9-13.8)
+        return MoEConfig(16, nt2, nt2)
+    if fp4 and frag:
+        # 128-row tl.dot tiles; an expert's remainder of up to a quarter tile goes to 16-row tail blocks
+        # instead of one more, mostly padded tile (align_split; at 4096 tokens about half the experts
+        # have a few rows over 128: 12.8 ms against 16.4 ms for both formats, any bound from 32 to 96)
+        return MoEConfig(128, TILE128, TILE128, tail=(nt2, nt2), tail_rows=32)
+    if not fp4:  # bf16 / fp8: not tuned; plain tiles
+        if rows <= 16:
+            return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
+        return MoEConfig(64, GemmConfig(64, 64, 4, 3, 8), GemmConfig(128, 64, 8, 3, 8))
+    if rows <= ONE_ROW_MAX_ROWS:
+        return MoEConfig(1, GemmConfig(32, 64, 4, 1, one_row=True, pipe=4),
+                         GemmConfig(32, 64, 4, 1, one_row=True, pipe=4))
+    if rows <= 16:
+        return MoEConfig(16, GemmConfig(64, 64, 4, 2), GemmConfig(64, 64, 4, 2))
+    if rows <= 48:
+        return MoEConfig(32, GemmConfig(64, 64, 4, 2, 4, swap=True), GemmConfig(128, 64, 8, 2, 4, swap=True))
+    if rows <= 96:
+        return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
+    return MoEConfig(128, TILE128, TILE128)
