@@ -94,7 +94,8 @@ def main() -> int:
         log = open(state / "operator.log", "w")
         op = subprocess.Popen([sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", kubeconfig,
                                "--standalone", "--metrics-port", str(port), "--liveness", "", "--log-level", "warning",
-                               "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints")],
+                               "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints"),
+                               "--allow-host-path", "/models"],
                               stdout=log, stderr=subprocess.STDOUT, env=env)
         time.sleep(3)
         cpu0, _ = proc_stats(op.pid)

@@ -23,8 +23,30 @@ from .planner import ALL_A2A, ALL_RUNNERS, SGLANG_A2A, SGLANG_RUNNERS, VLLM_MOE_
 def _cel_list(values) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
-MODEL_URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?|file:///.*)$"
+# A revision may not start with '-' (it reaches engines as a command-line argument) or '.'.
+MODEL_URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9_][A-Za-z0-9._/-]*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?|file:///.*)$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+
+# Env names a MoEDeployment may not set: they load code into every process of the engine
+# (LD_*), let the container runtime hand out GPUs or driver capabilities the pod was not
+# given (NVIDIA_*, the device plugin's own variables), or collide with what the operator sets
+# for multi-node rendezvous (LWS_*). HF_TOKEN is refused only beside model.tokenSecretRef.
+RESERVED_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+                      "PYTHONSTARTUP")
+RESERVED_ENV_PREFIXES = ("LD_", "NVIDIA_", "LWS_")
+ENV_TOTAL_BYTES = 65536  # names + values; keeps status.plan and kopf's annotations far below their limits
+
+# metadata.name becomes a Service name (DNS-1035 label), label values (63) and pod names with
+# LeaderWorkerSet suffixes: refuse at admission what the API server would refuse later.
+NAME_MAX = 52
+NAME_RULES = [
+    {"rule": f"self.metadata.name.size() <= {NAME_MAX}",
+     "message": f"metadata.name must be at most {NAME_MAX} characters (it names the Service, labels and pods)"},
+    {"rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+     "message": "metadata.name must be a DNS-1035 label (lower case letters, digits and '-', starting with a letter): it names the Service"},
+]
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 
 
 def _cel(*rules: tuple[str, str]) -> dict:
@@ -36,11 +58,16 @@ class _Model(BaseModel):
 
 
 class SecretKeyRef(_Model):
-    name: str = Field(min_length=1, max_length=253, description="Secret in the MoEDeployment's namespace")
-    key: str = Field("token", min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                      description="Secret in the MoEDeployment's namespace; it must carry the label moe.serving.dev/model-token=true")
+    key: str = Field("token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
 class ModelSource(_Model):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
+        ("!self.uri.contains('/../') && !self.uri.endsWith('/..') && !self.uri.contains('/./') && !self.uri.endsWith('/.')",
+         "model.uri must not contain '.' or '..' path segments"),
+    ))
     uri: str = Field(pattern=MODEL_URI_PATTERN, max_length=2048,
                      description="hf://org/name[@revision], pvc://claim/sub/path or file:///path")
     format: Literal[("auto",) + FORMATS] = Field(  # type: ignore[valid-type]
@@ -77,6 +104,12 @@ class MoESpec(_Model):
 
 
 class EnvVar(_Model):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
+        ("!(self.name in " + _cel_list(RESERVED_ENV_NAMES) + ") && "
+         + " && ".join(f"!self.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES),
+         "env name is reserved: " + ", ".join(RESERVED_ENV_NAMES) + " and names starting with "
+         + ", ".join(RESERVED_ENV_PREFIXES) + " load code into the engine, widen its GPU access or collide with the operator's own"),
+    ))
     name: str = Field(pattern=ENV_NAME_PATTERN, max_length=256)
     value: str = Field("", max_length=32768)
 
@@ -85,20 +118,26 @@ class GpuSelection(_Model):
     allowedArchitectures: list[Literal[FAMILIES]] = Field(  # type: ignore[valid-type]
         default_factory=list, max_length=len(FAMILIES),
         description="GPU architectures the operator may place this on (empty: any that can run it)")
-    product: str | None = Field(None, max_length=128, description="pin to one nvidia.com/gpu.product")
+    product: str | None = Field(None, max_length=63, pattern=LABEL_VALUE_PATTERN,
+                                description="pin to one nvidia.com/gpu.product")
 
 
 class Toleration(_Model):
-    key: str | None = Field(None, max_length=316)
+    key: str | None = Field(None, max_length=316, pattern=LABEL_KEY_PATTERN)
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = Field(None, max_length=63)
+    value: str | None = Field(None, max_length=63, pattern=LABEL_VALUE_PATTERN)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     tolerationSeconds: int | None = None
 
 
+_QUANTITIES = ("self.all(k, isQuantity(self[k]))", "resource values must be Kubernetes quantities (e.g. 500m, 64Gi)")
+_RESOURCE_NAMES = ("self.all(k, k.matches('" + LABEL_KEY_PATTERN.replace("\\", "\\\\") + "'))",
+                   "resource names must be qualified names (e.g. cpu, memory, example.com/foo)")
+
+
 class Resources(_Model):
-    requests: dict[str, str] = Field(default_factory=dict)
-    limits: dict[str, str] = Field(default_factory=dict)
+    requests: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES, _RESOURCE_NAMES))
+    limits: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES, _RESOURCE_NAMES))
 
 
 class ServiceSpec(_Model):
@@ -131,6 +170,10 @@ class MoEDeploymentSpec(_Model):
          "not a vLLM --moe-backend; valid: " + ", ".join(VLLM_MOE_BACKENDS)),
         ("self.engine.name != 'vllm' || self.moe.deferredFinalize != 'on'",
          "vLLM has no deferred-finalize switch; use engine sglang or bundled"),
+        ("!has(self.model.tokenSecretRef) || !self.env.exists(e, e.name == 'HF_TOKEN')",
+         "env HF_TOKEN collides with model.tokenSecretRef (the operator sets HF_TOKEN from that Secret)"),
+        (f"self.env.map(e, e.name.size() + e.value.size()).sum() <= {ENV_TOTAL_BYTES}",
+         f"env names and values together must stay under {ENV_TOTAL_BYTES} bytes"),
     ))
     model: ModelSource
     engine: EngineSpec = Field(default_factory=EngineSpec)
@@ -142,7 +185,11 @@ class MoEDeploymentSpec(_Model):
     env: list[EnvVar] = Field(default_factory=list, max_length=256, description="user env; always wins over the plan",
                               json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     gpu: GpuSelection = Field(default_factory=GpuSelection)
-    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    nodeSelector: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(
+        ("self.all(k, k.matches('" + LABEL_KEY_PATTERN.replace("\\", "\\\\") + "') && self[k].matches('"
+         + LABEL_VALUE_PATTERN.replace("\\", "\\\\") + "'))",
+         "nodeSelector keys must be label keys and values label values (63 characters at most)"),
+    ))
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
     resources: Resources = Field(default_factory=Resources)
     service: ServiceSpec = Field(default_factory=ServiceSpec)

@@ -10,7 +10,7 @@ import copy
 from typing import Any
 
 from . import API_GROUP, API_VERSION, KIND, PLURAL
-from .api import MoEDeploymentSpec, MoEDeploymentStatus
+from .api import NAME_RULES, MoEDeploymentSpec, MoEDeploymentStatus
 
 _DROP = {"title", "$defs", "discriminator"}
 
@@ -105,6 +105,7 @@ def crd() -> dict[str, Any]:
                     "type": "object",
                     "description": "A Mixture-of-Experts model served on correctly tuned kernels.",
                     "required": ["spec"],
+                    "x-kubernetes-validations": NAME_RULES,
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

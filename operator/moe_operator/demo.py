@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"starting the operator (log: {log_path})")
     op = subprocess.Popen([sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", kubeconfig,
                            "--standalone", "--metrics-port", "0", "--liveness", "",
-                           "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints")],
+                           "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints"),
+                           "--allow-host-path", "/models"],  # the samples' file:///models/...
                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                           env={**env, "MOE_RESYNC_SECONDS": "3", "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:

@@ -11,7 +11,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from . import API_GROUP, API_VERSION, PLURAL
-from .render import FIELD_MANAGER
+from .model_uri import ModelURI
+from .render import FIELD_MANAGER, Owner, inspection_job
 
 log = logging.getLogger("moe_operator.kube")
 
@@ -68,6 +69,16 @@ class Kube:
             raise ApplyError("ApplyFailed", f"apply {obj['kind']}/{obj['metadata']['name']}: {_api_message(e)}") from None
         return out.to_dict()
 
+    def merge_patch(self, obj: dict[str, Any]) -> None:
+        """JSON merge patch of the object's spec: lists are replaced whole, which removes items
+        another field manager added (server-side apply keeps those)."""
+        res = self._resource(obj["kind"])
+        try:
+            res.patch(body={"spec": obj["spec"]}, name=obj["metadata"]["name"], namespace=obj["metadata"]["namespace"],
+                      content_type="application/merge-patch+json", field_manager=FIELD_MANAGER)
+        except ApiException as e:
+            raise ApplyError("ApplyFailed", f"patch {obj['kind']}/{obj['metadata']['name']}: {_api_message(e)}") from None
+
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes.dynamic.exceptions import NotFoundError
 
@@ -106,6 +117,44 @@ class Kube:
             if e.status != 404:
                 raise
 
+    def patch_webhook_ca(self, name: str, ca: bytes) -> None:
+        """Write our CA into every webhook of the chart's ValidatingWebhookConfiguration."""
+        import base64
+
+        api = client.AdmissionregistrationV1Api(self.api_client)
+        vwc = api.read_validating_webhook_configuration(name)
+        bundle = base64.b64encode(ca).decode()
+        patch = {"webhooks": [{"name": w.name, "clientConfig": {"caBundle": bundle}} for w in vwc.webhooks or []]}
+        api.patch_validating_webhook_configuration(name, patch)
+
+    def secret_labels(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The Secret's labels (None: no such Secret); its data is not kept."""
+        try:
+            s = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(s.metadata.labels or {})
+
+    def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about a MoEDeployment, posted directly (works from any task, unlike
+        kopf's event queue, which exists only inside kopf's handler context)."""
+        import datetime as dt
+        import uuid
+
+        meta = obj["metadata"]
+        now = dt.datetime.now(dt.timezone.utc)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]),
+            involved_object=client.V1ObjectReference(api_version=f"{API_GROUP}/{API_VERSION}", kind="MoEDeployment",
+                                                     name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid"),
+                                                     resource_version=meta.get("resourceVersion")),
+            type=type_, reason=reason, message=message[:1000], count=1, first_timestamp=now, last_timestamp=now,
+            source=client.V1EventSource(component=FIELD_MANAGER), reporting_component=FIELD_MANAGER,
+            reporting_instance=FIELD_MANAGER)
+        self.core.create_namespaced_event(meta["namespace"], body)
+
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
         import base64
         try:
@@ -119,13 +168,13 @@ class Kube:
 
     # --- inspection Job (pvc://, and file:// paths only nodes can see) -----------------------
 
-    def inspection_job(self, namespace: str, owner: dict[str, Any], uri: str, image: str) -> dict[str, Any] | None:
+    def inspection_job(self, namespace: str, owner: Owner, uri: str, image: str) -> dict[str, Any] | None:
         """Run (or look at) the inspection Job for `uri`. None while running, else the parsed result."""
         import hashlib
 
         name = "moe-inspect-" + hashlib.sha256(uri.encode()).hexdigest()[:10]
         if uri.startswith("pvc://"):
-            claim = uri[len("pvc://"):].split("/", 1)[0]
+            claim = ModelURI.parse(uri).claim
             try:
                 self.core.read_namespaced_persistent_volume_claim(claim, namespace)
             except ApiException as e:
@@ -134,7 +183,7 @@ class Kube:
                 raise
         job = self.get("Job", namespace, name)
         if job is None:
-            self.apply(render_inspection_job(namespace, name, uri, image, owner))
+            self.apply(inspection_job(namespace, name, uri, image, owner))
             return None
         st = job.get("status") or {}
         pods = self.core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
@@ -154,32 +203,6 @@ class Kube:
                     except json.JSONDecodeError:
                         return {"error": term.message.strip()[-2000:]}
         return {"error": f"inspection Job {name} finished without a termination message"}
-
-
-def render_inspection_job(namespace: str, name: str, uri: str, image: str, owner: dict[str, Any]) -> dict[str, Any]:
-    if uri.startswith("pvc://"):
-        claim, _, sub = uri[len("pvc://"):].partition("/")
-        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        mount, path = f"/models/{claim}", f"/models/{claim}/{sub}".rstrip("/")
-    else:
-        path = uri[len("file://"):]
-        volume = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
-        mount = path
-    return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "moe-operator", "moe.serving.dev/role": "inspect"},
-                     "ownerReferences": [{"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "MoEDeployment",
-                                          "name": owner["name"], "uid": owner["uid"]}]},
-        "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": {"spec": {
-            "restartPolicy": "Never",
-            "containers": [{"name": "inspect", "image": image, "command": ["moe-runtime", "inspect", path,
-                                                                           "--termination-log", "/dev/termination-log"],
-                            "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-                            "volumeMounts": [{"name": "model", "mountPath": mount, "readOnly": True}]}],
-            "volumes": [volume]}}},
-    }
 
 
 def _api_message(e: ApiException) -> str:

@@ -38,10 +38,10 @@ def choices_from_spec(spec: MoEDeploymentSpec) -> Choices:
 
 
 def place(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, classes: dict[str, ClassInventory],
-          default_engine: str = "bundled", current: str | None = None) -> Placement:
+          current: str | None = None) -> Placement:
     """`current` is the class chosen before: it is kept while it still fits (placement is sticky,
     so free-capacity churn never moves running pods)."""
-    engine = spec.engine.name or default_engine
+    engine = spec.engine.name  # the CRD defaults it (bundled)
     choices = choices_from_spec(spec)
     per_node = spec.gpus_per_node()
     allowed = set(spec.gpu.allowedArchitectures)

@@ -1,8 +1,10 @@
-"""One reconcile of a MoEDeployment: inspect -> place + plan -> render -> apply -> status.
+"""One reconcile of a MoEDeployment: policy -> inspect -> place + plan -> render -> drift check /
+apply -> status.
 
-Called by the kopf handlers (create/update/resume/timer) and by owned-object events. Idempotent:
-server-side apply of the same objects changes nothing, so a restart or a resync is a no-op
-when everything is already right.
+Called by the kopf handlers, the resync sweep and owned-object events. Cheap when nothing changed:
+the rendered objects are compared field by field with the live ones (one GET each) and applied only
+when they differ; the caller writes status only when it changed. Every Kubernetes API error lands
+in a condition and an Event instead of escaping.
 """
 
 from __future__ import annotations
@@ -12,29 +14,37 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.client.rest import ApiException
 from moe_core.gpu import from_name
 from pydantic import ValidationError
 
-from .api import Condition, MoEDeploymentSpec, WorkloadRef
+from .api import Condition, MoEDeploymentSpec, MoEDeploymentStatus, WorkloadRef
+from .drift import differences
 from .images import RUNTIME_REPOSITORY, runtime_image
 from .inspection import InspectionFailed, InspectionPending, inspect_spec
 from .inventory import ClassInventory, fingerprint
-from .kube import ApplyError, Kube
+from .kube import ApplyError, Kube, _api_message
 from .metrics import DECISIONS, ERRORS
 from .placement import place
+from .policy import TOKEN_SECRET_LABEL, Policy
 from .render import Owner, render
 
+GPU_CLASS_ANNOTATION = "moe.serving.dev/gpu-class"
 log = logging.getLogger("moe_operator.reconcile")
 
 
 @dataclass
 class Config:
     runtime_repository: str = RUNTIME_REPOSITORY
-    default_engine: str = "bundled"
     local_models_dir: str | None = None
     inspect_in_cluster: bool = True  # run inspection Jobs for paths the operator cannot read
     namespaces: list[str] = field(default_factory=list)  # watched namespaces (empty: all)
     admission: str | None = None  # HOST:PORT of the validating webhook kopf serves (None: off)
+    admission_listen: str | None = None  # address the webhook binds (default: HOST of `admission`)
+    admission_cert_dir: str | None = None  # tls.crt/tls.key/ca.crt (cert-manager); None: operator-made CA
+    admission_configuration: str | None = None  # the chart's ValidatingWebhookConfiguration (None: kopf makes one)
+    policy: Policy = field(default_factory=Policy)
+    engine_cache_root: str | None = None  # host directory for per-namespace engine caches (None: emptyDir)
 
 
 @dataclass
@@ -59,15 +69,36 @@ def set_condition(conds: list[dict[str, Any]], type_: str, status: str, reason: 
 
 
 def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Kube, cfg: Config) -> Outcome:
+    try:
+        return _reconcile(body, classes, kube, cfg)
+    except ApiException as e:
+        # Forbidden (RBAC), quota, admission of an owned object...: say so on the object.
+        meta, status = body["metadata"], dict(body.get("status") or {})
+        reason = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict",
+                  422: "Invalid"}.get(e.status, "ApiError")
+        msg = f"Kubernetes API error during reconcile: HTTP {e.status} {reason}: {_api_message(e)}"
+        conds = set_condition(list(status.get("conditions") or []), "Degraded", "True", "Api" + reason, msg,
+                              meta.get("generation"))
+        ERRORS.labels("Api" + reason).inc()
+        log.warning("reconcile %s/%s: %s", meta["namespace"], meta["name"], msg)
+        return Outcome(status={"conditions": conds, "observedGeneration": meta.get("generation")},
+                       events=[("Warning", "Api" + reason, msg)], retry_after=30)
+
+
+def _live_gpu_class(live: dict[str, Any] | None) -> str | None:
+    return ((live or {}).get("metadata", {}).get("annotations") or {}).get(GPU_CLASS_ANNOTATION)
+
+
+def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Kube, cfg: Config) -> Outcome:
     meta, status = body["metadata"], dict(body.get("status") or {})
     ns, name, gen = meta["namespace"], meta["name"], meta.get("generation")
     conds = list(status.get("conditions") or [])
     out = Outcome(status={})
 
     def finish(**fields: Any) -> Outcome:
-        out.status.update(fields)
-        out.status["conditions"] = conds
-        out.status["observedGeneration"] = gen
+        fields.update(conditions=conds, observedGeneration=gen)
+        # Built through the status model so a field the CRD does not know never reaches the API.
+        out.status.update(MoEDeploymentStatus.model_validate(fields).model_dump(exclude_unset=True, mode="json"))
         return out
 
     try:
@@ -77,14 +108,32 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
         ERRORS.labels("InvalidSpec").inc()
         return finish()
 
+    # 0. what the cluster admin allows (host paths, images, token Secrets)
+    problems = cfg.policy.problems(spec)
+    ref = spec.model.tokenSecretRef
+    if ref and cfg.policy.require_token_label:
+        labels = kube.secret_labels(ns, ref.name)
+        if labels is None:
+            problems.append(f"model.tokenSecretRef: Secret {ref.name!r} not found in namespace {ns}")
+        elif labels.get(TOKEN_SECRET_LABEL) != "true":
+            problems.append(f"model.tokenSecretRef: Secret {ref.name!r} lacks the label {TOKEN_SECRET_LABEL}=true "
+                            "(its owner must mark it for model-token use before a MoEDeployment may mount it)")
+    if problems:
+        msg = "; ".join(problems)
+        if not any(c.get("reason") == "PolicyViolation" and c.get("message") == msg for c in conds):
+            out.events.append(("Warning", "PolicyViolation", msg))
+        conds = set_condition(conds, "Planned", "False", "PolicyViolation", msg, gen)
+        conds = set_condition(conds, "Available", "False", "NotPlanned", "refused by the cluster's policy", gen)
+        ERRORS.labels("PolicyViolation").inc()
+        return finish()
+
     # 1. checkpoint
     def hf_token() -> str | None:
-        ref = spec.model.tokenSecretRef
         return kube.read_secret_key(ns, ref.name, ref.key) if ref else None
 
     def job(uri: str) -> dict[str, Any] | None:
-        image = runtime_image(from_name("sm90"), cfg.runtime_repository)
-        return kube.inspection_job(ns, {"name": name, "uid": meta["uid"]}, uri, image)
+        image = runtime_image(from_name("sm90"), cfg.runtime_repository)  # amd64; the Job is pinned to amd64
+        return kube.inspection_job(ns, Owner(name, ns, meta["uid"]), uri, image)
 
     try:
         ckpt = inspect_spec(spec, local_models_dir=cfg.local_models_dir, hf_token=hf_token,
@@ -103,16 +152,20 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
     conds = set_condition(conds, "CheckpointInspected", "True", "Inspected",
                           f"{ckpt.architecture} {ckpt.format} ({ckpt.formatSource})", gen)
 
-    # 2. placement + plan
-    placement = place(spec, ckpt, classes, cfg.default_engine, current=status.get("gpuClass"))
+    # 2. placement + plan. Sticky: the class the live workload runs on wins over status (a crash
+    # between apply and the status write must not move pods), status is the fallback.
+    kind = "LeaderWorkerSet" if spec.nodesPerReplica > 1 else "Deployment"
+    live_workload = kube.get(kind, ns, name)
+    current = _live_gpu_class(live_workload) or status.get("gpuClass")
+    placement = place(spec, ckpt, classes, current=current)
     inv_fp = fingerprint(classes)
     if not placement.ok:
         msg = f"no GPU class can run this: {placement.explain()}"
+        if status.get("inventoryHash") != inv_fp or not any(
+                c.get("type") == "Planned" and c.get("reason") == "NoFeasibleGpuClass" for c in conds):
+            out.events.append(("Warning", "NoFeasibleGpuClass", msg))
         conds = set_condition(conds, "Planned", "False", "NoFeasibleGpuClass", msg, gen)
         conds = set_condition(conds, "Available", "False", "NotPlanned", "no plan", gen)
-        if status.get("inventoryHash") != inv_fp or not any(
-                c.get("type") == "Planned" and c.get("reason") == "NoFeasibleGpuClass" for c in status.get("conditions") or []):
-            out.events.append(("Warning", "NoFeasibleGpuClass", msg))
         ERRORS.labels("NoFeasibleGpuClass").inc()
         return finish(checkpoint=ckpt.model_dump(), format=ckpt.format, inventoryHash=inv_fp)
     plan, inv = placement.plan, placement.inventory
@@ -121,13 +174,24 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
                           f"{gpu.key()}: {plan.moe.runnerBackend} (deferred finalize "
                           f"{'on' if plan.moe.deferredFinalize else 'off'}); " + " ".join(plan.reasons[:3]), gen)
 
-    # 3. render + apply
-    objects = render(Owner(name, ns, meta["uid"]), spec, plan, gpu, cfg.runtime_repository)
+    # 3. render, compare with the live objects, apply what differs
+    objects = render(Owner(name, ns, meta["uid"]), spec, plan, gpu, cfg.runtime_repository, cfg.engine_cache_root)
     workload = next(o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
     stale_kind = "LeaderWorkerSet" if workload["kind"] == "Deployment" else "Deployment"
     try:
         for obj in objects:
+            live = live_workload if obj is workload else kube.get(obj["kind"], ns, obj["metadata"]["name"])
+            drift = differences(obj, live) if live is not None else ["missing"]
+            if not drift:
+                continue
+            if live is not None:
+                log.info("drift on %s %s/%s, repairing: %s", obj["kind"], ns, obj["metadata"]["name"], "; ".join(drift[:5]))
             kube.apply(obj)
+            if live is not None and (after := kube.get(obj["kind"], ns, obj["metadata"]["name"])) is not None \
+                    and differences(obj, after):
+                kube.merge_patch(obj)  # items another manager added survive apply: replace the lists
+            if obj is workload:
+                live_workload = kube.get(obj["kind"], ns, obj["metadata"]["name"])
         if status.get("workload", {}).get("kind") == stale_kind:
             kube.delete(stale_kind, ns, name)  # nodesPerReplica changed: the other workload kind goes
     except ApplyError as e:
@@ -147,8 +211,8 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
         for w in plan.warnings:
             out.events.append(("Warning", "PlanWarning", w))
 
-    # 4. readiness from the workload
-    ready, desired = workload_readiness(kube, workload["kind"], ns, name, spec.replicas)
+    # 4. readiness from the live workload
+    ready, desired = int(((live_workload or {}).get("status") or {}).get("readyReplicas") or 0), spec.replicas
     if desired == 0:
         conds = set_condition(conds, "Available", "True", "ScaledToZero", "replicas: 0", gen)
         conds = set_condition(conds, "Progressing", "False", "ScaledToZero", "replicas: 0", gen)
@@ -165,7 +229,6 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
                   replicas=spec.replicas, readyReplicas=ready)
 
 
-def workload_readiness(kube: Kube, kind: str, ns: str, name: str, desired: int) -> tuple[int, int]:
-    live = kube.get(kind, ns, name) or {}
-    st = live.get("status") or {}
-    return int(st.get("readyReplicas") or 0), desired
+def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether writing `new` (a merge patch of status) would change `old`."""
+    return any(old.get(k) != v for k, v in new.items())

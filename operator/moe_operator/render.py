@@ -19,6 +19,8 @@ import yaml
 from .api import MoEDeploymentSpec
 from moe_core.gpu import GpuClass
 from .images import RUNTIME_REPOSITORY, runtime_image
+from .model_uri import ModelURI
+from .security import container_security, pod_security
 from moe_core.plan import Plan
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -52,26 +54,21 @@ class ModelLocation:
 
 
 def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLocation:
-    uri = spec.model.uri
+    uri = ModelURI.parse(spec.model.uri)
     token_env = []
     if spec.model.tokenSecretRef:
         ref = spec.model.tokenSecretRef
         token_env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
-    if uri.startswith("file://"):
-        path = uri[len("file://"):]
-        return ModelLocation(path, [{"name": "model", "hostPath": {"path": path, "type": "Directory"}}],
-                             [{"name": "model", "mountPath": path, "readOnly": True}], [], [], [])
-    if uri.startswith("pvc://"):
-        claim, _, sub = uri[len("pvc://"):].partition("/")
-        path = f"/models/{claim}/{sub}".rstrip("/")
-        return ModelLocation(path, [{"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
-                             [{"name": "model", "mountPath": f"/models/{claim}", "readOnly": True}], [], [], [])
-    repo, _, revision = uri[len("hf://"):].partition("@")
+    if uri.scheme in ("file", "pvc"):
+        volume, mount, path = uri.volume()
+        return ModelLocation(path, [volume], [mount], [], [], [])
+    repo, revision = uri.repo, uri.revision
     cache = {"name": "hf-cache", "emptyDir": {}}
     if engine == "bundled":
         # The bundled runtime serves a local directory: fetch it first (weights included) in an init container.
         dl_args = ["download", repo, "--local-dir", "/models/hf"] + (["--revision", revision] if revision else [])
         init = [{"name": "fetch-model", "image": image, "command": ["hf"], "args": dl_args, "env": token_env,
+                 "securityContext": container_security(),
                  "volumeMounts": [{"name": "hf-cache", "mountPath": "/models"}]}]
         return ModelLocation("/models/hf", [cache], [{"name": "hf-cache", "mountPath": "/models"}], init, token_env, [])
     extra = ["--revision", revision] if revision else []
@@ -155,8 +152,24 @@ def _yaml_block(d: dict[str, str]) -> str:
     return yaml.safe_dump(d, sort_keys=True).rstrip("\n")
 
 
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {"apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment", "name": owner.name,
+            "uid": owner.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def engine_cache_volume(owner: Owner, gpu: GpuClass, plan: Plan, host_root: str | None) -> dict[str, Any]:
+    """Autotune cache keyed by (arch, engine version) (rule E1). On the node only where the admin
+    gave a root for it, and then one directory per namespace: a writable host directory shared
+    by every tenant would let one tenant's pods poison another's kernels."""
+    if not host_root:
+        return {"name": "engine-cache", "emptyDir": {}}
+    key = f"{gpu.family}-{plan.engine.name}{plan.engine.version}"
+    return {"name": "engine-cache", "hostPath": {"path": f"{host_root.rstrip('/')}/{owner.namespace}/{key}",
+                                                 "type": "DirectoryOrCreate"}}
+
+
 def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
-           runtime_repository: str = RUNTIME_REPOSITORY) -> list[dict[str, Any]]:
+           runtime_repository: str = RUNTIME_REPOSITORY, engine_cache_root: str | None = None) -> list[dict[str, Any]]:
     """All objects for one MoEDeployment, owner references set, ready for server-side apply."""
     image = engine_image(spec, plan, gpu, runtime_repository)
     loc = model_location(spec, spec.engine.name, image)
@@ -170,9 +183,7 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
     mounts = [{"name": "plan", "mountPath": PLAN_DIR, "readOnly": True},
               {"name": "dshm", "mountPath": "/dev/shm"}] + loc.mounts
     if "SGLANG_CACHE_DIR" in plan.env:
-        # Autotune cache keyed by (arch, flashinfer version) on the node, so restarts reuse it (rule E1).
-        key = f"{gpu.family}-sglang{plan.engine.version}"
-        volumes.append({"name": "engine-cache", "hostPath": {"path": f"/var/cache/moe-operator/{key}", "type": "DirectoryOrCreate"}})
+        volumes.append(engine_cache_volume(owner, gpu, plan, engine_cache_root))
         mounts.append({"name": "engine-cache", "mountPath": plan.env["SGLANG_CACHE_DIR"]})
 
     def pod(role: str) -> str:
@@ -182,9 +193,11 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
             affinity=_affinity(gpu), node_selector=spec.nodeSelector, tolerations=_tolerations(spec, gpu),
             init_containers=loc.init_containers, image=image, command=command, args=args, env=env, port=PORT,
             resources=_resources(spec, gpu), ready_path="/ready" if spec.engine.name == "bundled" else "/health",
-            volume_mounts=mounts, volumes=volumes, role=role).rstrip("\n")
+            volume_mounts=mounts, volumes=volumes, role=role, pod_security=pod_security(spec.engine.name),
+            container_security=container_security()).rstrip("\n")
 
-    common = dict(name=owner.name, namespace=owner.namespace, labels=_yaml_block(labels), inputs_hash=h)
+    common = dict(name=owner.name, namespace=owner.namespace, labels=_yaml_block(labels), inputs_hash=h,
+                  gpu_class=gpu.key())
     objects = [yaml.safe_load(_env.get_template("plan-configmap.yaml.j2").render(
         **common, plan_json=plan.model_dump_json(indent=2)))]
     if spec.nodesPerReplica > 1:
@@ -201,7 +214,32 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
         service_selector=_yaml_block(service_selector))))
     objects.append(workload)  # last: it mounts the ConfigMap, and the Service should exist first
     for obj in objects:
-        obj["metadata"]["ownerReferences"] = [{
-            "apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment", "name": owner.name,
-            "uid": owner.uid, "controller": True, "blockOwnerDeletion": True}]
+        obj["metadata"]["ownerReferences"] = [owner_reference(owner)]
     return objects
+
+
+def inspection_job(namespace: str, name: str, uri: str, image: str, owner: Owner) -> dict[str, Any]:
+    """The Job that runs `moe-runtime inspect` where the operator cannot read the model (pvc://,
+    file:// paths only nodes see); the result comes back as the container's termination message.
+    Locked down like the engine pods; pinned to amd64 nodes because its image is the amd64 one."""
+    volume, mount, path = ModelURI.parse(uri).volume()
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "moe-operator", "moe.serving.dev/role": "inspect",
+                                "moe.serving.dev/deployment": owner.name},
+                     "ownerReferences": [owner_reference(owner)]},
+        "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600, "template": {"spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "nodeSelector": {"kubernetes.io/arch": "amd64"},
+            "securityContext": pod_security("bundled"),
+            "containers": [{"name": "inspect", "image": image, "command": ["moe-runtime", "inspect", path,
+                                                                           "--termination-log", "/dev/termination-log"],
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
+                            "securityContext": container_security(),
+                            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+                            "volumeMounts": [mount]}],
+            "volumes": [volume]}}},
+    }

@@ -7,6 +7,8 @@ import asyncio
 import logging
 import os
 
+from .policy import TOKEN_SECRET_LABEL, Policy
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", "-n", action="append", default=[], help="watch only these namespaces (repeatable); default: all")
@@ -16,13 +18,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0 = off)")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint ('' = off)")
     p.add_argument("--log-level", default=os.environ.get("MOE_LOG_LEVEL", "info"), choices=["debug", "info", "warning"])
-    p.add_argument("--default-engine", default="bundled", choices=["bundled", "sglang", "vllm"])
     p.add_argument("--runtime-image", default=None, help="runtime image repository (default ghcr.io/moe-operator/moe-runtime)")
     p.add_argument("--local-models-dir", default=os.environ.get("MOE_LOCAL_MODELS_DIR"),
                    help="dev/demo: resolve file:///models/NAME to DIR/NAME when the operator can read it")
     p.add_argument("--no-inspection-jobs", action="store_true", help="never start inspection Jobs (pvc:// will fail)")
     p.add_argument("--admission", default=None, metavar="HOST:PORT",
                    help="serve the validating webhook here (HOST is what the API server dials)")
+    p.add_argument("--admission-listen", default=None, metavar="ADDR",
+                   help="address the webhook binds (default: HOST of --admission; 0.0.0.0 in a pod)")
+    p.add_argument("--admission-configuration", default=None, metavar="NAME",
+                   help="ValidatingWebhookConfiguration the chart installed (the operator writes its CA there unless "
+                        "--admission-cert-dir); default: kopf creates validate.moe.serving.dev pointing at --admission")
+    p.add_argument("--admission-cert-dir", default=None, metavar="DIR",
+                   help="tls.crt, tls.key and ca.crt for the webhook (cert-manager's Secret); default: a CA the operator makes")
+    p.add_argument("--allow-host-path", action="append", default=[], metavar="DIR",
+                   help="file:// models may be read from under DIR (repeatable); default: no host path")
+    p.add_argument("--allow-image-registry", action="append", default=[], metavar="PREFIX",
+                   help="spec.engine.image must start with PREFIX, e.g. docker.io/lmsysorg (repeatable); default: any")
+    p.add_argument("--no-token-secret-label", action="store_true",
+                   help=f"do not require the label {TOKEN_SECRET_LABEL}=true on Secrets named by model.tokenSecretRef")
+    p.add_argument("--engine-cache-host-path", default=None, metavar="DIR",
+                   help="keep engine autotune caches on the node under DIR/<namespace>/ (default: per pod, emptyDir)")
     p.add_argument("--kubeconfig", default=None)
 
 
@@ -53,18 +69,27 @@ def run(args: argparse.Namespace) -> int:
         except kconfig.ConfigException:
             kconfig.load_kube_config()
     handlers.CONFIG.runtime_repository = args.runtime_image or RUNTIME_REPOSITORY
-    handlers.CONFIG.default_engine = args.default_engine
     handlers.CONFIG.local_models_dir = args.local_models_dir
     handlers.CONFIG.inspect_in_cluster = not args.no_inspection_jobs
     handlers.CONFIG.admission = args.admission
     handlers.CONFIG.namespaces = list(args.namespace)
+    handlers.CONFIG.admission_listen = args.admission_listen
+    handlers.CONFIG.admission_cert_dir = args.admission_cert_dir
+    handlers.CONFIG.admission_configuration = args.admission_configuration
+    handlers.CONFIG.policy = Policy(allowed_host_paths=tuple(args.allow_host_path),
+                                    allowed_registries=tuple(args.allow_image_registry),
+                                    require_token_label=not args.no_token_secret_label)
+    handlers.CONFIG.engine_cache_root = args.engine_cache_host_path
     if args.admission:
         handlers.enable_admission()
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    log.info("starting: namespaces=%s peering=%s default_engine=%s runtime_image=%s local_models_dir=%s",
-             args.namespace or "all", args.peering or "standalone", args.default_engine,
-             handlers.CONFIG.runtime_repository, args.local_models_dir)
+    log.info("starting: namespaces=%s peering=%s runtime_image=%s local_models_dir=%s "
+             "allowed_host_paths=%s allowed_image_registries=%s token_secret_label=%s engine_cache=%s",
+             args.namespace or "all", args.peering or "standalone",
+             handlers.CONFIG.runtime_repository, args.local_models_dir, args.allow_host_path or "none",
+             args.allow_image_registry or "any", not args.no_token_secret_label,
+             args.engine_cache_host_path or "emptyDir")
 
     @kopf.on.login()
     def login(**kw):  # use the kubernetes client's configuration (kubeconfig or in-cluster)

@@ -74,3 +74,37 @@ def namespace(kubectl):
     kubectl("create", "namespace", name)
     yield name
     kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# --- the operator under test (module-scoped: one per test module) -------------------------------
+
+@pytest.fixture(scope="module")
+def crd(kubectl):
+    from moe_operator import lws_crd
+
+    from .operator_fixture import ROOT
+
+    lws_crd.install(kubectl)
+    kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "moedeployments.yaml"))
+    kubectl("wait", "--for", "condition=established", "crd/moedeployments.moe.serving.dev", "--timeout=60s")
+
+
+@pytest.fixture(scope="module")
+def operator(crd, dev_cluster, kubectl, tmp_path_factory):
+    """The operator, authenticated as the chart's ServiceAccount with only the chart's RBAC; at
+    the end no request of the whole module may have been refused."""
+    import time
+
+    from .operator_fixture import OperatorProcess, chart_service_account_kubeconfig, forbidden_lines
+
+    d = tmp_path_factory.mktemp("operator")
+    sa_kubeconfig = chart_service_account_kubeconfig(dev_cluster, kubectl, d / "sa.kubeconfig")
+    op = OperatorProcess(str(sa_kubeconfig), d / "operator.log")
+    op.start()
+    time.sleep(2)
+    yield op
+    op.stop()
+    refused = forbidden_lines(op.log_path.read_text(errors="replace"))
+    assert not refused, "requests refused with the chart's RBAC:\n" + "\n".join(refused[:10])
+
+

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -14,6 +15,9 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "deploy" / "samples"
 CHECKPOINTS = SAMPLES / "checkpoints"
+# the samples' file:///models/..., and the temporary checkpoints tests write (as the demo allows /models)
+ALLOWED_HOST_PATHS = ("/models", tempfile.gettempdir())
+HOST_PATH_ARGS = [a for p in ALLOWED_HOST_PATHS for a in ("--allow-host-path", p)]
 
 
 class OperatorProcess:
@@ -27,7 +31,8 @@ class OperatorProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", self.kubeconfig, "--standalone",
-             "--metrics-port", "0", "--liveness", "", "--local-models-dir", str(CHECKPOINTS), *self.extra],
+             "--metrics-port", "0", "--liveness", "", "--local-models-dir", str(CHECKPOINTS),
+             *HOST_PATH_ARGS, *self.extra],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def stop(self) -> None:
@@ -77,3 +82,29 @@ def condition(obj: dict | None, type_: str) -> dict | None:
         if c["type"] == type_:
             return c
     return None
+
+
+def chart_service_account_kubeconfig(dev_cluster, kubectl, out: Path, release: str = "moe-it",
+                                     namespace: str = "moe-it-system", sets: tuple[str, ...] = ()) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount (a TokenRequest token), with
+    exactly the chart's RBAC applied: the operator under test has what a real install gives it."""
+    import yaml
+
+    kubectl("create", "namespace", namespace, check=False)
+    rendered = dev_cluster.helm("template", release, str(ROOT / "charts" / "moe-operator"), "-n", namespace,
+                                "--show-only", "templates/rbac.yaml", "--show-only", "templates/serviceaccount.yaml",
+                                *[a for s in sets for a in ("--set", s)]).stdout
+    kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=moe-it", "-f", "-", input=rendered)
+    sa = f"{release}-moe-operator"
+    token = kubectl("-n", namespace, "create", "token", sa, "--duration=4h").stdout.strip()
+    kc = yaml.safe_load(Path(dev_cluster.kubeconfig).read_text())
+    for u in kc["users"]:
+        u["user"] = {"token": token}
+    out.write_text(yaml.safe_dump(kc))
+    who = kubectl("--kubeconfig", str(out), "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout
+    assert who == f"system:serviceaccount:{namespace}:{sa}", who
+    return out
+
+
+def forbidden_lines(log_text: str) -> list[str]:
+    return [ln for ln in log_text.splitlines() if "Forbidden" in ln or " 403" in ln or "forbidden" in ln]

@@ -24,7 +24,7 @@ from moe_core import registry
 from moe_operator.crd import crd
 from moe_operator.planner import ALL_A2A, ALL_RUNNERS
 
-from .operator_fixture import ROOT, kubectl_json, wait_for
+from .operator_fixture import HOST_PATH_ARGS, ROOT, kubectl_json, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -219,7 +219,7 @@ def test_operator_runs_with_only_the_chart_rbac(dev_cluster, kubectl, release, n
 
     cmd = [sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", str(sa_kubeconfig), "--standalone",
            "--metrics-port", "0", "--liveness", "", "--log-level", "debug",
-           "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints")]
+           "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints"), *HOST_PATH_ARGS]
     if mode == "watched-namespace":
         cmd += ["--namespace", namespace]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("operator", "runtime", "kernels"))}
@@ -264,7 +264,7 @@ def test_two_peered_operators_elect_one(dev_cluster, kubectl, release, namespace
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("operator", "runtime", "kernels"))}
     cmd = [sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", str(dev_cluster.kubeconfig),
            "--namespace", namespace, "--peering", peering, "--metrics-port", "0", "--liveness", "",
-           "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints")]
+           "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints"), *HOST_PATH_ARGS]
     procs, logs = [], []
     try:
         for who in ("a", "b"):

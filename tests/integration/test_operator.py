@@ -8,7 +8,7 @@ import time
 import pytest
 import yaml
 
-from .operator_fixture import ROOT, SAMPLES, OperatorProcess, condition, get_json, wait_for
+from .operator_fixture import SAMPLES, OperatorProcess, condition, get_json, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -22,24 +22,6 @@ EXPECTED = {
     "explicit-backend-override.yaml": ("sm90/", "marlin", False, "Deployment", None),
     "deepseek-v3-fp8-multinode.yaml": ("sm90/NVIDIA-H200", "auto", False, "LeaderWorkerSet", None),
 }
-
-
-@pytest.fixture(scope="module")
-def crd(kubectl):
-    from moe_operator import lws_crd
-
-    lws_crd.install(kubectl)
-    kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "moedeployments.yaml"))
-    kubectl("wait", "--for", "condition=established", "crd/moedeployments.moe.serving.dev", "--timeout=60s")
-
-
-@pytest.fixture(scope="module")
-def operator(crd, kubeconfig, tmp_path_factory):
-    op = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
-    op.start()
-    time.sleep(2)
-    yield op
-    op.stop()
 
 
 def apply_sample(kubectl, namespace: str, name: str) -> dict:
@@ -124,12 +106,11 @@ def test_sample_is_planned_rendered_and_scheduled(sample, kubectl, namespace, op
     wait_for(available, 60, f"{name} Available", operator.log_tail)
 
 
-def test_a_reconcile_holding_a_stale_body_keeps_the_placed_class(kubectl, kubeconfig, namespace, operator, monkeypatch):
-    """Placement is sticky through status.gpuClass. Every trigger (a kopf retry holding an old body, the
-    resync loop racing the handler) reconciles through one path that reads the object itself, so it
-    sees that status rather than placing the object again: here the placed class is full, so placing
-    from scratch would move it (a flake CI once showed as a Deployment rendered for sm90 under a
-    status saying sm100)."""
+def test_a_reconcile_holding_a_stale_body_keeps_the_placed_class(kubectl, kubeconfig, namespace, operator):
+    """Placement is sticky. Every trigger (a kopf retry holding an old body, the resync racing the
+    handler) reconciles through one path that reads the object itself; and the class comes from the
+    live workload first, so even a status that lost gpuClass (a crash between apply and the status
+    write) does not move it. Here the placed class is full, so placing from scratch would move it."""
     import asyncio
     import logging
 
@@ -138,8 +119,10 @@ def test_a_reconcile_holding_a_stale_body_keeps_the_placed_class(kubectl, kubeco
     from moe_operator import handlers
     from moe_operator.inventory import node_info
     from moe_operator.kube import Kube
+    from moe_operator.policy import Policy
+    from moe_operator.reconcile import Config
 
-    from .operator_fixture import CHECKPOINTS
+    from .operator_fixture import ALLOWED_HOST_PATHS, CHECKPOINTS
 
     doc = apply_sample(kubectl, namespace, "qwen3-moe-fp8.yaml")
     name = doc["metadata"]["name"]
@@ -150,17 +133,29 @@ def test_a_reconcile_holding_a_stale_body_keeps_the_placed_class(kubectl, kubeco
     gpu_nodes = {"all": infos}
     gpu_pods = {i.name: [i.allocatable] for i in infos if i.gpu_class.key() == placed}   # placed class: full
     assert any(i.gpu_class.key() != placed for i in infos), "the sample allows another class"
-    monkeypatch.setattr(handlers, "_kube", Kube(kconfig.new_client_from_config(config_file=kubeconfig)))
-    monkeypatch.setattr(handlers.CONFIG, "local_models_dir", str(CHECKPOINTS))
-    events = []   # kopf posts Events only inside a running operator: collect them here
-    monkeypatch.setattr(handlers.kopf, "info", lambda obj, reason, message: events.append(reason))
-    monkeypatch.setattr(handlers.kopf, "warn", lambda obj, reason, message: events.append(reason))
-    # as a trigger holding a body from before the status would: the reconcile reads the object itself
-    out = asyncio.run(handlers._reconcile_and_report(namespace, name, gpu_nodes, gpu_pods, logging.getLogger("test"),
-                                                     "test"))
-    assert out.status["gpuClass"] == placed, f"moved from {placed}; events {events}"
-    assert "Planned" not in events, "a re-placement announces a new plan"
+    kube = Kube(kconfig.new_client_from_config(config_file=kubeconfig))
+    events = []
+    kube.post_event = lambda obj, type_, reason, message: events.append(reason)
+    st = handlers.State(kube=kube, cfg=Config(local_models_dir=str(CHECKPOINTS),
+                                              policy=Policy(allowed_host_paths=ALLOWED_HOST_PATHS)))
+    operator.stop()   # nothing else may write status while this test takes it away
+    try:
+        out = asyncio.run(handlers._reconcile_and_report(st, namespace, name, gpu_nodes, gpu_pods,
+                                                         logging.getLogger("test"), "test"))
+        assert out.status["gpuClass"] == placed, f"moved from {placed}; events {events}"
+        assert "Planned" not in events, "a re-placement announces a new plan"
+        # a crash between apply and status: the status has no class, the live workload still does
+        kubectl("patch", "moed", name, "-n", namespace, "--subresource=status", "--type=merge",
+                "-p", '{"status":{"gpuClass":null}}')
+        assert "gpuClass" not in get_json(kubectl, "moed", name, "-n", namespace)["status"]
+        out = asyncio.run(handlers._reconcile_and_report(st, namespace, name, gpu_nodes, gpu_pods,
+                                                         logging.getLogger("test"), "test"))
+        assert out.status["gpuClass"] == placed, f"moved from {placed} after losing status.gpuClass"
+        assert get_json(kubectl, "moed", name, "-n", namespace)["status"]["gpuClass"] == placed
+    finally:
+        operator.start()
     dep = get_json(kubectl, "deployment", name, "-n", namespace)
+    assert dep["metadata"]["annotations"]["moe.serving.dev/gpu-class"] == placed
     terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     keys = {e["key"]: e["values"] for e in terms["nodeSelectorTerms"][0]["matchExpressions"]}
     assert keys["nvidia.com/gpu.compute.major"] == [placed.split("/")[0].removeprefix("sm")[:-1]]

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import moe_operator
-from moe_operator import images
+from moe_operator import images, permissions
 from moe_operator.crd import crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,7 +241,7 @@ def test_leader_election_per_watched_namespace(helm):
 
 
 def test_operator_deployment(helm):
-    docs = render(helm, "watchNamespaces={team-a,team-b}", "logLevel=debug", "defaultEngine=vllm",
+    docs = render(helm, "watchNamespaces={team-a,team-b}", "logLevel=debug",
                   "runtimeImage.repository=registry.local/moe-runtime", "image.tag=dev")
     dep = one(docs, "Deployment")
     pod = dep["spec"]["template"]["spec"]
@@ -250,7 +250,7 @@ def test_operator_deployment(helm):
     assert c["command"] == ["moe-operator"]
     args = c["args"]
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
-    for a in ("--metrics-port=9090", "--log-level=debug", "--default-engine=vllm",
+    for a in ("--metrics-port=9090", "--log-level=debug",
               "--runtime-image=registry.local/moe-runtime", "--liveness=http://0.0.0.0:8080/healthz"):
         assert a in args
     env = {e["name"]: e for e in c["env"]}
@@ -282,26 +282,11 @@ def test_everything_is_namespaced_to_the_release(helm):
 
 # ----------------------------------------------------------------------------------------- RBAC
 # What the operator uses (issue 4 / the operator's API calls): resource -> verbs.
-NAMESPACED_PERMS = {
-    ("moe.serving.dev", "moedeployments"): {"get", "list", "watch", "patch", "update"},
-    ("moe.serving.dev", "moedeployments/status"): {"get", "patch", "update"},
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "services"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "configmaps"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
-    ("", "pods/log"): {"get"},
-    ("", "secrets"): {"get"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-}
-CLUSTER_PERMS = {
-    ("", "nodes"): {"get", "list", "watch"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-    ("", "namespaces"): {"list", "watch"},  # kopf observes namespaces in both modes
-}
-PEERING_VERBS = {"get", "list", "watch", "patch"}
+# What the operator's code uses (operator/moe_operator/permissions.py): the chart grants exactly that.
+NAMESPACED_PERMS = {k: set(v) for k, (v, _) in permissions.NAMESPACED.items()}
+CLUSTER_PERMS = {k: set(v) for k, (v, _) in permissions.CLUSTER.items()}
+WEBHOOK_PERMS = {k: set(v) for k, (v, _) in permissions.WEBHOOK.items()}
+PEERING_VERBS = set(permissions.PEERING_VERBS)
 
 
 def perms(rules) -> dict[tuple[str, str], set[str]]:
@@ -320,14 +305,64 @@ def test_rbac_has_no_wildcards(helm):
                 for r in d["rules"]:
                     for key in ("apiGroups", "resources", "verbs"):
                         assert "*" not in r.get(key, []), f"{d['kind']} {d['metadata']['name']}: {r}"
-                    assert "nonResourceURLs" not in r and "resourceNames" not in r
+                    assert "nonResourceURLs" not in r
+                    # names only where the chart knows them: its own webhook configuration
+                    assert "resourceNames" not in r or r["resources"] == ["validatingwebhookconfigurations"]
+
+
+def test_rbac_secrets_can_be_narrowed_or_dropped(helm):
+    role = one(render(helm, "rbac.secrets.resourceNames={hf-token}"), "ClusterRole")
+    (rule,) = [r for r in role["rules"] if r["resources"] == ["secrets"]]
+    assert rule["resourceNames"] == ["hf-token"] and rule["verbs"] == ["get"]
+    role = one(render(helm, "rbac.secrets.enabled=false"), "ClusterRole")
+    assert not [r for r in role["rules"] if "secrets" in r["resources"]]
+
+
+def test_webhook_ships_on_by_default_and_fails_open(helm):
+    from moe_operator.webhook import HANDLER_ID
+
+    docs = render(helm)
+    vwc = one(docs, "ValidatingWebhookConfiguration")
+    (hook,) = vwc["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] <= 10
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]   # never DELETE
+    svc = next(d for d in of_kind(docs, "Service") if d["metadata"]["name"].endswith("-webhook"))
+    assert hook["clientConfig"]["service"] == {"name": svc["metadata"]["name"], "namespace": "moe-system",
+                                                "port": 9443, "path": f"/{HANDLER_ID}"}
+    args = operator_container(docs)["args"]
+    host = f"{svc['metadata']['name']}.moe-system.svc"
+    assert f"--admission={host}:9443" in args and "--admission-listen=0.0.0.0" in args
+    assert f"--admission-configuration={vwc['metadata']['name']}" in args
+    assert not [a for a in args if a.startswith("--admission-cert-dir")]   # no cert-manager: the operator's CA
+    role = one(docs, "ClusterRole")
+    (rule,) = [r for r in role["rules"] if r["resources"] == ["validatingwebhookconfigurations"]]
+    assert rule["resourceNames"] == [vwc["metadata"]["name"]]
+    # with cert-manager: its Certificate, the Secret mounted, the CA injected, no RBAC on the configuration
+    docs = render(helm, "webhook.certManager=true")
+    cert = one(docs, "Certificate")
+    assert cert["spec"]["dnsNames"] == [host]
+    assert one(docs, "ValidatingWebhookConfiguration")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] \
+        == f"moe-system/{cert['metadata']['name']}"
+    assert "--admission-cert-dir=/etc/moe-operator/webhook" in operator_container(docs)["args"]
+    assert not [r for r in one(docs, "ClusterRole")["rules"] if r["resources"] == ["validatingwebhookconfigurations"]]
+    assert not of_kind(render(helm, "webhook.enabled=false"), "ValidatingWebhookConfiguration")
+
+
+def test_policy_values_become_flags(helm):
+    args = operator_container(render(helm, "policy.allowedHostPaths={/models,/data}",
+                                     "policy.allowedImageRegistries={docker.io/lmsysorg}",
+                                     "policy.requireTokenSecretLabel=false", "policy.engineCacheHostPath=/var/cache/moe"))["args"]
+    for a in ("--allow-host-path=/models", "--allow-host-path=/data", "--allow-image-registry=docker.io/lmsysorg",
+              "--no-token-secret-label", "--engine-cache-host-path=/var/cache/moe"):
+        assert a in args
+    assert not [a for a in operator_container(render(helm))["args"] if a.startswith("--allow-host-path")]
 
 
 def test_rbac_cluster_wide(helm):
     docs = render(helm)
     assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
     role = one(docs, "ClusterRole")
-    assert perms(role["rules"]) == {**CLUSTER_PERMS, **NAMESPACED_PERMS}
+    assert perms(role["rules"]) == {**CLUSTER_PERMS, **NAMESPACED_PERMS, **WEBHOOK_PERMS}
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     sa = one(docs, "ServiceAccount")
@@ -340,7 +375,7 @@ def test_rbac_watched_namespaces(helm):
     docs = render(helm, "watchNamespaces={a,b}", "replicas=2")
     cluster = one(docs, "ClusterRole")
     # cluster-wide only what is cluster-scoped: no secrets, workloads or namespaces outside a and b
-    assert perms(cluster["rules"]) == CLUSTER_PERMS
+    assert perms(cluster["rules"]) == {**CLUSTER_PERMS, **WEBHOOK_PERMS}
     roles = of_kind(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["a", "b"]
     for role in roles:

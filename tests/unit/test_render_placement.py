@@ -4,7 +4,6 @@ import yaml
 
 from moe_operator.api import MoEDeploymentSpec
 from moe_core.checkpoint import inspect_dir
-from moe_operator.handlers import validate_spec
 from moe_operator.inventory import build, fingerprint, node_info, pod_gpu_requests
 from moe_operator.placement import place
 from moe_operator.render import Owner, inputs_hash, render
@@ -111,15 +110,22 @@ def test_render_bundled_and_gb200_image_variant(tmp_path):
     assert {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]} in terms["matchExpressions"]
 
 
-def test_admission_verdict(tmp_path, monkeypatch):
-    from moe_operator import handlers
+def test_admission_verdict(tmp_path):
+    from moe_operator.policy import Policy
+    from moe_operator.reconcile import Config
+    from moe_operator.webhook import verdict
+
     write_sample("deepseek-v3-nvfp4", tmp_path / "deepseek-v3-nvfp4")
-    monkeypatch.setattr(handlers.CONFIG, "local_models_dir", str(tmp_path))
+    cfg = Config(local_models_dir=str(tmp_path), policy=Policy(allowed_host_paths=("/models",)))
     ok = {"model": {"uri": "file:///models/deepseek-v3-nvfp4"}, "engine": {"name": "sglang"}, "parallelism": {"tp": 8},
           "moe": {"runnerBackend": "flashinfer_trtllm"}}
-    assert validate_spec(ok) is None  # B200 exists among all families
+    assert verdict(ok, cfg) is None  # B200 exists among all families
+    assert "not under an allowed host path" in verdict(ok, Config(local_models_dir=str(tmp_path),
+                                                                  policy=Policy(allowed_host_paths=("/data",))))
+    assert "host paths are not allowed" in verdict(ok, Config(local_models_dir=str(tmp_path)))
+    assert verdict({"model": "not an object"}, cfg) is None  # cannot judge: the schema speaks
     bad = {**ok, "gpu": {"allowedArchitectures": ["sm90", "sm120"]}}
-    msg = validate_spec(bad)
+    msg = verdict(bad, cfg)
     assert msg and "sm90" in msg and "sm120" in msg and "SM100" in msg
 
 

@@ -69,42 +69,61 @@ app.kubernetes.io/part-of: moe-operator
 
 {{/*
 RBAC rules for the namespaced resources the operator touches; used by the ClusterRole when it
-watches all namespaces, else by a Role in every watched namespace. No wildcards.
+watches all namespaces, else by a Role in every watched namespace. No wildcards. Exactly the
+table in operator/moe_operator/permissions.py (tests/unit/test_chart.py compares them).
 */}}
 {{- define "moe-operator.namespacedRules" -}}
 - apiGroups: ["moe.serving.dev"]
   resources: ["moedeployments"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["moe.serving.dev"]
   resources: ["moedeployments/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # checkpoint inspection Jobs for pvc:// models (result read from the pod's termination message)
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["create", "get", "list", "watch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
-  resources: ["pods/log"]
+  resources: ["persistentvolumeclaims"]
   verbs: ["get"]
-# Hugging Face token references (spec.model.tokenSecretRef)
+{{- if .Values.rbac.secrets.enabled }}
+# spec.model.tokenSecretRef (the Secret's label, and the token for hf:// inspection)
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
+  {{- with .Values.rbac.secrets.resourceNames }}
+  resourceNames: {{ toJson . }}
+  {{- end }}
+{{- end }}
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
+{{- end }}
+
+{{/* The name the API server dials for the webhook: the webhook Service's DNS name. */}}
+{{- define "moe-operator.webhookHost" -}}
+{{- printf "%s-webhook.%s.svc" (include "moe-operator.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{/* "true" when the webhook's TLS comes from cert-manager: asked for, or "auto" with its CRDs present. */}}
+{{- define "moe-operator.certManager" -}}
+{{- $cm := toString .Values.webhook.certManager }}
+{{- if or (eq $cm "true") (and (eq $cm "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) }}true{{ end }}
+{{- end }}
+
+{{/* The chart's ValidatingWebhookConfiguration (cluster-scoped: the release namespace in the name). */}}
+{{- define "moe-operator.webhookConfiguration" -}}
+{{- printf "%s-%s-validate" (include "moe-operator.fullname" .) .Release.Namespace | trunc 253 }}
 {{- end }}

@@ -1,0 +1,42 @@
+"""Every Kubernetes permission the operator process uses, with the call that needs it.
+
+The chart's RBAC (charts/moe-operator/templates/_helpers.tpl, rbac.yaml) must grant exactly these:
+tests/unit/test_chart.py compares them, and the integration suite runs the operator with the
+chart's ServiceAccount token (tests/integration/test_operator.py), so a call added without its
+permission fails there with 403.
+"""
+
+from __future__ import annotations
+
+# (apiGroup, resource) -> (verbs, why). Namespaced: in a ClusterRole when watching all namespaces,
+# else in a Role per watched namespace.
+NAMESPACED: dict[tuple[str, str], tuple[frozenset[str], str]] = {
+    ("moe.serving.dev", "moedeployments"): (frozenset({"get", "list", "watch", "patch"}),
+                                            "kopf watches them and patches its annotations; Kube.get_moed/list_moeds"),
+    ("moe.serving.dev", "moedeployments/status"): (frozenset({"patch"}), "Kube.patch_status"),
+    ("apps", "deployments"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+                              "owned workload: kopf watch, drift GET, server-side apply (create on first apply), "
+                              "merge patch, delete when nodesPerReplica changes the kind"),
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+                                                       "owned multi-node workload, as Deployments"),
+    ("", "services"): (frozenset({"get", "list", "watch", "create", "patch"}), "owned Service: watch, drift GET, apply"),
+    ("", "configmaps"): (frozenset({"get", "list", "watch", "create", "patch"}), "owned plan ConfigMap: watch, drift GET, apply"),
+    ("batch", "jobs"): (frozenset({"get", "create", "patch", "delete"}),
+                        "inspection Job: Kube.inspection_job GETs, applies, deletes once read"),
+    ("", "pods"): (frozenset({"list", "watch"}), "kopf index of GPU requests; the inspection Job's pod status"),
+    ("", "persistentvolumeclaims"): (frozenset({"get"}), "pvc:// models: the claim must exist before a Job runs"),
+    ("", "secrets"): (frozenset({"get"}), "model.tokenSecretRef: its label, and the token for hf:// inspection"),
+    ("", "events"): (frozenset({"create"}), "Kube.post_event, and kopf's own posting of handler logs"),
+}
+CLUSTER: dict[tuple[str, str], tuple[frozenset[str], str]] = {
+    ("", "nodes"): (frozenset({"list", "watch"}), "kopf index of GPU nodes (GFD labels)"),
+    ("apiextensions.k8s.io", "customresourcedefinitions"): (frozenset({"list", "watch"}),
+                                                            "kopf resolves the resources it serves"),
+    ("", "namespaces"): (frozenset({"list", "watch"}), "kopf follows the watched namespaces"),
+}
+# Only the chart's own configuration (resourceNames), and only without cert-manager.
+WEBHOOK: dict[tuple[str, str], tuple[frozenset[str], str]] = {
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): (
+        frozenset({"get", "patch"}), "Kube.patch_webhook_ca writes the operator-made CA into the chart's configuration"),
+}
+PEERING_VERBS = frozenset({"get", "list", "watch", "patch"})  # kopf peering objects, with leader election

@@ -1,0 +1,71 @@
+"""What a tenant may ask for through a MoEDeployment, as the cluster admin configured it. Pure.
+
+The trust model (charts/moe-operator/README.md): whoever may create a MoEDeployment in a namespace
+gets pods in that namespace running an engine image on GPU nodes. They must not get more than
+that: no host directory the admin did not list, no image outside the allowed registries when the
+admin restricts them, no Secret that was not marked for model-token use. The schema (CEL) refuses
+what needs no configuration (`..` in paths, dangerous env names); this module refuses what depends
+on the admin's settings, in the reconcile and in the admission webhook alike.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+from .api import MoEDeploymentSpec
+
+# The label a Secret must carry before a MoEDeployment may mount it as a model token: a Secret
+# in the namespace is not the tenant's to hand to an image of their choosing unless its owner
+# says so.
+TOKEN_SECRET_LABEL = "moe.serving.dev/model-token"
+
+
+@dataclass(frozen=True)
+class Policy:
+    allowed_host_paths: tuple[str, ...] = ()  # file:// roots; empty: no host path at all
+    allowed_registries: tuple[str, ...] = ()  # spec.engine.image prefixes; empty: any image
+    require_token_label: bool = True
+
+    def problems(self, spec: MoEDeploymentSpec) -> list[str]:
+        out = []
+        if spec.model.uri.startswith("file://"):
+            out += host_path_problems(spec.model.uri[len("file://"):], self.allowed_host_paths)
+        if spec.engine.image and self.allowed_registries and not image_allowed(spec.engine.image, self.allowed_registries):
+            out.append(f"engine.image {spec.engine.image!r} is not from an allowed registry "
+                       f"({', '.join(self.allowed_registries)}); leave engine.image unset for the default image")
+        return out
+
+
+def host_path_problems(path: str, allowed: tuple[str, ...]) -> list[str]:
+    if not path.startswith("/") or ".." in path.split("/"):
+        return [f"model.uri file://{path}: the path must be absolute and contain no '..'"]
+    norm = posixpath.normpath(path)
+    if not allowed:
+        return [f"model.uri file://{path}: host paths are not allowed on this cluster "
+                "(the operator was started without --allow-host-path); use pvc:// or hf://"]
+    for root in allowed:
+        r = posixpath.normpath(root)
+        if norm == r or norm.startswith(r.rstrip("/") + "/"):
+            return []
+    return [f"model.uri file://{path} is not under an allowed host path ({', '.join(allowed)}); "
+            "use pvc:// or hf://, or ask the cluster admin to allow the directory"]
+
+
+def normalize_image(image: str) -> str:
+    """docker's reference rules: 'ubuntu' is docker.io/library/ubuntu, 'a/b' is docker.io/a/b."""
+    first, sep, rest = image.partition("/")
+    if not sep:
+        return f"docker.io/library/{image}"
+    if "." in first or ":" in first or first == "localhost":
+        return image
+    return f"docker.io/{image}"
+
+
+def image_allowed(image: str, registries: tuple[str, ...]) -> bool:
+    ref = normalize_image(image)
+    for prefix in registries:
+        p = prefix.rstrip("/")
+        if ref == p or ref.startswith(p + "/") or ref.startswith(p + ":") or ref.startswith(p + "@"):
+            return True
+    return False

@@ -1,0 +1,104 @@
+"""The validating admission webhook: the planner's and the cluster policy's refusals at `kubectl apply`.
+
+kopf serves it and manages the ValidatingWebhookConfiguration (its caBundle included). TLS comes
+from a certificate directory (cert-manager's Secret layout: tls.crt, tls.key, ca.crt) when the chart
+provides one, else from a CA the operator makes at start (a new one each start: rotation is a
+restart, and kopf writes the new caBundle). The webhook refuses only what it can judge: a spec it
+cannot parse, or a checkpoint it cannot read yet, is admitted and left to the reconcile to report.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import kopf
+from moe_core.gpu import FAMILIES, from_name
+
+from .api import MoEDeploymentSpec
+from .inspection import InspectionFailed, InspectionPending, inspect_spec
+from .placement import impossible_everywhere
+
+log = logging.getLogger("moe_operator.webhook")
+CONFIGURATION_NAME = "validate.moe.serving.dev"
+HANDLER_ID = "explicit-backend-possible"  # kopf serves it at /HANDLER_ID (the chart's clientConfig path)
+
+
+def server(admission: str, listen: str | None = None, cert_dir: str | None = None) -> tuple[kopf.WebhookServer, bytes]:
+    """`admission` is HOST:PORT the API server dials; the server binds `listen` (default HOST).
+    Returns the server and the CA bundle that verifies it."""
+    host, _, port = admission.rpartition(":")
+    host = host or "localhost"
+    if cert_dir:
+        d = Path(cert_dir)
+        certfile, pkeyfile, cafile = d / "tls.crt", d / "tls.key", d / "ca.crt"
+        if not cafile.exists():
+            cafile = certfile
+    else:
+        certfile, pkeyfile, cafile = operator_ca(host)
+    return (kopf.WebhookServer(addr=listen or host, port=int(port), host=host, certfile=str(certfile),
+                               pkeyfile=str(pkeyfile), cafile=str(cafile)), Path(cafile).read_bytes())
+
+
+def _san(host: str) -> str:
+    try:
+        ipaddress.ip_address(host)
+        return f"IP:{host}"
+    except ValueError:
+        return f"DNS:{host}"
+
+
+def operator_ca(host: str) -> tuple[str, str, str]:
+    """A CA and a serving certificate it signs (openssl CLI; kopf's own generator needs oscrypto,
+    which cannot read OpenSSL 3). Returns (cert, key, ca)."""
+    d = Path(tempfile.mkdtemp(prefix="moe-webhook-"))
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365", "-subj", "/CN=moe-operator webhook CA",
+        "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"))
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}", "-keyout", str(d / "tls.key"),
+        "-out", str(d / "tls.csr"))
+    (d / "ext.cnf").write_text(f"subjectAltName={_san(host)}\nextendedKeyUsage=serverAuth\n")
+    run("x509", "-req", "-in", str(d / "tls.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
+        "-CAcreateserial", "-days", "90", "-extfile", str(d / "ext.cnf"), "-out", str(d / "tls.crt"))
+    (d / "ca.key").unlink()  # nothing else is ever signed with it
+    return str(d / "tls.crt"), str(d / "tls.key"), str(d / "ca.crt")
+
+
+def verdict(spec_dict: dict[str, Any], cfg: Any) -> str | None:
+    """Why this spec must be refused, or None. `cfg` is the operator's reconcile Config."""
+    try:
+        spec = MoEDeploymentSpec.model_validate(spec_dict)
+    except Exception:  # noqa: BLE001 - the schema is the judge of shape; admit and let it speak
+        return None
+    problems = cfg.policy.problems(spec)
+    if problems:
+        return "refused by the cluster's policy: " + "; ".join(problems)
+    if spec.moe.runnerBackend == "auto" and spec.moe.deferredFinalize != "on":
+        return None
+    try:
+        ckpt = inspect_spec(spec, local_models_dir=cfg.local_models_dir)
+    except (InspectionFailed, InspectionPending):
+        return None  # cannot judge without the checkpoint; the reconcile reports it
+    families = spec.gpu.allowedArchitectures or list(FAMILIES)
+    classes = [from_name(spec.gpu.product) if spec.gpu.product else from_name(f) for f in families]
+    msg = impossible_everywhere(spec, ckpt, classes)
+    return f"moe.runnerBackend/deferredFinalize is impossible on every allowed GPU class: {msg}" if msg else None
+
+
+def admission_handler(cfg: Any) -> Callable[..., None]:
+    def admission(spec: kopf.Spec, **_: Any) -> None:
+        try:
+            msg = verdict(dict(spec), cfg)
+        except Exception as e:  # noqa: BLE001 - a bug here must not block every write
+            log.warning("admission could not judge a MoEDeployment, admitting it: %s: %s", type(e).__name__, e)
+            return
+        if msg:
+            raise kopf.AdmissionError(msg)
+    return admission

@@ -1,0 +1,253 @@
+"""A tenant who may only create MoEDeployments, and a fault injector, against the real control plane.
+
+What a tenant must not get through a MoEDeployment: a host path the admin did not allow, a pod as
+root with a service-account token, another Secret of the namespace, dangerous env. What the
+operator must survive: drift of its objects, GPU nodes losing their labels, kill -9 mid-burst.
+The operator runs with the chart's ServiceAccount and RBAC (the `operator` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+import yaml
+
+from .operator_fixture import SAMPLES, condition, get_json, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def moed(namespace: str, name: str, **spec) -> dict:
+    return {"apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def sample(namespace: str, file: str, name: str | None = None) -> dict:
+    doc = yaml.safe_load((SAMPLES / file).read_text())
+    doc["metadata"] = {"name": name or doc["metadata"]["name"], "namespace": namespace}
+    return doc
+
+
+def apply(kubectl, doc, check=True):
+    return kubectl("apply", "-f", "-", input=json.dumps(doc), check=check)
+
+
+def planned_condition(kubectl, ns, name, status, reason=None, timeout=30, log=None):
+    def ok():
+        c = condition(get_json(kubectl, "moed", name, "-n", ns), "Planned")
+        return c if c and c["status"] == status and (reason is None or c["reason"] == reason) else None
+    return wait_for(ok, timeout, f"{ns}/{name} Planned={status} {reason or ''}", log)
+
+
+def events_of(kubectl, ns, name) -> list[dict]:
+    return get_json(kubectl, "events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+
+
+# ------------------------------------------------------------------------------- admission (CEL)
+@pytest.mark.parametrize("name,spec,message", [
+    ("dotdot", {"model": {"uri": "file:///models/../var/lib/kubelet"}}, "must not contain '.' or '..' path segments"),
+    ("pvcdotdot", {"model": {"uri": "pvc://models/a/../../b"}}, "must not contain '.' or '..' path segments"),
+    ("dashrev", {"model": {"uri": "hf://org/name@--upload-file"}}, "spec.model.uri"),
+    ("preload", {"model": {"uri": "hf://org/name"}, "env": [{"name": "LD_PRELOAD", "value": "/x.so"}]}, "env name is reserved"),
+    ("allgpus", {"model": {"uri": "hf://org/name"}, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]},
+     "env name is reserved"),
+    ("tokenenv", {"model": {"uri": "hf://org/name", "tokenSecretRef": {"name": "hf"}},
+                  "env": [{"name": "HF_TOKEN", "value": "x"}]}, "collides with model.tokenSecretRef"),
+    ("bigenv", {"model": {"uri": "hf://org/name"},
+                "env": [{"name": f"E{i}", "value": "x" * 30000} for i in range(3)]}, "must stay under 65536 bytes"),
+    ("badqty", {"model": {"uri": "hf://org/name"}, "resources": {"limits": {"memory": "lots"}}}, "must be Kubernetes quantities"),
+    ("badsel", {"model": {"uri": "hf://org/name"}, "nodeSelector": {"bad key!": "x"}}, "nodeSelector keys must be label keys"),
+    ("a" * 60, {"model": {"uri": "hf://org/name"}}, "metadata.name must be at most 52 characters"),
+    ("1starts-with-digit", {"model": {"uri": "hf://org/name"}}, "metadata.name must be a DNS-1035 label"),
+])
+def test_hostile_specs_are_refused_by_the_api_server(kubectl, namespace, crd, name, spec, message):
+    r = apply(kubectl, moed(namespace, name, **spec), check=False)
+    assert r.returncode != 0 and message in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------------- policy
+def test_host_path_outside_the_allowed_ones_is_refused_and_mounts_nothing(kubectl, namespace, operator):
+    apply(kubectl, moed(namespace, "kubelet", model={"uri": "file:///var/lib/kubelet"}))
+    c = planned_condition(kubectl, namespace, "kubelet", "False", "PolicyViolation", log=operator.log_tail)
+    assert "not under an allowed host path" in c["message"]
+    assert any(e["reason"] == "PolicyViolation" for e in events_of(kubectl, namespace, "kubelet"))
+    time.sleep(3)
+    assert get_json(kubectl, "deployment", "kubelet", "-n", namespace) is None
+    assert not get_json(kubectl, "jobs", "-n", namespace)["items"], "no inspection Job may mount the path either"
+
+
+def test_rendered_pods_run_without_root_token_or_privileges(kubectl, namespace, operator):
+    doc = sample(namespace, "deepseek-v3-nvfp4-b200.yaml", "locked")
+    doc["spec"]["engine"] = {"name": "bundled"}   # the runtime image: non-root
+    doc["spec"]["parallelism"] = {"tp": 1}
+    apply(kubectl, doc)
+    name = doc["metadata"]["name"]
+    planned_condition(kubectl, namespace, name, "True", log=operator.log_tail)
+    dep = wait_for(lambda: get_json(kubectl, "deployment", name, "-n", namespace), 30, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in pod["containers"] + pod.get("initContainers", []):
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"] and not sc["privileged"]
+    assert not [v for v in pod["volumes"] if "hostPath" in v and not v["hostPath"]["path"].startswith("/models")]
+    # the pods the API server made from it: no token volume, non-root
+    pods = wait_for(lambda: get_json(kubectl, "pods", "-n", namespace, "-l", f"moe.serving.dev/deployment={name}")["items"],
+                    30, "pods")
+    for p in pods:
+        assert not [v for v in p["spec"]["volumes"] if "projected" in v or v["name"].startswith("kube-api-access")]
+
+
+def test_token_secret_must_be_marked_for_model_use(kubectl, namespace, operator):
+    kubectl("-n", namespace, "create", "secret", "generic", "db-password", "--from-literal=token=hunter2")
+    doc = sample(namespace, "deepseek-v3-nvfp4-b200.yaml", "tok")
+    doc["spec"]["model"]["tokenSecretRef"] = {"name": "db-password"}
+    apply(kubectl, doc)
+    c = planned_condition(kubectl, namespace, "tok", "False", "PolicyViolation", log=operator.log_tail)
+    assert "lacks the label moe.serving.dev/model-token=true" in c["message"]
+    assert get_json(kubectl, "deployment", "tok", "-n", namespace) is None
+    doc["spec"]["model"]["tokenSecretRef"] = {"name": "missing"}
+    apply(kubectl, doc)
+    c = wait_for(lambda: (c := condition(get_json(kubectl, "moed", "tok", "-n", namespace), "Planned"))
+                 and "not found" in c["message"] and c, 30, "missing Secret reported")
+    # the Secret's owner marks it: now it may be used
+    kubectl("-n", namespace, "label", "secret", "db-password", "moe.serving.dev/model-token=true")
+    doc["spec"]["model"]["tokenSecretRef"] = {"name": "db-password"}
+    apply(kubectl, doc)
+    planned_condition(kubectl, namespace, "tok", "True", log=operator.log_tail)
+    dep = wait_for(lambda: get_json(kubectl, "deployment", "tok", "-n", namespace), 30, "Deployment")
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "token"}}} in env
+    st = json.dumps(get_json(kubectl, "moed", "tok", "-n", namespace)["status"])
+    assert "hunter2" not in st
+
+
+# ------------------------------------------------------------------------------- drift
+def test_drift_is_repaired_field_by_field(kubectl, namespace, operator):
+    doc = sample(namespace, "deepseek-v3-nvfp4-b200.yaml", "drift")
+    apply(kubectl, doc)
+    planned_condition(kubectl, namespace, "drift", "True", log=operator.log_tail)
+    dep = wait_for(lambda: get_json(kubectl, "deployment", "drift", "-n", namespace), 30, "Deployment")
+    rendered_env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    # an env var added by hand (another field manager: server-side apply alone would keep it)
+    kubectl("-n", namespace, "set", "env", "deployment/drift", "-c", "engine", "INJECTED=1")
+
+    def env_back():
+        env = get_json(kubectl, "deployment", "drift", "-n", namespace)["spec"]["template"]["spec"]["containers"][0]["env"]
+        return env == rendered_env
+    wait_for(env_back, 30, "the added env var to be removed", operator.log_tail)
+    kubectl("-n", namespace, "delete", "service", "drift")
+    kubectl("-n", namespace, "delete", "configmap", "drift-plan")
+    wait_for(lambda: get_json(kubectl, "service", "drift", "-n", namespace)
+             and get_json(kubectl, "configmap", "drift-plan", "-n", namespace), 30, "Service and ConfigMap back",
+             operator.log_tail)
+    # nothing changed since: a resync tick writes nothing
+    rv = get_json(kubectl, "deployment", "drift", "-n", namespace)["metadata"]["resourceVersion"]
+    mrv = get_json(kubectl, "moed", "drift", "-n", namespace)["metadata"]["resourceVersion"]
+    time.sleep(6)   # three resync ticks at MOE_RESYNC_SECONDS=2
+    assert get_json(kubectl, "deployment", "drift", "-n", namespace)["metadata"]["resourceVersion"] == rv
+    assert get_json(kubectl, "moed", "drift", "-n", namespace)["metadata"]["resourceVersion"] == mrv
+
+
+# ------------------------------------------------------------------------------- inventory
+def test_gpu_nodes_losing_their_labels_replan_every_object_with_an_event(dev_cluster, kubectl, namespace, operator):
+    """Every affected object re-plans within 30 s, each with an Event (the sweep posts Events
+    itself, so one object's Event does not stop the others)."""
+    from moe_operator.devcluster.pools import POOL_LABEL
+
+    names = [f"rtx-{i}" for i in range(4)]
+    for n in names:
+        doc = sample(namespace, "deepseek-v3-nvfp4-b200.yaml", n)
+        doc["spec"]["gpu"] = {"allowedArchitectures": ["sm120"]}
+        doc["spec"]["replicas"] = 0
+        apply(kubectl, doc)
+    for n in names:
+        planned_condition(kubectl, namespace, n, "True", timeout=60, log=operator.log_tail)
+    gfd = [k for k in get_json(kubectl, "nodes", "-l", f"{POOL_LABEL}=rtx-pro-6000")["items"][0]["metadata"]["labels"]
+           if k.startswith("nvidia.com/")]
+    try:
+        t0 = time.monotonic()
+        kubectl("label", "nodes", "-l", f"{POOL_LABEL}=rtx-pro-6000", *[f"{k}-" for k in gfd])
+        for n in names:
+            planned_condition(kubectl, namespace, n, "False", "NoFeasibleGpuClass", timeout=max(1, 30 - (time.monotonic() - t0)),
+                              log=operator.log_tail)
+        for n in names:
+            assert any(e["reason"] == "NoFeasibleGpuClass" for e in events_of(kubectl, namespace, n)), n
+    finally:
+        dev_cluster.remove_pool("rtx-pro-6000")
+        dev_cluster.add_pool("rtx-pro-6000")
+
+
+def test_kill_9_mid_burst_moves_no_workload(dev_cluster, kubectl, namespace, operator):
+    """A burst of objects that fit two classes, the operator killed -9 while placing them, restarted:
+    every workload stays on the class it was first applied with."""
+    names = [f"burst-{i}" for i in range(12)]
+    for n in names:
+        doc = sample(namespace, "deepseek-v3-nvfp4-b200.yaml", n)
+        doc["spec"]["parallelism"] = {"tp": 4}   # fits B200 (8 per node) and GB200 (4 per node)
+        doc["spec"]["gpu"] = {"allowedArchitectures": ["sm100"]}   # B200 and GB200 (amd64 / arm64)
+        apply(kubectl, doc)
+    first: dict[str, str] = {}
+    deadline = time.monotonic() + 60
+    while len(first) < 3 and time.monotonic() < deadline:   # kill once some, not all, are applied
+        for n in names:
+            d = get_json(kubectl, "deployment", n, "-n", namespace)
+            if d and n not in first:
+                first[n] = d["metadata"]["annotations"]["moe.serving.dev/gpu-class"]
+        time.sleep(0.2)
+    operator.proc.send_signal(signal.SIGKILL)
+    operator.proc.wait()
+    operator.start()
+    for n in names:
+        planned_condition(kubectl, namespace, n, "True", timeout=90, log=operator.log_tail)
+    time.sleep(6)
+    for n in names:
+        d = get_json(kubectl, "deployment", n, "-n", namespace)
+        cls = d["metadata"]["annotations"]["moe.serving.dev/gpu-class"]
+        if n in first:
+            assert cls == first[n], f"{n} moved from {first[n]} to {cls}"
+        assert get_json(kubectl, "moed", n, "-n", namespace)["status"]["gpuClass"] == cls
+
+
+# ------------------------------------------------------------------------------- webhook
+def test_webhook_admits_deletes_and_writes_when_the_operator_is_gone(kubectl, kubeconfig, namespace, crd, tmp_path):
+    """failurePolicy Ignore and CREATE/UPDATE only: after the operator dies (kill -9 leaves the
+    configuration behind) deletes and writes still go through; it binds where it is told."""
+    import socket
+
+    from .operator_fixture import OperatorProcess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    op = OperatorProcess(kubeconfig, tmp_path / "webhook.log", ["--admission", f"127.0.0.1:{port}"])
+    op.start()
+    try:
+        vwc = wait_for(lambda: get_json(kubectl, "validatingwebhookconfiguration", "validate.moe.serving.dev"), 30,
+                       "managed ValidatingWebhookConfiguration", op.log_tail)
+        hook = vwc["webhooks"][0]
+        assert hook["failurePolicy"] == "Ignore"
+        assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+
+        def listening():
+            r = __import__("subprocess").run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True)
+            return r.stdout.strip() or None
+        out = wait_for(listening, 30, "webhook listening")
+        assert "127.0.0.1:" in out and "0.0.0.0" not in out and "*:" not in out, out
+        doc = moed(namespace, "outage", model={"uri": "file:///var/lib/kubelet"})
+        r = apply(kubectl, doc, check=False)
+        assert r.returncode != 0 and "not under an allowed host path" in r.stderr, r.stderr
+        doc["spec"]["model"]["uri"] = "hf://org/name"
+        apply(kubectl, doc)
+        op.proc.send_signal(signal.SIGKILL)
+        op.proc.wait()
+        assert get_json(kubectl, "validatingwebhookconfiguration", "validate.moe.serving.dev")
+        kubectl("-n", namespace, "delete", "moed", "outage", "--wait=false", "--timeout=20s")
+        apply(kubectl, moed(namespace, "while-down", model={"uri": "hf://org/name"}))
+    finally:
+        op.stop()
+        kubectl("delete", "validatingwebhookconfiguration", "validate.moe.serving.dev", "--ignore-not-found")

@@ -1,0 +1,195 @@
+"""Tenant safety, pure parts: the admin's policy, rendered security contexts, drift comparison,
+model URIs, the admission webhook's server and verdicts."""
+
+from __future__ import annotations
+
+import pytest
+from moe_core.gpu import from_name
+from pydantic import ValidationError
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.drift import differences
+from moe_operator.model_uri import ModelURI
+from moe_operator.policy import Policy, host_path_problems, image_allowed, normalize_image
+from moe_operator.render import Owner, engine_cache_volume, inspection_job, render
+
+
+# ------------------------------------------------------------------------------- policy
+@pytest.mark.parametrize("path,allowed,ok", [
+    ("/models/x", ("/models",), True),
+    ("/models", ("/models",), True),
+    ("/models/x/", ("/models/",), True),
+    ("/modelsx", ("/models",), False),            # a prefix is not a parent directory
+    ("/models/../etc", ("/models",), False),
+    ("/var/lib/kubelet", ("/models",), False),
+    ("/", ("/models",), False),
+    ("/models/x", (), False),                     # nothing allowed by default
+    ("relative/x", ("/",), False),
+    ("/data/a", ("/models", "/data"), True),
+])
+def test_host_paths(path, allowed, ok):
+    assert (not host_path_problems(path, allowed)) is ok
+
+
+@pytest.mark.parametrize("image,norm", [
+    ("ubuntu", "docker.io/library/ubuntu"),
+    ("lmsysorg/sglang:v0.5", "docker.io/lmsysorg/sglang:v0.5"),
+    ("ghcr.io/moe-operator/moe-runtime:0.1.0", "ghcr.io/moe-operator/moe-runtime:0.1.0"),
+    ("localhost/x", "localhost/x"),
+    ("registry.local:5000/x", "registry.local:5000/x"),
+])
+def test_image_references_normalize_like_docker(image, norm):
+    assert normalize_image(image) == norm
+
+
+def test_image_registries():
+    allowed = ("docker.io/lmsysorg", "ghcr.io/moe-operator/")
+    assert image_allowed("lmsysorg/sglang:v0.5.23", allowed)
+    assert image_allowed("ghcr.io/moe-operator/moe-runtime@sha256:abc", allowed)
+    assert not image_allowed("ghcr.io/moe-operator-evil/x", allowed)
+    assert not image_allowed("evil.io/lmsysorg/sglang", allowed)
+    assert not image_allowed("lmsysorg-x/sglang", allowed)
+
+
+def spec(**kw) -> MoEDeploymentSpec:
+    return MoEDeploymentSpec.model_validate({"model": {"uri": "hf://org/name"}, **kw})
+
+
+def test_policy_problems_name_the_fix():
+    p = Policy(allowed_host_paths=("/models",), allowed_registries=("docker.io/lmsysorg",))
+    assert p.problems(spec()) == []
+    assert p.problems(spec(model={"uri": "file:///models/x"})) == []
+    (msg,) = p.problems(spec(model={"uri": "file:///etc"}))
+    assert "not under an allowed host path (/models)" in msg and "pvc://" in msg
+    (msg,) = p.problems(spec(engine={"name": "sglang", "image": "evil/sglang"}))
+    assert "not from an allowed registry" in msg and "leave engine.image unset" in msg
+    assert Policy().problems(spec(engine={"name": "sglang", "image": "evil/sglang"})) == []  # any image by default
+    assert "--allow-host-path" in Policy().problems(spec(model={"uri": "file:///models/x"}))[0]
+
+
+@pytest.mark.parametrize("env", [{"name": "LD_PRELOAD"}, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                                 {"name": "CUDA_VISIBLE_DEVICES"}, {"name": "LWS_LEADER_ADDRESS"}])
+def test_reserved_env_names_are_in_the_crd_rule(env):
+    from moe_operator.crd import crd
+
+    rule = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["env"]["items"][
+        "x-kubernetes-validations"][0]["rule"]
+    name = env["name"]
+    assert f"'{name}'" in rule or any(f"startsWith('{p}')" in rule for p in ("LD_", "NVIDIA_", "LWS_") if name.startswith(p))
+
+
+def test_model_uri_revision_may_not_look_like_a_flag():
+    for bad in ("hf://org/name@-x", "hf://org/name@--upload", "hf://org/name@.x"):
+        with pytest.raises(ValidationError):
+            spec(model={"uri": bad})
+    spec(model={"uri": "hf://org/name@v1.0"})
+
+
+# ------------------------------------------------------------------------------- model URIs
+def test_model_uris_parse_once():
+    assert ModelURI.parse("hf://org/name@main") == ModelURI("hf", repo="org/name", revision="main")
+    u = ModelURI.parse("pvc://models/deepseek/v3/")
+    assert (u.claim, u.subpath) == ("models", "deepseek/v3")
+    vol, mount, path = u.volume()
+    assert vol["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert mount["readOnly"] is True and path == "/models/models/deepseek/v3"
+    vol, mount, path = ModelURI.parse("file:///models/x").volume()
+    assert vol["hostPath"]["path"] == "/models/x" and mount["readOnly"] is True and path == "/models/x"
+    with pytest.raises(ValueError):
+        ModelURI.parse("s3://bucket/x")
+
+
+# ------------------------------------------------------------------------------- rendering
+def _plan_for(s: MoEDeploymentSpec, family: str):
+    from moe_core.checkpoint import CheckpointInfo
+    from moe_operator.placement import choices_from_spec
+    from moe_operator.planner import plan
+
+    ck = CheckpointInfo(architecture="DeepseekV3ForCausalLM", format="nvfp4", formatSource="test", expertsFp4=True)
+    return plan(ck, from_name(family), choices_from_spec(s), engine=s.engine.name, engine_version=s.engine.version)
+
+
+@pytest.mark.parametrize("engine,non_root", [("bundled", True), ("sglang", False), ("vllm", False)])
+def test_every_rendered_pod_is_locked_down(engine, non_root):
+    s = spec(engine={"name": engine}, model={"uri": "file:///models/x"})
+    objs = render(Owner("x", "ns", "uid"), s, _plan_for(s, "sm100"), from_name("B200"))
+    pod = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"].get("runAsNonRoot", False) is non_root
+    for c in pod["containers"] + pod.get("initContainers", []):
+        assert c["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                        "capabilities": {"drop": ["ALL"]}}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["model"]["hostPath"]["path"] == "/models/x"
+    assert all(m.get("readOnly") for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model")
+
+
+def test_engine_cache_is_per_pod_unless_the_admin_gives_a_root():
+    s = spec(engine={"name": "sglang"})
+    p = _plan_for(s, "sm100")
+    assert engine_cache_volume(Owner("x", "team-a", "u"), from_name("B200"), p, None) == {"name": "engine-cache", "emptyDir": {}}
+    v = engine_cache_volume(Owner("x", "team-a", "u"), from_name("B200"), p, "/var/cache/moe")
+    assert v["hostPath"]["path"].startswith("/var/cache/moe/team-a/")
+
+
+def test_inspection_job_is_locked_down_and_owned():
+    job = inspection_job("ns", "moe-inspect-x", "pvc://models/a", "img", Owner("x", "ns", "uid"))
+    pod = job["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "uid"
+
+
+def test_workload_carries_its_gpu_class_for_sticky_placement():
+    s = spec(engine={"name": "sglang"}, nodesPerReplica=1)
+    objs = render(Owner("x", "ns", "uid"), s, _plan_for(s, "sm100"), from_name("B200"))
+    wl = next(o for o in objs if o["kind"] == "Deployment")
+    assert wl["metadata"]["annotations"]["moe.serving.dev/gpu-class"] == from_name("B200").key()
+
+
+# ------------------------------------------------------------------------------- drift
+def test_drift_ignores_what_the_server_adds_but_not_added_list_items():
+    desired = {"spec": {"template": {"spec": {"containers": [{"name": "e", "env": [{"name": "A", "value": ""}],
+                                                              "resources": {"limits": {"cpu": "1000m"}}}]}}},
+               "metadata": {"labels": {"a": "b"}}}
+    live = {"spec": {"template": {"spec": {"containers": [{"name": "e", "env": [{"name": "A"}],
+                                                           "imagePullPolicy": "IfNotPresent",
+                                                           "resources": {"limits": {"cpu": "1"}}}],
+                                           "dnsPolicy": "ClusterFirst"}}},
+            "metadata": {"labels": {"a": "b", "extra": "x"}, "resourceVersion": "5"}}
+    assert differences(desired, live) == []
+    live["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "INJECTED", "value": "1"})
+    (d,) = differences(desired, live)
+    assert "env" in d and "1 items rendered, live has 2" in d
+    live["spec"]["template"]["spec"]["containers"][0]["env"].pop()
+    live["metadata"]["labels"]["a"] = "c"
+    assert differences(desired, live) == [".metadata.labels.a: rendered 'b', live 'c'"]
+
+
+# ------------------------------------------------------------------------------- webhook
+def test_webhook_binds_where_it_is_told_with_a_ca_it_made():
+    import ssl
+
+    from moe_operator.webhook import server
+
+    srv, ca = server("127.0.0.1:9443")
+    assert srv.addr == "127.0.0.1" and srv.host == "127.0.0.1" and srv.port == 9443
+    assert b"BEGIN CERTIFICATE" in ca
+    ctx = ssl.create_default_context(cadata=ca.decode())   # the CA verifies the serving certificate
+    assert ctx.cert_store_stats()["x509_ca"] == 1
+    srv2, _ = server("moe.svc:9443", listen="0.0.0.0")
+    assert srv2.addr == "0.0.0.0" and srv2.host == "moe.svc"
+
+
+def test_webhook_serving_cert_is_signed_by_its_ca(tmp_path):
+    import subprocess
+
+    from moe_operator.webhook import operator_ca
+
+    cert, key, ca = operator_ca("moe-operator-webhook.moe-system.svc")
+    r = subprocess.run(["openssl", "verify", "-CAfile", ca, cert], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = subprocess.run(["openssl", "x509", "-in", cert, "-noout", "-text"], capture_output=True, text=True).stdout
+    assert "DNS:moe-operator-webhook.moe-system.svc" in text
