@@ -21,6 +21,8 @@ from moe_core.formats import EXPERT_FORMATS, expert_format
 from moe_core.gpu import BLACKWELL, GpuClass
 from moe_core.plan import Decision, Plan, PlanCheckpoint, PlanEngine, PlanGpu, PlanMoE
 
+from . import engine_rules
+
 ENGINES = ("bundled", "sglang", "vllm")
 DEFAULT_VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0", "bundled": "0.1.0"}
 
@@ -383,11 +385,48 @@ def _select(rows: tuple[Select, ...], f: Facts) -> tuple[Select, str | None]:
 
 def _run_checks(b: _Builder, checks: tuple[Check, ...], runner: str) -> None:
     f = b.f
+    first_error = len(b.errors)
+    fired: set[str] = set()
     for c in checks:
         if c.when(f, runner):
             msg = c.message.format(value=runner, gpu=f.gpu_name, a2a=f.a2a, fmt=f.fmt, version=f.version,
                                    fi=f.flashinfer or "none", arch=f.arch)
             (b.errors if c.verdict == "reject" else b.warnings).append(f"[{c.id}] {msg}")
+            if c.verdict == "reject":
+                fired.add(c.id)
+    if f.engine in ("sglang", "vllm") and (f.choices.runner_backend != "auto" or f.a2a != "none"):
+        _engine_start_checks(b, checks, runner, frozenset(fired), first_error)
+
+
+def _engine_case(f: Facts, runner: str) -> engine_rules.Case:
+    return engine_rules.Case(
+        engine=f.engine, version=f.version, fmt=f.fmt, arch=f.arch, family=f.fam, runner=runner, a2a=f.a2a,
+        tp=f.choices.tp, ep=f.choices.ep, dp=f.choices.dp, cc=f.gpu.computeCapability,
+        driver=getattr(f.gpu, "driverVersion", None) or (str(f.gpu.driverMajor) if f.gpu.driverMajor else None),
+        flashinfer=f.flashinfer, quant_method=f.ckpt.quantMethod, env=dict(f.choices.env))
+
+
+def _engine_start_checks(b: _Builder, checks: tuple[Check, ...], runner: str, fired: frozenset[str],
+                         first_error: int) -> None:
+    """Explicit sglang/vLLM choices against the engine version's own start-up checks (engine_rules),
+    then every refusal of the explicit choice says what works instead (issue 16)."""
+    f = b.f
+    case = _engine_case(f, runner)
+    b.errors.extend(r.text for r in engine_rules.check(case, skip_same_as=fired))
+    note = engine_rules.coverage_note(f.engine, f.version)
+    if note:
+        b.warnings.append(f"[ER0] {note}")
+    if len(b.errors) == first_error:
+        return
+
+    def planner_ok(c: engine_rules.Case) -> bool:  # the planner's own validate rows for a candidate
+        g = f if c.a2a == f.a2a else dataclasses.replace(f, choices=dataclasses.replace(f.choices, a2a_backend=c.a2a))
+        return not any(k.verdict == "reject" and k.when(g, c.runner) for k in checks)
+
+    flag = "--moe-runner-backend" if f.engine == "sglang" else "--moe-backend"
+    alts = engine_rules.describe_alternatives(case, engine_rules.alternatives(case, planner_ok), flag)
+    for i in range(first_error, len(b.errors)):
+        b.errors[i] = f"{b.errors[i]} {alts}"
 
 
 def _reason(row: Select, f: Facts, value: str) -> str:

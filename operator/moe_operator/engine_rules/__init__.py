@@ -162,9 +162,10 @@ def catalogue(engine: str, version: str) -> tuple[tuple[str, ...], tuple[str, ..
 
 
 def _fields(case: Case) -> dict:
+    quant = server_quantization(case)[1] if case.engine == "sglang" else case.quant_method
     return dict(runner=case.runner, a2a=case.a2a, fmt=case.fmt, family=case.family, arch=case.arch,
                 tp=case.tp, ep=case.ep, dp=case.dp, version=case.version, fi=case.flashinfer or "none",
-                driver=case.driver or "unknown", quant=case.quant_method)
+                driver=case.driver or "unknown", quant=quant)
 
 
 def check(case: Case, skip_same_as: frozenset[str] = frozenset()) -> list[Refusal]:
@@ -192,7 +193,8 @@ _NOT_OFFERED = frozenset({"auto", "lora_cutedsl", "lora_triton", "lora_marlin", 
 def alternatives(case: Case, also_ok: Callable[[Case], bool] | None = None) -> dict[str, list[str]]:
     """What works instead, for this checkpoint on this GPU with this engine version.
 
-    Returns {"runner": [...]} (runner values that pass with the case's a2a) and, when the a2a choice
+    Returns {"runner": [...]} (runner values that pass with the case's a2a), {"auto": ["auto"]} when
+    the runner left at auto passes, and, when the a2a choice
     is itself refused or no runner passes with it, {"runner_without_a2a": [...]} (with a2a none).
     `also_ok` adds the caller's own checks (the planner's validate rows)."""
     runners, _ = catalogue(case.engine, case.version)
@@ -205,6 +207,7 @@ def alternatives(case: Case, also_ok: Callable[[Case], bool] | None = None) -> d
 
     out: dict[str, list[str]] = {}
     out["runner"] = [r for r in runners if r not in _NOT_OFFERED and ok(replace(case, runner=r))]
+    out["auto"] = ["auto"] if ok(replace(case, runner="auto")) else []
     if case.a2a != "none" and not out["runner"]:
         base = replace(case, a2a="none")
         out["runner_without_a2a"] = [r for r in runners if r not in _NOT_OFFERED and ok(replace(base, runner=r))]
@@ -223,8 +226,8 @@ def describe_alternatives(case: Case, alts: dict[str, list[str]], flag: str) -> 
         parts.append(f"no {flag} value passes with a2a {case.a2a} for {where}"
                      + (f"; without an all-to-all backend: {', '.join(without)}" if without else ""))
     else:
-        parts.append(f"no explicit {flag} value passes for {where}")
-    return "Works instead: " + "; ".join(parts) + " (or leave it at auto)."
+        parts.append(f"no explicit {flag} value passes for {where}; this checkpoint needs another GPU or format")
+    return "Works instead: " + "; ".join(parts) + (" (or leave it at auto)." if alts.get("auto") else ".")
 
 
 def server_quantization(case: Case) -> tuple[bool, str | None]:

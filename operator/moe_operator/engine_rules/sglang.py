@@ -338,6 +338,15 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.fmt in FP8_METHOD and c.runner == "cutlass" and c.family not in SM90_SM100_SM12X,
          "cutlass_fp8 MoE requires SM90, SM100, or SM120 GPUs",
          _src(_F8, "1508-1517", "Fp8MoEMethod.__init__", "0.5.10", "cutlass_fp8 MoE requires SM90, SM100, or SM120")),
+    Rule("SG-FP8-RUNNER", "sglang",
+         lambda c: not c.rocm and ((c.fmt in ("fp8", "dsv4_fp8") and c.runner in (
+             "marlin", "triton_kernel", "flashinfer_mxfp4", "humming", "experimental_sgl_marlin"))
+             or (c.fmt == "dsv4_fp4" and c.runner in ("triton_kernel", "experimental_sgl_marlin"))),
+         "Fp8MoEMethod.create_moe_runner builds no MoeRunner for {runner} (only deep_gemm, triton, aiter, "
+         "flashinfer_trtllm(_routed), hpc_ops, flashinfer_megamoe; flashinfer_cutlass/cutedsl run on triton) and "
+         "apply() has no direct path for it but cutlass: the first forward fails on self.runner = None",
+         _src(_F8, "2941-2998,3188-3227", "Fp8MoEMethod.create_moe_runner / apply", "0.5.23",
+              "Direct kernels declare the layout they consume")),
     Rule("SG-FP4EXPERT-DEQUANT", "sglang",
          lambda c: c.fmt == "dsv4_fp4" and c.truthy("SGLANG_DSV4_FP4_DEQUANT") and c.runner != "auto",
          "{runner} is not compatible with SGLANG_DSV4_FP4_DEQUANT=1",

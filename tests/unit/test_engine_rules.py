@@ -1,0 +1,268 @@
+"""Explicit sglang/vLLM MoE choices against the engines' own start-up checks (issue 16).
+
+The matrix goes through `planner.plan` (what `moe-operator plan` and admission call). Each row's
+expected outcome cites the upstream line it comes from (paths inside the released wheel, line
+numbers of the version in the row unless stated). `ok` rows are choices the engine accepts.
+Add rows with each engine release read (engine_rules.VERSIONS_READ).
+"""
+
+import pytest
+
+try:
+    from moe_core.checkpoint import CheckpointInfo
+    from moe_core.gpu import from_name
+except ImportError:  # before the moe_core move
+    from moe_operator.checkpoint import CheckpointInfo
+    from moe_operator.gpu import from_name
+from moe_operator import engine_rules
+from moe_operator.engine_rules import Case, sglang as sg_rules, vllm as vl_rules
+from moe_operator.planner import Choices, plan
+
+DSV3, DSV4, GPTOSS, QWEN3, GLM4, MIXTRAL = ("DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "GptOssForCausalLM",
+                                            "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "MixtralForCausalLM")
+QM = {"fp8": "fp8", "ct_int4_g32": "compressed-tensors", "ct_nvfp4": "compressed-tensors", "mxfp4": "mxfp4",
+      "nvfp4": "NVFP4", "dsv4_fp4": "fp8", "bf16": None}
+
+# engine, version, gpu, fmt, arch, runner, a2a, (tp, ep, dp), expected rule id or "ok", upstream citation
+MATRIX = [
+    # ---- sglang 0.5.23: quantization methods (layer build) ----
+    ("sglang", "0.5.23", "B200", "mxfp4", GPTOSS, "flashinfer_cutlass", "none", (1, 1, 1), "SG-MXFP4-RUNNER",
+     "sglang/srt/layers/quantization/mxfp4.py:1474-1478 Mxfp4MoEMethod.create_moe_runner"),
+    ("sglang", "0.5.23", "B200", "mxfp4", GPTOSS, "flashinfer_trtllm", "none", (1, 1, 1), "SG-MXFP4-RUNNER",
+     "mxfp4.py:1457-1478: flashinfer_trtllm has no Mxfp4MoEMethod runner branch"),
+    ("sglang", "0.5.23", "H200", "mxfp4", GPTOSS, "marlin", "none", (1, 1, 1), "ok",
+     "mxfp4.py:650-655 MXFP4 Marlin on is_sm90"),
+    ("sglang", "0.5.23", "A100", "mxfp4", GPTOSS, "marlin", "none", (1, 1, 1), "SG-MXFP4-MARLIN",
+     "mxfp4.py:655 'MXFP4 Marlin requires SM90+.'"),
+    ("sglang", "0.5.23", "MI300X", "mxfp4", GPTOSS, "triton", "none", (1, 1, 1), "SG-MXFP4-ROCM",
+     "mxfp4.py:326-333 Mxfp4Config.from_config 'not support mxfp4 computation'"),
+    ("sglang", "0.5.23", "B200", "mxfp4", GPTOSS, "flashinfer_mxfp4", "deepep", (8, 8, 1), "V2",
+     "moe_runner/runner.py:176-180 + flashinfer_cutlass.py:451 only ('none', 'flashinfer_mxfp4') registered"),
+    ("sglang", "0.5.23", "B200", "nvfp4", DSV3, "cutlass", "none", (1, 1, 1), "SG-NVFP4-CUTLASS",
+     "sglang/srt/layers/quantization/modelopt_quant.py:3144-3148 ModelOptNvFp4FusedMoEMethod.create_moe_runner"),
+    ("sglang", "0.5.23", "B200", "nvfp4", DSV3, "triton", "none", (1, 1, 1), "SG-NVFP4-RUNNER",
+     "modelopt_quant.py:3366-3369 ModelOptNvFp4FusedMoEMethod.apply"),
+    ("sglang", "0.5.23", "H200", "nvfp4", DSV3, "flashinfer_cutlass", "none", (1, 1, 1), "V7",
+     "modelopt_quant.py:2382-2387 'Current platform does not support NVFP4 ... use moe_runner_backend=marlin'"),
+    ("sglang", "0.5.23", "H200", "nvfp4", DSV3, "marlin", "none", (1, 1, 1), "ok",
+     "modelopt_quant.py:2378-2381 use_marlin_fallback = moe_runner_backend.is_marlin()"),
+    ("sglang", "0.5.23", "rtx-pro-6000", "nvfp4", QWEN3, "flashinfer_cutlass", "none", (1, 1, 1), "ok",
+     "arg_groups/overrides.py:1518-1526 (the SM120 modelopt_fp4 default) and moe_hook.py:78-92 (quantization None)"),
+    ("sglang", "0.5.23", "rtx-pro-6000", "nvfp4", QWEN3, "flashinfer_cutlass", "none", (8, 4, 1), "SG-FICUTLASS-EP",
+     "sglang/srt/arg_groups/moe_hook.py:89-92 'The expert parallel size must be 1 or the same as the tensor parallel size'"),
+    ("sglang", "0.5.23", "B200", "nvfp4", MIXTRAL, "flashinfer_cutedsl", "none", (1, 1, 1), "SG-CUTEDSL-Q",
+     "moe_hook.py:94-101: quantization None (no Mixtral override resolves it) is not in the CuteDSL list"),
+    ("sglang", "0.5.23", "B200", "nvfp4", DSV3, "flashinfer_cutedsl", "deepep", (8, 8, 1), "ok",
+     "flashinfer_cutedsl.py:624 @register_fused_func('deepep', 'flashinfer_cutedsl')"),
+    ("sglang", "0.5.23", "B200", "nvfp4", DSV3, "flashinfer_cutedsl", "mooncake", (8, 8, 1), "SG-CUTEDSL-A2A",
+     "moe_hook.py:106-113 'flashinfer_cutedsl supports moe_a2a_backend=none, deepep, or flashinfer'"),
+    ("sglang", "0.5.23", "B200", "fp8", DSV3, "flashinfer_cutlass", "none", (1, 1, 1), "K23",
+     "moe_hook.py:78-88 with quantization='fp8' from overrides.py:788-809 (_deepseek_moe_quant_resolution on SM100)"),
+    ("sglang", "0.5.23", "B200", "fp8", DSV3, "flashinfer_trtllm_routed", "none", (1, 1, 1), "ok",
+     "moe_hook.py:140-152 'fp8' is in the routed list"),
+    ("sglang", "0.5.23", "B200", "ct_int4_g32", DSV3, "flashinfer_trtllm_routed", "none", (1, 1, 1), "SG-ROUTED-Q",
+     "moe_hook.py:140-152: 'compressed-tensors' (Kimi-K2 thinking int4) is not in the routed list"),
+    ("sglang", "0.5.23", "B200", "ct_int4_g32", DSV3, "flashinfer_trtllm", "none", (1, 1, 1), "ok",
+     "moe_hook.py:124-138: 'compressed-tensors' is in the TRT-LLM list"),
+    ("sglang", "0.5.23", "A100", "fp8", DSV3, "cutlass", "none", (1, 1, 1), "SG-FP8-CUTLASS",
+     "sglang/srt/layers/quantization/fp8.py:1513-1517 'cutlass_fp8 MoE requires SM90, SM100, or SM120 GPUs'"),
+    ("sglang", "0.5.23", "B200", "dsv4_fp4", DSV4, "marlin", "none", (1, 1, 1), "SG-FP4EXPERT-MARLIN",
+     "sglang/srt/layers/quantization/mxfp4_marlin_moe.py:160-161 'MXFP4 Marlin requires SM90 or SM120.'"),
+    ("sglang", "0.5.23", "H200", "dsv4_fp4", DSV4, "marlin", "none", (1, 1, 1), "ok",
+     "mxfp4_marlin_moe.py:160 is_sm90"),
+    ("sglang", "0.5.23", "B200", "fp8", DSV3, "hpc_ops", "none", (1, 1, 1), "SG-HPCOPS-SM90",
+     "sglang/srt/layers/moe/moe_runner/runner.py:150-158 'hpc_ops requires an SM90 (Hopper) GPU'"),
+    ("sglang", "0.5.23", "H200", "bf16", QWEN3, "hpc_ops", "none", (1, 1, 1), "SG-HPCOPS-FP8",
+     "runner.py:68-82 'hpc_ops only supports FP8 blockwise / per-tensor quantized MoE'"),
+    ("sglang", "0.5.23", "H200", "fp8", QWEN3, "hpc_ops", "none", (1, 1, 1), "ok",
+     "runner.py:68-82 / 150-158: FP8 on SM90"),
+    # ---- sglang 0.5.23: A2A (handle_a2a_moe) ----
+    ("sglang", "0.5.23", "H200", "fp8", QWEN3, "triton", "flashinfer", (8, 8, 8), "SG-FIA2A-RUNNER",
+     "moe_hook.py:534-545 'FlashInfer MoE A2A is supported with flashinfer_cutlass, ... or deep_gemm'"),
+    ("sglang", "0.5.23", "H200", "fp8", DSV3, "deep_gemm", "flashinfer", (8, 8, 8), "ok",
+     "moe_hook.py:534-545 deep_gemm listed; deep_gemm.py:1211 pre-permute ('flashinfer', 'deep_gemm')"),
+    ("sglang", "0.5.23", "H200", "fp8", DSV3, "triton", "deepep_v2", (8, 8, 1), "SG-DEEPEPV2-RUNNER",
+     "moe_hook.py:404-419 'DeepEP v2 MoE currently supports only --moe-runner-backend deep_gemm'"),
+    ("sglang", "0.5.23", "H200", "fp8", GLM4, "deep_gemm", "deepep_v2", (8, 8, 1), "SG-DEEPEPV2-ARCH",
+     "moe_hook.py:719-731 + configs/moe_model_registry.py:20-28 (Glm4MoeForCausalLM not registered)"),
+    ("sglang", "0.5.23", "H200", "fp8", DSV3, "deep_gemm", "deepep_v2", (8, 8, 1), "ok",
+     "configs/moe_model_registry.py:21 DeepseekV3ForCausalLM registered"),
+    ("sglang", "0.5.23", "H200", "fp8", DSV3, "deep_gemm", "pplx", (8, 8, 1), "SG-PPLX-DP",
+     "moe_hook.py:588-595 'pplx requires attention DP with at least 2 groups'"),
+    ("sglang", "0.5.23", "H200", "fp8", DSV3, "triton", "pplx", (8, 8, 8), "SG-PPLX-RUNNER",
+     "moe_hook.py:596-602 'pplx is only supported with --moe-runner-backend deep_gemm (or auto)'"),
+    ("sglang", "0.5.23", "H200", "fp8", DSV3, "auto", "flashinfer_megamoe", (8, 8, 8), "SG-MEGAMOE-SM100",
+     "moe_hook.py:335-339 'FlashInfer MegaMOE currently requires an SM100-family CUDA device'"),
+    ("sglang", "0.5.23", "B200", "fp8", DSV3, "flashinfer_megamoe", "flashinfer_megamoe", (8, 8, 8), "SG-MEGAMOE-Q",
+     "moe_hook.py:264-281 'Standard FP8 MoE checkpoints are not supported'"),
+    ("sglang", "0.5.23", "B200", "dsv4_fp4", DSV4, "flashinfer_megamoe", "flashinfer_megamoe", (8, 8, 8), "ok",
+     "moe_hook.py:264-275 is_fp4_experts; :328-339 runner flashinfer_megamoe on SM100"),
+    # ---- sglang: versions ----
+    ("sglang", "0.5.17", "B200", "fp8", DSV3, "deep_gemm", "deepep_v2", (8, 8, 1), "SG-A2A",
+     "0.5.17 sglang/srt/server_args.py MOE_A2A_BACKEND_CHOICES has no deepep_v2 (first in 0.5.19)"),
+    ("sglang", "0.5.19", "B200", "mxfp4", GPTOSS, "flashinfer_trtllm", "none", (1, 1, 1), "ok",
+     "0.5.19 mxfp4.py has no 'Mxfp4MoEMethod has no MoeRunner' check (first in 0.5.21)"),
+    ("sglang", "0.5.22", "H200", "fp8", DSV3, "deep_gemm", "pplx", (8, 8, 1), "SG-PPLX-DP",
+     "0.5.22 moe_hook.py has the attention-DP assert"),
+    ("sglang", "0.5.21", "H200", "fp8", DSV3, "deep_gemm", "pplx", (8, 8, 1), "ok",
+     "0.5.21 has no 'requires attention DP with at least 2' (first in 0.5.22)"),
+    # ---- vLLM 0.33.0 ----
+    ("vllm", "0.33.0", "B200", "fp8", DSV3, "flashinfer_cutlass", "none", (1, 1, 1), "VL-QS-FICUTLASS-FP8",
+     "vllm/model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py:163-170 block FP8 only is_device_capability(90)"),
+    ("vllm", "0.33.0", "H200", "fp8", DSV3, "flashinfer_cutlass", "none", (1, 1, 1), "ok",
+     "flashinfer_cutlass_moe.py:163-170 block FP8 on 9.0"),
+    ("vllm", "0.33.0", "H200", "nvfp4", DSV3, "flashinfer_cutlass", "none", (1, 1, 1), "VL-QS-FICUTLASS-NVFP4",
+     "flashinfer_cutlass_moe.py:171-179 NVFP4 needs has_device_capability(100)"),
+    ("vllm", "0.33.0", "rtx-pro-6000", "nvfp4", QWEN3, "flashinfer_cutedsl", "none", (1, 1, 1), "VL-DEV-FLASHINFER_CUTEDSL",
+     "experts/flashinfer_cutedsl_moe.py:88-94 is_device_capability_family(100)"),
+    ("vllm", "0.33.0", "B200", "nvfp4", QWEN3, "flashinfer_b12x", "none", (1, 1, 1), "VL-DEV-FLASHINFER_B12X",
+     "experts/flashinfer_b12x_moe.py:165-171 is_device_capability_family(120)"),
+    ("vllm", "0.33.0", "rtx-pro-6000", "nvfp4", QWEN3, "flashinfer_b12x", "none", (1, 1, 1), "ok",
+     "flashinfer_b12x_moe.py:165-171 on 12.0"),
+    ("vllm", "0.33.0", "H200", "nvfp4", QWEN3, "cutlass", "none", (1, 1, 1), "VL-DEV-CUTLASS",
+     "experts/cutlass_moe.py:716-722 CutlassExpertsFp4 families 100/110/120"),
+    ("vllm", "0.33.0", "thor", "nvfp4", QWEN3, "cutlass", "none", (1, 1, 1), "ok",
+     "cutlass_moe.py:716-722 family 110"),
+    ("vllm", "0.33.0", "H200", "mxfp4", GPTOSS, "deep_gemm", "none", (1, 1, 1), "VL-DEV-DEEP_GEMM-MXFP4",
+     "experts/deep_gemm_moe.py:474-479 MXFP4 DeepGEMM families 100/120"),
+    ("vllm", "0.33.0", "A100", "mxfp4", GPTOSS, "triton", "none", (1, 1, 1), "VL-DEV-TRITON-MXFP4",
+     "experts/gpt_oss_triton_kernels_moe.py:41-62 CUDA 9.0 <= capability < 13.0"),
+    ("vllm", "0.33.0", "H200", "bf16", QWEN3, "marlin", "none", (1, 1, 1), "VL-MAP-UNQUANTIZED",
+     "oracle/unquantized.py:180-194 map_unquantized_backend"),
+    ("vllm", "0.33.0", "H200", "fp8", QWEN3, "flashinfer_cutedsl", "none", (1, 1, 1), "VL-MAP-FP8",
+     "oracle/fp8.py:271-289 map_fp8_backend"),
+    ("vllm", "0.33.0", "B200", "mxfp4", GPTOSS, "flashinfer_trtllm_afp8", "none", (1, 1, 1), "VL-CHOICE",
+     "vllm/config/kernel.py:122-147 MoEBackend Literal (the CLI choices) has no flashinfer_trtllm_afp8"),
+    ("vllm", "0.33.0", "B200", "fp8", QWEN3, "flashinfer_moe_ep_mega_deep_gemm", "none", (1, 1, 1), "VL-EP-ARCH",
+     "vllm/config/kernel.py:231-243 validate_flashinfer_moe_ep_model (DeepSeek-V4 only)"),
+    ("vllm", "0.33.0", "B200", "dsv4_fp4", DSV4, "flashinfer_moe_ep_mega_deep_gemm", "deepep_low_latency", (8, 8, 1),
+     "VL-EP-A2A", "vllm/config/kernel.py:207-215 bind_passthrough_all2all_backend"),
+    ("vllm", "0.33.0", "MI300X", "fp8", DSV3, "marlin", "none", (1, 1, 1), "VL-DEV-MARLIN",
+     "experts/marlin_moe.py:592-594 is_cuda() and capability >= 7.5"),
+    ("vllm", "0.33.0", "H200", "fp8", DSV3, "aiter", "none", (1, 1, 1), "VL-DEV-AITER",
+     "experts/rocm_aiter_moe.py:513-514 rocm_aiter_ops.is_fused_moe_enabled"),
+    ("vllm", "0.33.0", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1), "ok",
+     "experts/trtllm_nvfp4_moe.py:204-211 family 100"),
+]
+
+
+def _plan(engine, version, gpu, fmt, arch, runner, a2a, par, env=None):
+    tp, ep, dp = par
+    ck = CheckpointInfo(architecture=arch, format=fmt, formatSource="test", quantMethod=QM.get(fmt),
+                        numExperts=64, numSharedExperts=1 if arch in (DSV3, DSV4) else 0)
+    return plan(ck, from_name(gpu), Choices(runner_backend=runner, a2a_backend=a2a, tp=tp, ep=ep, dp=dp, env=env or {}),
+                engine=engine, engine_version=version)
+
+
+@pytest.mark.parametrize("engine,version,gpu,fmt,arch,runner,a2a,par,expected,cite", MATRIX,
+                         ids=[f"{r[0]}{r[1]}-{r[2]}-{r[3]}-{r[5]}-{r[6]}-{r[8]}" for r in MATRIX])
+def test_matrix(engine, version, gpu, fmt, arch, runner, a2a, par, expected, cite):
+    p = _plan(engine, version, gpu, fmt, arch, runner, a2a, par)
+    if expected == "ok":
+        assert not p.errors, f"{cite}: {p.errors}"
+        return
+    hits = [e for e in p.errors if e.startswith(f"[{expected}]")]
+    assert hits, f"expected [{expected}] ({cite}); got {p.errors}"
+    # every refusal of an explicit choice says what works instead
+    assert all("Works instead:" in e for e in p.errors), p.errors
+
+
+def _offered(error: str) -> list[str]:
+    tail = error.split("Works instead:", 1)[1]
+    if ": " not in tail:
+        return []
+    values = tail.split(": ", 1)[1].split(" (or leave it at auto)")[0].rstrip(".")
+    return [v.strip() for v in values.replace(";", ",").split(",") if v.strip() and " " not in v.strip()]
+
+
+@pytest.mark.parametrize("row", [r for r in MATRIX if r[8] != "ok" and r[6] == "none"],
+                         ids=lambda r: f"{r[0]}-{r[2]}-{r[3]}-{r[5]}")
+def test_alternatives_really_pass(row):
+    engine, version, gpu, fmt, arch, runner, a2a, par, expected, _ = row
+    p = _plan(engine, version, gpu, fmt, arch, runner, a2a, par)
+    offered = _offered(p.errors[0])
+    if not offered:  # nothing passes: the message says so and does not suggest auto
+        assert "needs another GPU or format" in p.errors[0] and "leave it at auto" not in p.errors[0]
+        return
+    assert runner not in offered
+    for alt in offered:
+        q = _plan(engine, version, gpu, fmt, arch, alt, a2a, par)
+        assert not q.errors, f"offered {alt} instead of {runner}, but: {q.errors}"
+
+
+def test_alternatives_for_a_refused_a2a_fall_back_to_none():
+    # FlashInfer MegaMOE needs SM100 (moe_hook.py:335-339): on H200 nothing passes with it.
+    p = _plan("sglang", "0.5.23", "H200", "fp8", DSV3, "deep_gemm", "flashinfer_megamoe", (8, 8, 8))
+    err = next(e for e in p.errors if e.startswith("[SG-MEGAMOE-SM100]"))
+    assert "no --moe-runner-backend value passes with a2a flashinfer_megamoe" in err
+    assert "without an all-to-all backend: " in err and "deep_gemm" in err.split("without an all-to-all backend: ")[1]
+
+
+def test_cli_exit_2_with_alternatives(tmp_path, capsys):
+    import argparse
+    import json
+
+    from moe_operator import plan_cli
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": [GPTOSS], "num_local_experts": 32, "num_experts_per_tok": 4,
+        "quantization_config": {"quant_method": "mxfp4"}}))
+    import struct
+    header = json.dumps({"model.layers.0.mlp.experts.0.gate_proj.weight": {
+        "dtype": "U8", "shape": [4, 4], "data_offsets": [0, 16]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 16)
+    ap = argparse.ArgumentParser()
+    plan_cli.add_arguments(ap)
+    args = ap.parse_args(["--checkpoint", str(tmp_path), "--gpu", "B200", "--engine", "sglang",
+                          "--set", "moe.runnerBackend=flashinfer_cutlass"])
+    assert plan_cli.run(args) == 2
+    out = capsys.readouterr().out
+    assert "[SG-MXFP4-RUNNER]" in out and "Works instead:" in out and "flashinfer_mxfp4" in out
+
+
+AUTO_SWEEP = [(e, g, f, a) for e in ("sglang", "vllm") for g in ("A100", "H200", "B200", "rtx-pro-6000", "MI355X")
+              for f, a in (("fp8", DSV3), ("nvfp4", DSV3), ("mxfp4", GPTOSS), ("dsv4_fp4", DSV4), ("bf16", QWEN3))]
+
+
+@pytest.mark.parametrize("engine,gpu,fmt,arch", AUTO_SWEEP)
+def test_automatic_choices_are_not_checked_by_engine_rules(engine, gpu, fmt, arch):
+    """Rule 0: with nothing explicit the engine rows are not consulted (automatic choices unchanged)."""
+    p = _plan(engine, None, gpu, fmt, arch, "auto", "none", (1, 1, 1))
+    assert not [e for e in p.errors if e.startswith(("[SG-", "[VL-"))]
+    assert not any("Works instead" in e for e in p.errors)
+
+
+def test_every_rule_cites_file_lines_function_and_version():
+    rules = sg_rules.RULES + vl_rules.RULES
+    assert len({r.id for r in rules}) == len(rules)
+    for r in rules:
+        s = r.source
+        assert s.file.startswith(("sglang/", "vllm/")) and s.file.endswith(".py"), r.id
+        assert s.lines and all(part.replace("-", "").isdigit() for part in s.lines.split(",")), r.id
+        assert s.function, r.id
+        assert s.version in engine_rules.VERSIONS_READ[r.engine], r.id
+        assert s.since in engine_rules.VERSIONS_READ[r.engine], r.id
+        assert engine_rules.vt(s.since) <= engine_rules.vt(s.version), r.id
+
+
+def test_rules_apply_from_their_release_only():
+    case = Case("sglang", "0.5.20", "mxfp4", GPTOSS, "sm100", "flashinfer_trtllm")
+    # 0.5.20 was not read: the checks of 0.5.19 apply (SG-MXFP4-RUNNER first seen in 0.5.21)
+    assert not [r for r in engine_rules.check(case) if r.rule.id == "SG-MXFP4-RUNNER"]
+    assert "0.5.19" in engine_rules.coverage_note("sglang", "0.5.20")
+    assert engine_rules.coverage_note("sglang", "0.5.23") is None
+    assert "newer" in engine_rules.coverage_note("sglang", "0.5.30")
+    assert "older" in engine_rules.coverage_note("vllm", "0.22.1")
+
+
+def test_unread_version_warns_in_the_plan():
+    p = _plan("vllm", "0.22.1", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1))
+    assert any(w.startswith("[ER0]") for w in p.warnings)
+
+
+def test_a2a_choices_per_release():
+    assert "deepep_v2" not in sg_rules.choices("0.5.17")[1]
+    assert "deepep_v2" in sg_rules.choices("0.5.19")[1]
+    assert "flashinfer_megamoe" in sg_rules.choices("0.5.21")[1]
+    # 0.5.20 (not read) lies between 0.5.19 and 0.5.21: a value either has is accepted
+    assert "flashinfer_megamoe" in sg_rules.choices("0.5.20")[1]
+    assert "lora_marlin" in sg_rules.choices("0.5.23")[0] and "lora_marlin" not in sg_rules.choices("0.5.22")[0]
