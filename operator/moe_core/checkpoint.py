@@ -39,6 +39,81 @@ _DTYPE_BYTES = {
 }
 
 
+# config.json keys per CheckpointInfo field, first found wins (config.json, then its text_config).
+CONFIG_KEYS: dict[str, tuple[str, ...]] = {
+    "numExperts": ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts"),
+    "expertsPerToken": ("num_experts_per_tok", "moe_topk", "num_experts_per_token"),
+    "numSharedExperts": ("n_shared_experts", "num_shared_experts"),
+    "hiddenSize": ("hidden_size",),
+    "intermediateSize": ("intermediate_size",),
+    "moeIntermediateSize": ("moe_intermediate_size",),
+    "numLayers": ("num_hidden_layers",),
+}
+
+# A key missing from config.json takes the model class's default as transformers defines it
+# (the engines load config.json through these classes: a DeepSeek-V3 config without
+# n_shared_experts has one shared expert, not zero). model_type -> (config class, {field: (key, value)}).
+# Read from transformers 5.24.0, models/<model_type>/configuration_<model_type>.py; only keys the class
+# defines (Qwen3-MoE has no shared-expert count, so none is invented). tests/unit/test_engine_rules.py
+# checks every entry against the installed transformers.
+TRANSFORMERS_READ = "5.24.0"
+MODEL_DEFAULTS: dict[str, tuple[str, dict[str, tuple[str, int]]]] = {
+    "deepseek_v2": ("DeepseekV2Config", {"numExperts": ("n_routed_experts", 64), "numSharedExperts": ("n_shared_experts", 2),
+                                         "hiddenSize": ("hidden_size", 4096), "intermediateSize": ("intermediate_size", 11008),
+                                         "moeIntermediateSize": ("moe_intermediate_size", 1407),
+                                         "numLayers": ("num_hidden_layers", 32)}),
+    "deepseek_v3": ("DeepseekV3Config", {"numExperts": ("n_routed_experts", 256), "expertsPerToken": ("num_experts_per_tok", 8),
+                                         "numSharedExperts": ("n_shared_experts", 1), "hiddenSize": ("hidden_size", 7168),
+                                         "intermediateSize": ("intermediate_size", 18432),
+                                         "moeIntermediateSize": ("moe_intermediate_size", 2048),
+                                         "numLayers": ("num_hidden_layers", 61)}),
+    "deepseek_v32": ("DeepseekV32Config", {"numExperts": ("n_routed_experts", 256), "expertsPerToken": ("num_experts_per_tok", 8),
+                                           "numSharedExperts": ("n_shared_experts", 1), "hiddenSize": ("hidden_size", 7168),
+                                           "intermediateSize": ("intermediate_size", 18432),
+                                           "moeIntermediateSize": ("moe_intermediate_size", 2048),
+                                           "numLayers": ("num_hidden_layers", 61)}),
+    "deepseek_v4": ("DeepseekV4Config", {"numExperts": ("n_routed_experts", 256), "expertsPerToken": ("num_experts_per_tok", 6),
+                                         "numSharedExperts": ("n_shared_experts", 1), "hiddenSize": ("hidden_size", 4096),
+                                         "moeIntermediateSize": ("moe_intermediate_size", 2048),
+                                         "numLayers": ("num_hidden_layers", 43)}),
+    "glm4_moe": ("Glm4MoeConfig", {"numExperts": ("n_routed_experts", 128), "expertsPerToken": ("num_experts_per_tok", 8),
+                                   "numSharedExperts": ("n_shared_experts", 1), "hiddenSize": ("hidden_size", 4096),
+                                   "intermediateSize": ("intermediate_size", 10944),
+                                   "moeIntermediateSize": ("moe_intermediate_size", 1408), "numLayers": ("num_hidden_layers", 46)}),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", {"numExperts": ("n_routed_experts", 256), "expertsPerToken": ("num_experts_per_tok", 8),
+                                        "numSharedExperts": ("n_shared_experts", 1), "hiddenSize": ("hidden_size", 6144),
+                                        "intermediateSize": ("intermediate_size", 12288),
+                                        "moeIntermediateSize": ("moe_intermediate_size", 2048),
+                                        "numLayers": ("num_hidden_layers", 78)}),
+    "kimi_linear": ("KimiLinearConfig", {"numExperts": ("num_experts", 256), "expertsPerToken": ("num_experts_per_tok", 8),
+                                         "numSharedExperts": ("n_shared_experts", 1), "hiddenSize": ("hidden_size", 2304),
+                                         "intermediateSize": ("intermediate_size", 9216),
+                                         "moeIntermediateSize": ("moe_intermediate_size", 1024),
+                                         "numLayers": ("num_hidden_layers", 27)}),
+    "gpt_oss": ("GptOssConfig", {"numExperts": ("num_local_experts", 128), "expertsPerToken": ("num_experts_per_tok", 4),
+                                 "hiddenSize": ("hidden_size", 2880), "intermediateSize": ("intermediate_size", 2880),
+                                 "numLayers": ("num_hidden_layers", 36)}),
+    "qwen2_moe": ("Qwen2MoeConfig", {"numExperts": ("num_experts", 60), "expertsPerToken": ("num_experts_per_tok", 4),
+                                     "hiddenSize": ("hidden_size", 2048), "intermediateSize": ("intermediate_size", 5632),
+                                     "moeIntermediateSize": ("moe_intermediate_size", 1408), "numLayers": ("num_hidden_layers", 24)}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"numExperts": ("num_experts", 128), "expertsPerToken": ("num_experts_per_tok", 8),
+                                     "hiddenSize": ("hidden_size", 2048), "intermediateSize": ("intermediate_size", 6144),
+                                     "moeIntermediateSize": ("moe_intermediate_size", 768), "numLayers": ("num_hidden_layers", 24)}),
+    "qwen3_next": ("Qwen3NextConfig", {"numExperts": ("num_experts", 512), "expertsPerToken": ("num_experts_per_tok", 10),
+                                       "hiddenSize": ("hidden_size", 2048), "intermediateSize": ("intermediate_size", 5632),
+                                       "moeIntermediateSize": ("moe_intermediate_size", 512), "numLayers": ("num_hidden_layers", 48)}),
+    "mixtral": ("MixtralConfig", {"numExperts": ("num_local_experts", 8), "expertsPerToken": ("num_experts_per_tok", 2),
+                                  "hiddenSize": ("hidden_size", 4096), "intermediateSize": ("intermediate_size", 14336),
+                                  "numLayers": ("num_hidden_layers", 32)}),
+    "minimax_m2": ("MiniMaxM2Config", {"numExperts": ("num_local_experts", 256), "expertsPerToken": ("num_experts_per_tok", 8),
+                                       "hiddenSize": ("hidden_size", 3072), "intermediateSize": ("intermediate_size", 1536),
+                                       "numLayers": ("num_hidden_layers", 62)}),
+    "llama4_text": ("Llama4TextConfig", {"numExperts": ("num_local_experts", 16), "expertsPerToken": ("num_experts_per_tok", 1),
+                                         "hiddenSize": ("hidden_size", 5120), "intermediateSize": ("intermediate_size", 8192),
+                                         "numLayers": ("num_hidden_layers", 48)}),
+}
+
+
 class InspectionError(Exception):
     """A checkpoint that cannot be inspected; the message names the file and the problem."""
 
@@ -301,7 +376,16 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
         else:
             fmt, source = "bf16", "no quantization_config, compression_config or hf_quant_config.json"
 
-    num_experts = get("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+    model_type = text.get("model_type") if text.get("model_type") in MODEL_DEFAULTS else config.get("model_type")
+    defaults = MODEL_DEFAULTS.get(model_type or "", ("", {}))
+
+    def fact(field: str, *keys: str):
+        v = get(*keys)
+        if v is None and field in defaults[1]:
+            key, v = defaults[1][field]
+            notes.append(f"config.json has no {key}: {defaults[0]} default {key}={v} (transformers {TRANSFORMERS_READ})")
+        return v
+
     return CheckpointInfo(
         architecture=arch,
         modelType=config.get("model_type"),
@@ -309,13 +393,13 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
         formatSource=source,
         quantMethod=raw_method,
         expertsFp4=is_fp4(fmt),
-        numExperts=num_experts,
-        expertsPerToken=get("num_experts_per_tok", "moe_topk", "num_experts_per_token"),
-        numSharedExperts=get("n_shared_experts", "num_shared_experts"),
-        hiddenSize=get("hidden_size"),
-        intermediateSize=get("intermediate_size"),
-        moeIntermediateSize=get("moe_intermediate_size"),
-        numLayers=get("num_hidden_layers"),
+        numExperts=fact("numExperts", *CONFIG_KEYS["numExperts"]),
+        expertsPerToken=fact("expertsPerToken", *CONFIG_KEYS["expertsPerToken"]),
+        numSharedExperts=fact("numSharedExperts", *CONFIG_KEYS["numSharedExperts"]),
+        hiddenSize=fact("hiddenSize", *CONFIG_KEYS["hiddenSize"]),
+        intermediateSize=fact("intermediateSize", *CONFIG_KEYS["intermediateSize"]),
+        moeIntermediateSize=fact("moeIntermediateSize", *CONFIG_KEYS["moeIntermediateSize"]),
+        numLayers=fact("numLayers", *CONFIG_KEYS["numLayers"]),
         kvCacheFp8=bool(kv_fp8) or arch in DEEPSEEK_V4_ARCHS,
         totalBytes=int(sum(t.nbytes for t in tensors)),
         numTensors=len(tensors),

@@ -20,6 +20,7 @@ FP4_TENSOR_CORES = frozenset({"sm100", "sm110", "sm120", "sm121", "gfx950"})
 BLACKWELL = frozenset({"sm100", "sm110", "sm120", "sm121"})
 
 GFD = "nvidia.com/gpu."
+CUDA = "nvidia.com/cuda."  # GFD's driver / CUDA runtime labels
 # family key -> GFD's `nvidia.com/gpu.family` value (the node probe writes the same names)
 GFD_FAMILY_NAME = {"sm80": "ampere", "sm89": "ada-lovelace", "sm90": "hopper", "sm100": "blackwell",
                    "sm120": "blackwell", "sm121": "blackwell"}
@@ -36,6 +37,7 @@ class GpuClass(BaseModel):
     memoryMiB: int | None = None
     arch: str = "amd64"  # node CPU architecture (kubernetes.io/arch)
     driverMajor: int | None = None
+    driverVersion: str | None = Field(None, description="NVIDIA driver version, e.g. 595.58.03 (GFD cuda.driver-version labels)")
     cudaMajor: int | None = None
 
     @property
@@ -124,6 +126,56 @@ def _int_label(labels: dict[str, str], key: str) -> int | None:
         raise GpuClassError(f"label {key}={v!r} is not an integer") from None
 
 
+_DRIVER = re.compile(r"^\d{2,4}(\.\d{1,3}){0,2}$")
+
+
+def parse_driver_version(value: str) -> str:
+    """A driver version as given on the CLI or in a label ('595', '595.0', '570.124.06')."""
+    v = value.strip()
+    if not _DRIVER.match(v):
+        raise GpuClassError(f"NVIDIA driver version {value!r} is not of the form MAJOR[.MINOR[.REV]] (e.g. 595.0 or 570.124.06)")
+    return v
+
+
+def vtuple_major(version: str | None) -> int | None:
+    return int(version.split(".")[0]) if version else None
+
+
+def driver_from_labels(nv: dict[str, str]) -> str | None:
+    """The node's NVIDIA driver version from GFD labels: `nvidia.com/cuda.driver-version.full`
+    (or its .major/.minor/.revision parts), else the older `nvidia.com/cuda.driver.major/.minor/.rev`.
+    Labels that contradict each other are an error, not a guess."""
+    full = nv.get(CUDA + "driver-version.full", "").strip()
+    found = []
+    for prefix, parts in ((CUDA + "driver-version.", ("major", "minor", "revision")),
+                          (CUDA + "driver.", ("major", "minor", "rev"))):
+        vals = [nv.get(prefix + p, "").strip() for p in parts]
+        if vals[0]:
+            found.append((prefix, ".".join(v for v in vals if v)))
+    for prefix, v in found:
+        if not _DRIVER.match(v):
+            raise GpuClassError(f"labels {prefix}* give driver version {v!r}, not MAJOR[.MINOR[.REV]]")
+    if full:
+        full = parse_driver_version(full)
+        for prefix, v in found:
+            if v.split(".")[0] != full.split(".")[0]:
+                raise GpuClassError(f"contradictory labels: {CUDA}driver-version.full={full} but {prefix}major="
+                                    f"{v.split('.')[0]}")
+        return full
+    if len(found) == 2 and found[0][1].split(".")[0] != found[1][1].split(".")[0]:
+        raise GpuClassError(f"contradictory labels: {found[0][0]}major={found[0][1].split('.')[0]} but "
+                            f"{found[1][0]}major={found[1][1].split('.')[0]}")
+    return found[0][1] if found else None
+
+
+def with_driver(gpu: GpuClass, version: str | None) -> GpuClass:
+    """The class with a driver version (the `plan --driver` flag)."""
+    if version is None:
+        return gpu
+    v = parse_driver_version(version)
+    return gpu.model_copy(update={"driverVersion": v, "driverMajor": vtuple_major(v)})
+
+
 @dataclass(frozen=True)
 class NodeGpuFacts:
     """Result of reading one node: a class, or the reason there is none."""
@@ -141,7 +193,7 @@ def from_node_labels(labels: dict[str, str], capacity: dict[str, str] | None = N
     # Node-probe annotations (written by `moe-runtime probe` DaemonSet) stand in for GFD labels.
     probe = {k.replace("moe.serving.dev/gpu.", GFD): v for k, v in annotations.items()
              if k.startswith("moe.serving.dev/gpu.")}
-    nv = {**probe, **{k: v for k, v in labels.items() if k.startswith(GFD)}}
+    nv = {**probe, **{k: v for k, v in labels.items() if k.startswith((GFD, CUDA))}}
     amd = {k: v for k, v in labels.items() if k.startswith("amd.com/gpu.")}
     try:
         if nv.get(GFD + "product") or nv.get(GFD + "compute.major"):
@@ -173,6 +225,7 @@ def _from_nvidia(nv: dict[str, str], capacity: dict[str, str], arch: str, from_p
     if gfd_family and expected and gfd_family != expected:
         raise GpuClassError(f"contradictory labels: nvidia.com/gpu.family={gfd_family} but compute "
                             f"capability {major}.{minor or 0} is {expected}")
+    driver = driver_from_labels(nv)
     count = _int_label(nv, GFD + "count")
     cap = capacity.get("nvidia.com/gpu")
     if count is None and cap is not None:
@@ -180,8 +233,8 @@ def _from_nvidia(nv: dict[str, str], capacity: dict[str, str], arch: str, from_p
     cls = GpuClass(family=family, vendor="nvidia", product=product or family,
                    computeCapability=f"{major}.{minor or 0}", count=count,
                    memoryMiB=_int_label(nv, GFD + "memory"), arch=arch,
-                   driverMajor=_int_label(nv, "nvidia.com/cuda.driver.major"),
-                   cudaMajor=_int_label(nv, "nvidia.com/cuda.runtime.major"))
+                   driverMajor=vtuple_major(driver), driverVersion=driver,
+                   cudaMajor=_int_label(nv, CUDA + "runtime-version.major") or _int_label(nv, CUDA + "runtime.major"))
     if product.endswith("-SHARED") or (nv.get(GFD + "replicas") not in (None, "", "1")):
         return NodeGpuFacts(None, f"{product}: GPUs are shared (time-slicing/MPS); MoE serving needs whole GPUs")
     src = "node-probe annotations" if from_probe else "GFD labels"

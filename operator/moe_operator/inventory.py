@@ -73,6 +73,19 @@ def pod_gpu_requests(pod: dict[str, Any]) -> tuple[str | None, int]:
     return spec.get("nodeName"), n
 
 
+def _driver_key(v: str | None) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split(".")) if v else ()
+
+
+def _merge_driver(cls: GpuClass, node: GpuClass) -> GpuClass:
+    """A class's driver version is the newest among its nodes: the driver rules the planner applies
+    refuse what a newer driver breaks (triton_kernels SIGSEGV with driver >= 595 on Blackwell,
+    sglang model_overrides/gpt_oss.py:108-115), and a replica may land on any node of the class."""
+    if _driver_key(node.driverVersion) > _driver_key(cls.driverVersion):
+        return cls.model_copy(update={"driverVersion": node.driverVersion, "driverMajor": node.driverMajor})
+    return cls
+
+
 def build(nodes: Iterable[NodeInfo], used: dict[str, int]) -> dict[str, ClassInventory]:
     """GPU classes keyed by `family/product`, with free GPUs = allocatable - requested by pods."""
     classes: dict[str, ClassInventory] = {}
@@ -81,6 +94,7 @@ def build(nodes: Iterable[NodeInfo], used: dict[str, int]) -> dict[str, ClassInv
             continue
         key = n.gpu_class.key()
         inv = classes.setdefault(key, ClassInventory(n.gpu_class))
+        inv.gpu_class = _merge_driver(inv.gpu_class, n.gpu_class)
         free = max(n.allocatable - used.get(n.name, 0), 0)
         inv.nodes.append(n.name)
         inv.total_gpus += n.allocatable

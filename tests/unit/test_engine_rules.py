@@ -266,3 +266,32 @@ def test_a2a_choices_per_release():
     # 0.5.20 (not read) lies between 0.5.19 and 0.5.21: a value either has is accepted
     assert "flashinfer_megamoe" in sg_rules.choices("0.5.20")[1]
     assert "lora_marlin" in sg_rules.choices("0.5.23")[0] and "lora_marlin" not in sg_rules.choices("0.5.22")[0]
+
+
+# ---- facts the rules need: config.json defaults as transformers defines them (item 4) ----
+
+def test_model_defaults_match_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers import CONFIG_MAPPING
+
+    from moe_core.checkpoint import MODEL_DEFAULTS, TRANSFORMERS_READ
+    assert engine_rules.vt(transformers.__version__) >= engine_rules.vt(TRANSFORMERS_READ)
+    for model_type, (cls_name, fields) in MODEL_DEFAULTS.items():
+        cfg = CONFIG_MAPPING[model_type]()
+        assert type(cfg).__name__ == cls_name, model_type
+        for field_name, (key, value) in fields.items():
+            assert getattr(cfg, key) == value, (model_type, key, getattr(cfg, key), value)
+
+
+def test_missing_config_key_takes_the_class_default_not_zero():
+    from moe_core.checkpoint import classify
+    base = {"architectures": [DSV3], "model_type": "deepseek_v3", "n_routed_experts": 256, "num_experts_per_tok": 8,
+            "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}
+    info = classify(base, None, [])
+    assert info.numSharedExperts == 1 and any("n_shared_experts=1" in n for n in info.notes)
+    assert classify({**base, "n_shared_experts": 0}, None, []).numSharedExperts == 0  # an explicit value wins
+    qwen = classify({"architectures": [QWEN3], "model_type": "qwen3_moe"}, None, [])
+    assert qwen.numSharedExperts is None and qwen.numExperts == 128  # Qwen3MoeConfig has no shared experts
+    # the default decides deferred finalize (needs an unfused shared expert: sglang models/deepseek_v2.py:1206-1220)
+    p = plan(info, from_name("B200"), Choices(), engine="sglang")
+    assert p.moe.runnerBackend == "flashinfer_trtllm" and p.moe.deferredFinalize
