@@ -1,7 +1,12 @@
 """`moe-operator plan`: run the planner on a checkpoint directory and a GPU, print the decisions.
 
 Exit status: 0 planned, 2 the plan has errors (an impossible explicit choice, an unsupported
-combination), 1 bad input (unreadable checkpoint, unknown GPU, bad --set).
+combination), 1 bad input (unreadable checkpoint, unknown GPU, bad --set / --env), 3 usage.
+
+`--set` values are parsed as the MoEDeployment spec would take them: moe.deferredFinalize is
+on/off/auto (true/false/yes/no/1/0 accepted for on/off), parallelism.* an integer in 1..64. A
+`--set` choice that an `--env` value overrides (the user's env always wins in the pod) is a warning
+in the plan. `-o json|yaml` prints the whole plan, `decisions` (key, value, rule id, reason) included.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True, help="GPU product (H200, B200, NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition, MI300X) or family (sm90)")
     p.add_argument("--engine", default="bundled", choices=["bundled", "sglang", "vllm"])
     p.add_argument("--engine-version", default=None)
+    p.add_argument("--driver", default=None, metavar="VERSION",
+                   help="the nodes' NVIDIA driver version (e.g. 595.0), as GFD's nvidia.com/cuda.driver-version labels give it")
     p.add_argument("--format", default=None, help="skip inspection and use this checkpoint format")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"explicit spec value; keys: {', '.join(SETTABLE)}")
@@ -39,31 +46,106 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
         if "=" not in item:
             raise ValueError(f"{what} {item!r} is not KEY=VALUE")
         k, v = item.split("=", 1)
+        if not k.strip():
+            raise ValueError(f"{what} {item!r} has an empty key")
         out[k.strip()] = v
+    return out
+
+
+_ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
+PARALLEL_MAX = 64  # as the API's Parallelism fields
+
+
+def parse_set(key: str, value: str):
+    """One --set value, typed as the spec field it stands for (ValueError names key and value)."""
+    v = value.strip()
+    if key == "moe.deferredFinalize":
+        low = v.lower()
+        if low in _ON:
+            return "on"
+        if low in _OFF:
+            return "off"
+        if low == "auto":
+            return "auto"
+        raise ValueError(f"--set {key}={value!r}: must be on, off or auto (true/false accepted)")
+    if key.startswith("parallelism."):
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError(f"--set {key}={value!r}: must be an integer in 1..{PARALLEL_MAX}") from None
+        if not 1 <= n <= PARALLEL_MAX:
+            raise ValueError(f"--set {key}={value!r}: must be an integer in 1..{PARALLEL_MAX}")
+        return n
+    if not v:
+        raise ValueError(f"--set {key}=: empty value")
+    return v
+
+
+def _truthy(v: str | None) -> bool | None:
+    if v is None:
+        return None
+    return v.strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_conflicts(engine: str, sets: dict, env: dict[str, str], family: str) -> list[str]:
+    """Warnings for --set choices that an --env value contradicts (the env reaches the pod and wins)."""
+    out = []
+    runner = sets.get("moe.runnerBackend")
+    if runner and runner != "auto":
+        implied: list[tuple[str, str]] = []  # (env description, backend it selects)
+        if engine == "bundled" and env.get("MOE_RUNNER_BACKEND"):
+            implied.append((f"MOE_RUNNER_BACKEND={env['MOE_RUNNER_BACKEND']}", env["MOE_RUNNER_BACKEND"].strip()))
+        if engine == "sglang" and _truthy(env.get("SGLANG_CUTLASS_MOE")):
+            implied.append((f"SGLANG_CUTLASS_MOE={env['SGLANG_CUTLASS_MOE']}", "cutlass"))
+        if engine == "vllm":
+            from types import SimpleNamespace
+
+            from .planner import _VLLM_LEGACY_ENV, _vllm_translate_legacy_env
+
+            legacy = _vllm_translate_legacy_env(SimpleNamespace(choices=SimpleNamespace(env=env), fam=family))
+            if legacy:
+                keys = " ".join(f"{k}={env[k]}" for k in _VLLM_LEGACY_ENV if k in env)
+                implied.append((keys, legacy))
+        for what, backend in implied:
+            if backend != runner:
+                out.append(f"[ENV1] --set moe.runnerBackend={runner} conflicts with --env {what} (selects {backend}); "
+                           "the env is passed to the engine unchanged and wins there: drop one of them")
+    df = sets.get("moe.deferredFinalize")
+    if df in ("on", "off"):
+        key = {"bundled": "MOE_DEFERRED_FINALIZE", "sglang": "SGLANG_ENABLE_MOE_DEFERRED_FINALIZE"}.get(engine)
+        if key and key in env and _truthy(env[key]) != (df == "on"):
+            out.append(f"[ENV2] --set moe.deferredFinalize={df} conflicts with --env {key}={env[key]}; the env wins "
+                       f"(deferred finalize {'on' if _truthy(env[key]) else 'off'})")
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     from moe_core.checkpoint import InspectionError, inspect_dir
-    from moe_core.gpu import GpuClassError, from_name
+    from moe_core.gpu import GpuClassError, from_name, with_driver
     from .planner import Choices, plan
 
     try:
-        gpu = from_name(args.gpu)
+        gpu = with_driver(from_name(args.gpu), args.driver)
         sets = _pairs(args.set, "--set")
         env = _pairs(args.env, "--env")
         unknown = set(sets) - set(SETTABLE)
         if unknown:
             raise ValueError(f"unknown --set key(s) {', '.join(sorted(unknown))}; known: {', '.join(SETTABLE)}")
-        kw: dict = {SETTABLE[k]: (int(v) if k.startswith("parallelism.") else v) for k, v in sets.items()}
+        typed = {k: parse_set(k, v) for k, v in sets.items()}
+        kw: dict = {SETTABLE[k]: v for k, v in typed.items()}
         ckpt = inspect_dir(args.checkpoint)
         if args.format:
             ckpt = ckpt.model_copy(update={"format": args.format, "formatSource": "--format on the command line"})
     except (InspectionError, GpuClassError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    result = plan(ckpt, gpu, Choices(env=env, **kw), engine=args.engine, engine_version=args.engine_version)
-    data = result.model_dump(exclude={"decisions"})
+    try:
+        result = plan(ckpt, gpu, Choices(env=env, **kw), engine=args.engine, engine_version=args.engine_version)
+    except ValueError as e:  # e.g. an unparsable --engine-version
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    result.warnings.extend(env_conflicts(args.engine, typed, env, gpu.family))
+    data = result.model_dump()
     if args.output == "json":
         print(json.dumps(data, indent=2))
     elif args.output == "yaml":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from moe_core.checkpoint import InspectionError, inspect_dir
 
-from .errors import RuntimeFailure
+from .errors import BadInput, RuntimeFailure
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 _TERMINATION_LIMIT = 4096  # Kubernetes truncates termination messages at 4 KiB
@@ -22,7 +22,7 @@ def inspect_checkpoint(path: str | Path):
     try:
         return inspect_dir(path)
     except InspectionError as e:
-        raise RuntimeFailure(f"checkpoint inspection failed: {e}") from None
+        raise BadInput(f"checkpoint inspection failed: {e}") from None
 
 
 def _writable(path: str) -> bool:

@@ -96,7 +96,7 @@ def test_inspect_cli_writes_termination_log(ckpts, tmp_path, capsys):
 
 
 def test_inspect_cli_error_exit_code(tmp_path, capsys):
-    assert main(["inspect", str(tmp_path / "nope")]) == 2
+    assert main(["inspect", str(tmp_path / "nope")]) == 1  # bad input
     assert "does not exist" in capsys.readouterr().err
 
 

@@ -1,0 +1,151 @@
+"""Checks of the `serve` and `make-checkpoint` flags that argparse's types cannot express, run
+before anything is loaded or any port is opened. Each failure is a BadInput (exit 1) whose
+message names the flag, the value and what would work."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from .errors import BadInput, PlanFailure
+
+MAX_THREADS = 1024
+MAX_BATCH = 4096
+MAX_QUEUE = 1_000_000
+MIN_BODY_BYTES = 1024
+
+
+def _bad(flag: str, value, why: str) -> BadInput:
+    return BadInput(f"{flag} {value!r}: {why}")
+
+
+def model_max_len(model_dir: str | Path) -> int | None:
+    """max_position_embeddings of the checkpoint's config.json (None when absent or unreadable:
+    the checkpoint checks report that)."""
+    try:
+        v = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def check_bind(host: str, port: int) -> None:
+    """The address can be listened on: the host resolves and the port is free (checked by binding
+    and closing a socket, so an unusable address is refused before the model loads)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, ValueError) as e:
+        raise _bad("--host", host, f"cannot be resolved ({e})") from None
+    last: OSError | None = None
+    for family, kind, proto, _, addr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                if os.name != "nt":
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+                s.bind(addr)
+            return
+        except OSError as e:
+            last = e
+    if last is not None and last.errno == errno.EADDRINUSE:
+        raise BadInput(f"--port {port}: address {host}:{port} is already in use") from None
+    if last is not None and last.errno in (errno.EACCES, errno.EPERM):
+        raise BadInput(f"--port {port}: permission denied to listen on {host}:{port}") from None
+    raise BadInput(f"--host {host!r} --port {port}: cannot listen there ({last})") from None
+
+
+def check_plan_errors(path: str) -> None:
+    """A plan the planner marked as having errors is exit 2 ('the plan has errors'); an unreadable
+    or malformed plan is left to the plan checks (exit 1 / their message)."""
+    p = Path(path)
+    if not p.is_file():
+        raise _bad("--plan", path, "no such file")
+    try:
+        errors = json.loads(p.read_text()).get("errors")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(errors, list) and errors:
+        raise PlanFailure(f"plan {p}: the plan has errors and cannot be served: " + "; ".join(map(str, errors)))
+
+
+def validate_serve(args) -> None:
+    """Refuse flag values that cannot work (instead of a server that reports Ready and then fails)."""
+    if not 0 <= args.port <= 65535:
+        raise _bad("--port", args.port, "must be in 0..65535 (0: any free port)")
+    if not args.host or args.host != args.host.strip():
+        raise _bad("--host", args.host, "must be a host name or address")
+    if not 1 <= args.max_batch <= MAX_BATCH:
+        raise _bad("--max-batch", args.max_batch, f"must be in 1..{MAX_BATCH} (sequences decoded together)")
+    if not 1 <= args.max_queue <= MAX_QUEUE:
+        raise _bad("--max-queue", args.max_queue, f"must be in 1..{MAX_QUEUE} (waiting requests before 429)")
+    if not 0 <= args.threads <= MAX_THREADS:
+        raise _bad("--threads", args.threads, f"must be in 0..{MAX_THREADS} (0: torch's default)")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise _bad("--served-model-name", args.served_model_name, "must not be empty")
+    if getattr(args, "api_key", None) is not None and not args.api_key.strip():
+        raise _bad("--api-key", args.api_key, "must not be empty (leave it out to serve without a key)")
+    if getattr(args, "max_body_bytes", MIN_BODY_BYTES) < MIN_BODY_BYTES:
+        raise _bad("--max-body-bytes", args.max_body_bytes, f"must be at least {MIN_BODY_BYTES}")
+    model = Path(args.model)
+    if not model.exists():
+        raise _bad("--model", args.model, "no such directory")
+    if not model.is_dir():
+        raise _bad("--model", args.model, "is not a directory (a checkpoint directory with config.json)")
+    if args.plan is not None:
+        check_plan_errors(args.plan)
+    if args.max_model_len is not None:
+        if args.max_model_len < 2:
+            raise _bad("--max-model-len", args.max_model_len, "must be at least 2 (a prompt token and one more)")
+        limit = model_max_len(model)
+        if limit is not None and args.max_model_len > limit:
+            raise _bad("--max-model-len", args.max_model_len,
+                       f"is beyond the model's max_position_embeddings ({limit}) in {model / 'config.json'}")
+    check_bind(args.host, args.port)
+
+
+def validate_device(flag: str, device: str) -> None:
+    """`cpu`, `cuda` or `cuda:N` with such a GPU present."""
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise _bad(flag, device, f"is not a device (cpu, cuda, cuda:N): {e}") from None
+    if d.type == "cpu":
+        return
+    if d.type != "cuda":
+        raise _bad(flag, device, "must be cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise _bad(flag, device, "torch cannot use a GPU on this machine (torch.cuda.is_available() is False)")
+    if d.index is not None and d.index >= torch.cuda.device_count():
+        raise _bad(flag, device, f"this machine has {torch.cuda.device_count()} GPU(s)")
+
+
+def prepare_output_dir(path: str | Path, force: bool) -> Path:
+    """make-checkpoint's target: a new or empty directory, or (with --force) a directory whose
+    contents are removed first, so no stale file of an earlier checkpoint survives."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"{out}: exists and is not a directory; make-checkpoint writes a checkpoint directory")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise BadInput(f"{out}: {parent} is a file, not a directory")
+            break
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise BadInput(f"{out}: directory is not empty; choose a new directory or pass --force to "
+                                 "replace its contents")
+        for child in out.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"{out}: cannot create the directory ({e.strerror or e})") from None
+    return out
