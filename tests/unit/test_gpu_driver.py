@@ -68,3 +68,27 @@ def test_driver_reaches_the_planner():
     older = from_node_labels({**B200, "nvidia.com/cuda.driver-version.full": "580.82.07"}).gpu_class
     assert not plan(ck, older, Choices(runner_backend="triton_kernel"), engine="sglang").errors
     assert plan(ck, node, Choices(), engine="sglang").moe.runnerBackend == "triton"  # S8
+
+
+def test_plan_cli_driver_flag(tmp_path, capsys):
+    import argparse
+    import json
+    import struct
+
+    from moe_operator import plan_cli
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                                                      "num_local_experts": 32, "num_experts_per_tok": 4}))
+    header = json.dumps({"model.layers.0.mlp.experts.0.gate_proj.weight": {
+        "dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 32)
+
+    def run(*extra):
+        ap = argparse.ArgumentParser()
+        plan_cli.add_arguments(ap)
+        return plan_cli.run(ap.parse_args(["--checkpoint", str(tmp_path), "--gpu", "B200", "--engine", "sglang", *extra]))
+
+    assert run("--set", "moe.runnerBackend=triton_kernel") == 0
+    capsys.readouterr()
+    assert run("--driver", "595.0", "--set", "moe.runnerBackend=triton_kernel") == 2
+    assert "[K13]" in capsys.readouterr().out
+    assert run("--driver", "r595") == 1
