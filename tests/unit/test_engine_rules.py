@@ -143,6 +143,21 @@ MATRIX = [
      "experts/rocm_aiter_moe.py:513-514 rocm_aiter_ops.is_fused_moe_enabled"),
     ("vllm", "0.33.0", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1), "ok",
      "experts/trtllm_nvfp4_moe.py:204-211 family 100"),
+    # ---- vLLM 0.22.1 (line numbers of 0.22.1) vs 0.33.0 ----
+    ("vllm", "0.22.1", "rtx-pro-6000", "fp8", QWEN3, "deep_gemm", "none", (1, 1, 1), "VL-DEV-DEEP_GEMM",
+     "0.22.1 vllm/platforms/cuda.py:557-559 support_deep_gemm: 9.0 or family 100 only"),
+    ("vllm", "0.33.0", "rtx-pro-6000", "fp8", QWEN3, "deep_gemm", "none", (1, 1, 1), "ok",
+     "0.33.0 vllm/platforms/cuda.py:691-697 adds family 120"),
+    ("vllm", "0.22.1", "rtx-pro-6000", "mxfp4", GPTOSS, "triton", "none", (1, 1, 1), "VL-DEV-TRITON-MXFP4",
+     "0.22.1 experts/gpt_oss_triton_kernels_moe.py:43-49 (9, 0) <= cap < (11, 0)"),
+    ("vllm", "0.33.0", "rtx-pro-6000", "mxfp4", GPTOSS, "triton", "none", (1, 1, 1), "ok",
+     "0.33.0 experts/gpt_oss_triton_kernels_moe.py:41-62 (9, 0) <= cap < (13, 0)"),
+    ("vllm", "0.22.1", "rtx-pro-6000", "nvfp4", QWEN3, "b12x", "none", (1, 1, 1), "VL-CHOICE",
+     "0.22.1 vllm/config/kernel.py:122-137 MoEBackend has no b12x"),
+    ("vllm", "0.22.1", "H200", "fp8", QWEN3, "humming", "none", (1, 1, 1), "VL-MAP-FP8",
+     "0.22.1 oracle/fp8.py:204-219 map_fp8_backend has no humming"),
+    ("vllm", "0.33.0", "H200", "fp8", QWEN3, "humming", "none", (1, 1, 1), "ok",
+     "0.33.0 oracle/fp8.py:271-289 adds humming"),
 ]
 
 
@@ -251,11 +266,13 @@ def test_rules_apply_from_their_release_only():
     assert "0.5.19" in engine_rules.coverage_note("sglang", "0.5.20")
     assert engine_rules.coverage_note("sglang", "0.5.23") is None
     assert "newer" in engine_rules.coverage_note("sglang", "0.5.30")
-    assert "older" in engine_rules.coverage_note("vllm", "0.22.1")
+    assert "older" in engine_rules.coverage_note("vllm", "0.16.0")
+    assert "0.22.1" in engine_rules.coverage_note("vllm", "0.25.0")
+    assert engine_rules.coverage_note("vllm", "0.22.1") is None
 
 
 def test_unread_version_warns_in_the_plan():
-    p = _plan("vllm", "0.22.1", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1))
+    p = _plan("vllm", "0.25.0", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1))
     assert any(w.startswith("[ER0]") for w in p.warnings)
 
 

@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 VERSIONS_READ: dict[str, tuple[str, ...]] = {
     # newest first is not required; kept in ascending order
     "sglang": ("0.5.10", "0.5.14", "0.5.17", "0.5.19", "0.5.21", "0.5.22", "0.5.23"),
-    "vllm": ("0.33.0",),
+    "vllm": ("0.22.1", "0.33.0"),
 }
 
 
@@ -103,6 +103,7 @@ class Rule:
     source: Source
     flag: str = "runner"  # which choice the rule is about: runner | a2a | both
     same_as: tuple[str, ...] = ()  # planner check ids that already express this upstream check
+    extra: Callable[[Case], dict] | None = None  # more message fields, computed from the case
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def check(case: Case, skip_same_as: frozenset[str] = frozenset()) -> list[Refusa
         if not _applies(rule, case) or (set(rule.same_as) & skip_same_as):
             continue
         if rule.when(case):
-            msg = rule.message.format(**_fields(case))
+            msg = rule.message.format(**_fields(case), **(rule.extra(case) if rule.extra else {}))
             out.append(Refusal(rule, f"[{rule.id}] {case.engine} {case.version} refuses this at start-up: {msg} "
                                      f"({rule.source.cite(case.engine)})"))
     return out

@@ -1,6 +1,9 @@
 """vLLM's start-up checks of `--moe-backend` (and `--all2all-backend` with it), as rows.
 
-Read from the released wheel vllm==0.33.0 (PyPI); paths are inside the wheel, lines are 0.33.0's.
+Read from the released wheels vllm==0.22.1 and vllm==0.33.0 (PyPI); paths are inside the wheel,
+lines are 0.33.0's. What differs between the two (the CLI choices, each oracle's accepted values,
+the DeepGEMM and OpenAI-Triton capability windows) is data per release in `RELEASES`; a release
+not read uses the nearest older one read.
 
 How an explicit `--moe-backend` is checked (0.33.0):
   1. argparse: the value must be one of the `MoEBackend` Literal (vllm/config/kernel.py:122-147; the
@@ -21,20 +24,72 @@ from . import Case, Rule, Source
 
 V = "0.33.0"
 
-# MoEBackend Literal, vllm/config/kernel.py:122-147 (0.33.0)
+# MoEBackend Literal, vllm/config/kernel.py:122-147 (0.33.0; 0.22.1: config/kernel.py:122-137)
 MOE_BACKENDS = (
     "auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
     "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "b12x",
     "flashinfer_moe_ep_mega_deep_gemm", "marlin", "humming", "triton_unfused", "aiter", "aiter_mega_moe",
     "aiter_triton_mxfp4_bf16", "aiter_triton_mxfp4_mxfp4", "flydsl", "hpc", "emulation", "rdna3",
 )
+MOE_BACKENDS_0221 = ("auto", "triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
+                     "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_b12x", "marlin", "humming",
+                     "triton_unfused", "aiter", "emulation")
 # --all2all-backend values the planner may pass (ParallelConfig.all2all_backend); not modelled as rows.
 ALL2ALL = ("none", "naive", "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency",
            "flashinfer_all2allv")
 
+NVIDIA = frozenset({"sm80", "sm89", "sm90", "sm100", "sm110", "sm120", "sm121"})
+FAMILY_100 = frozenset({"sm100"})  # is_device_capability_family(100): 10.x
+FAMILY_120 = frozenset({"sm120", "sm121"})  # is_device_capability_family(120): 12.x
+
+# Per release read: CLI choices, each oracle's map_*_backend keys, capability windows.
+RELEASES = {
+    "0.22.1": {
+        "choices": MOE_BACKENDS_0221,
+        "fp8": {"triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "marlin", "aiter"},
+        "nvfp4": {"cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_b12x", "marlin",
+                  "emulation"},
+        "mxfp4": {"deep_gemm", "flashinfer_trtllm", "flashinfer_trtllm_afp8", "flashinfer_cutlass", "flashinfer_cutlass_afp8",
+                  "triton", "triton_unfused", "humming", "marlin", "aiter", "aiter_mxfp4_fp8", "aiter_mxfp4_mxfp4", "xpu",
+                  "cpu", "emulation"},
+        "mxfp8": {"flashinfer_trtllm", "marlin", "xpu"},
+        "unquantized": {"triton", "flashinfer_trtllm", "flashinfer_cutlass", "aiter"},
+        # platforms/cuda.py:557-559 support_deep_gemm: 9.0 or family 100
+        "deep_gemm": frozenset({"sm90"}) | FAMILY_100,
+        # experts/deep_gemm_moe.py:358-364 MXFP4 DeepGEMM: family 100
+        "deep_gemm_mxfp4": FAMILY_100,
+        # experts/gpt_oss_triton_kernels_moe.py:43-49: 9.0 <= capability < 11.0 on CUDA
+        "triton_mxfp4": frozenset({"sm90", "sm100", "gfx942", "gfx950"}),
+    },
+    "0.33.0": {
+        "choices": MOE_BACKENDS,
+        "fp8": {"triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "marlin", "humming", "aiter",
+                "hpc"},
+        "nvfp4": {"b12x", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl",
+                  "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "marlin", "humming", "emulation"},
+        "mxfp4": {"b12x", "deep_gemm", "flashinfer_trtllm", "flashinfer_trtllm_afp8", "flashinfer_cutlass",
+                  "flashinfer_cutlass_afp8", "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm", "triton",
+                  "triton_unfused", "humming", "marlin", "aiter", "aiter_triton_mxfp4_bf16", "aiter_mxfp4_fp8",
+                  "aiter_triton_mxfp4_mxfp4", "aiter_mxfp4_mxfp4", "xpu", "cpu", "emulation"},
+        "mxfp8": {"flashinfer_trtllm", "deep_gemm", "marlin", "xpu", "aiter", "triton", "humming"},
+        "unquantized": {"triton", "batched_triton", "flashinfer_trtllm", "flashinfer_cutlass", "aiter"},
+        # platforms/cuda.py:691-697 support_deep_gemm: 9.0, family 100 or family 120
+        "deep_gemm": frozenset({"sm90"}) | FAMILY_100 | FAMILY_120,
+        # experts/deep_gemm_moe.py:474-479 MXFP4 DeepGEMM: family 100 or 120
+        "deep_gemm_mxfp4": FAMILY_100 | FAMILY_120,
+        # experts/gpt_oss_triton_kernels_moe.py:41-62: 9.0 <= capability < 13.0 on CUDA, ROCm gfx9
+        "triton_mxfp4": frozenset({"sm90", "sm100", "sm110", "sm120", "sm121", "gfx942", "gfx950"}),
+    },
+}
+
+
+def release(version: str) -> dict:
+    from . import read_floor
+    return RELEASES[read_floor("vllm", version) or "0.22.1"]
+
 
 def choices(version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return MOE_BACKENDS, ALL2ALL
+    return release(version)["choices"], ALL2ALL
 
 
 # Which oracle a checkpoint format goes through (the quantization method's MoE path).
@@ -47,30 +102,16 @@ ORACLE = {
 }
 _O = "vllm/model_executor/layers/fused_moe/oracle/"
 _E = "vllm/model_executor/layers/fused_moe/experts/"
-# oracle -> (accepted --moe-backend values, source of the mapping)
-MAPPINGS: dict[str, tuple[frozenset[str], Source]] = {
-    "fp8": (frozenset({"triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "marlin", "humming",
-                       "aiter", "hpc"}),
-            Source(_O + "fp8.py", "271-289", "map_fp8_backend", V, V, "is not supported for FP8 MoE")),
-    "nvfp4": (frozenset({"b12x", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl",
-                         "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "marlin", "humming", "emulation"}),
-              Source(_O + "nvfp4.py", "163-182", "map_nvfp4_backend", V, V, "is not supported for NvFP4 MoE")),
-    "mxfp4": (frozenset({"b12x", "deep_gemm", "flashinfer_trtllm", "flashinfer_trtllm_afp8", "flashinfer_cutlass",
-                         "flashinfer_cutlass_afp8", "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm",
-                         "triton", "triton_unfused", "humming", "marlin", "aiter", "aiter_triton_mxfp4_bf16",
-                         "aiter_mxfp4_fp8", "aiter_triton_mxfp4_mxfp4", "aiter_mxfp4_mxfp4", "xpu", "cpu", "emulation"}),
-              Source(_O + "mxfp4.py", "352-399", "map_mxfp4_backend", V, V, "is not supported for MXFP4 MoE")),
-    "mxfp8": (frozenset({"flashinfer_trtllm", "deep_gemm", "marlin", "xpu", "aiter", "triton", "humming"}),
-              Source(_O + "mxfp8.py", "34-42,117-125", "select_mxfp8_moe_backend (_BACKEND_NAME_MAP)", V, V,
-                     "is not supported for MXFP8 MoE")),
-    "unquantized": (frozenset({"triton", "batched_triton", "flashinfer_trtllm", "flashinfer_cutlass", "aiter"}),
-                    Source(_O + "unquantized.py", "180-194", "map_unquantized_backend", V, V,
-                           "is not supported for unquantized MoE")),
+# oracle -> where its map_*_backend is (the accepted values per release are in RELEASES)
+MAPPINGS: dict[str, Source] = {
+    "fp8": Source(_O + "fp8.py", "271-289", "map_fp8_backend", V, "0.22.1", "is not supported for FP8 MoE"),
+    "nvfp4": Source(_O + "nvfp4.py", "163-182", "map_nvfp4_backend", V, "0.22.1", "is not supported for NvFP4 MoE"),
+    "mxfp4": Source(_O + "mxfp4.py", "352-399", "map_mxfp4_backend", V, "0.22.1", "is not supported for MXFP4 MoE"),
+    "mxfp8": Source(_O + "mxfp8.py", "34-42,117-125", "select_mxfp8_moe_backend (_BACKEND_NAME_MAP)", V, "0.22.1",
+                    "is not supported for MXFP8 MoE"),
+    "unquantized": Source(_O + "unquantized.py", "180-194", "map_unquantized_backend", V, "0.22.1",
+                          "is not supported for unquantized MoE"),
 }
-
-NVIDIA = frozenset({"sm80", "sm89", "sm90", "sm100", "sm110", "sm120", "sm121"})
-FAMILY_100 = frozenset({"sm100"})  # is_device_capability_family(100): 10.x
-FAMILY_120 = frozenset({"sm120", "sm121"})  # is_device_capability_family(120): 12.x
 
 
 def _oracle(c: Case) -> str | None:
@@ -79,36 +120,39 @@ def _oracle(c: Case) -> str | None:
 
 def _mapped(c: Case) -> bool:
     o = _oracle(c)
-    return o is not None and c.runner in MAPPINGS[o][0]
+    return o is not None and c.runner in release(c.version)[o]
 
 
-def _src(file: str, lines: str, function: str, marker: str = "") -> Source:
-    return Source(file=file, lines=lines, function=function, version=V, since=V, marker=marker)
+def _src(file: str, lines: str, function: str, since: str = "0.22.1", marker: str = "") -> Source:
+    return Source(file=file, lines=lines, function=function, version=V, since=since, marker=marker)
+
+
+_NAMES = {"fp8": "FP8", "nvfp4": "NvFP4", "mxfp4": "MXFP4", "mxfp8": "MXFP8", "unquantized": "unquantized"}
 
 
 def _mapping_rule(oracle: str) -> Rule:
-    accepted, src = MAPPINGS[oracle]
     return Rule(f"VL-MAP-{oracle.upper()}", "vllm",
-                lambda c, o=oracle: _oracle(c) == o and c.runner != "auto" and c.runner in MOE_BACKENDS
-                and c.runner not in MAPPINGS[o][0],
-                "moe_backend='{runner}' is not supported for " + {"fp8": "FP8", "nvfp4": "NvFP4", "mxfp4": "MXFP4",
-                                                                  "mxfp8": "MXFP8", "unquantized": "unquantized"}[oracle]
-                + f" MoE. Expected one of {sorted(accepted)}.", src)
+                lambda c, o=oracle: _oracle(c) == o and c.runner != "auto" and c.runner in release(c.version)["choices"]
+                and c.runner not in release(c.version)[o],
+                "moe_backend='{runner}' is not supported for " + _NAMES[oracle] + " MoE. Expected one of {expected}.",
+                MAPPINGS[oracle],
+                extra=lambda c, o=oracle: {"expected": sorted(release(c.version)[o])})
 
 
-def _device(name: str, families: frozenset[str], file: str, lines: str, function: str, oracles: tuple[str, ...],
-            what: str, same_as: tuple[str, ...] = (), suffix: str = "") -> Rule:
+def _device(name: str, families, file: str, lines: str, function: str, oracles: tuple[str, ...],
+            what: str, same_as: tuple[str, ...] = (), suffix: str = "", since: str = "0.22.1") -> Rule:
+    fams = families if callable(families) else (lambda c, f=families: f)
     return Rule(f"VL-DEV-{name.upper()}{suffix}", "vllm",
-                lambda c: _oracle(c) in oracles and _mapped(c) and c.runner == name and c.family not in families,
+                lambda c: _oracle(c) in oracles and _mapped(c) and c.runner == name and c.family not in fams(c),
                 f"{{fmt}} MoE backend '{name}' does not support the deployment configuration since kernel does not "
                 f"support current device ({what}; here {{family}})",
-                _src(file, lines, function), same_as=same_as)
+                _src(file, lines, function, since), same_as=same_as)
 
 
 _ALL = ("fp8", "nvfp4", "mxfp4", "mxfp8", "unquantized")
 
 RULES: tuple[Rule, ...] = (
-    Rule("VL-CHOICE", "vllm", lambda c: c.runner not in MOE_BACKENDS,
+    Rule("VL-CHOICE", "vllm", lambda c: c.runner not in release(c.version)["choices"],
          "argument --moe-backend: invalid choice: '{runner}' (choose from the MoEBackend values)",
          _src("vllm/config/kernel.py", "122-147", "MoEBackend (argparse choices, engine/arg_utils.py:1843-1845)")),
     Rule("VL-EP-ARCH", "vllm",
@@ -116,13 +160,13 @@ RULES: tuple[Rule, ...] = (
          and c.arch not in ("DeepseekV4ForCausalLM", "DeepSeekV4MTPModel", "DeepseekV41ForCausalLM"),
          "moe_backend='flashinfer_moe_ep_mega_deep_gemm' is only supported for DeepSeek-V4 models "
          "(['DeepSeekV4MTPModel', 'DeepseekV41ForCausalLM', 'DeepseekV4ForCausalLM']), but the model is ['{arch}'].",
-         _src("vllm/config/kernel.py", "231-243", "validate_flashinfer_moe_ep_model")),
+         _src("vllm/config/kernel.py", "231-243", "validate_flashinfer_moe_ep_model", "0.33.0")),
     Rule("VL-EP-A2A", "vllm",
          lambda c: c.runner in ("flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm")
          and c.a2a not in ("none", "allgather_reducescatter"),
          "moe_backend='{runner}' dispatches and combines itself and cannot be paired with all2all_backend='{a2a}'; "
          "leave --all2all-backend unset.",
-         _src("vllm/config/kernel.py", "195-215", "bind_passthrough_all2all_backend"), flag="both"),
+         _src("vllm/config/kernel.py", "195-215", "bind_passthrough_all2all_backend", "0.33.0"), flag="both"),
     *(_mapping_rule(o) for o in _ALL),
     # experts classes' _supports_current_device (CUDA capability gates)
     _device("flashinfer_trtllm", FAMILY_100, _E + "trtllm_fp8_moe.py", "165-171",
@@ -136,21 +180,22 @@ RULES: tuple[Rule, ...] = (
     _device("flashinfer_b12x", FAMILY_120, _E + "flashinfer_b12x_moe.py", "165-171",
             "FlashInferB12xExperts._supports_current_device", ("nvfp4",), "12.x family only"),
     _device("b12x", FAMILY_120, "vllm/model_executor/layers/fused_moe/b12x.py", "499-507",
-            "B12xExperts._supports_current_device", ("nvfp4", "mxfp4"), "12.x family only"),
+            "B12xExperts._supports_current_device", ("nvfp4", "mxfp4"), "12.x family only", since="0.33.0"),
     _device("cutlass", FAMILY_100 | {"sm110"} | FAMILY_120, _E + "cutlass_moe.py", "716-722",
             "CutlassExpertsFp4._supports_current_device", ("nvfp4",), "10.x, 11.x or 12.x family"),
-    _device("deep_gemm", frozenset({"sm90"}) | FAMILY_100 | FAMILY_120, "vllm/platforms/cuda.py", "691-697",
+    _device("deep_gemm", lambda c: release(c.version)["deep_gemm"], "vllm/platforms/cuda.py", "691-697",
             "CudaPlatform.support_deep_gemm (via is_deep_gemm_supported, vllm/utils/deep_gemm.py:113-118)",
-            ("fp8", "mxfp8"), "Hopper 9.0 or the 10.x / 12.x families"),
-    _device("deep_gemm", FAMILY_100 | FAMILY_120, _E + "deep_gemm_moe.py", "474-479",
-            "DeepGemmMxfp4Experts._supports_current_device", ("mxfp4",), "10.x or 12.x family (MXFP4 DeepGEMM)", suffix="-MXFP4"),
+            ("fp8", "mxfp8"), "Hopper 9.0 or the 10.x family (0.33: also 12.x)"),
+    _device("deep_gemm", lambda c: release(c.version)["deep_gemm_mxfp4"], _E + "deep_gemm_moe.py", "474-479",
+            "DeepGemmMxfp4Experts._supports_current_device", ("mxfp4",), "10.x family (0.33: or 12.x), MXFP4 DeepGEMM",
+            suffix="-MXFP4"),
     _device("marlin", NVIDIA, _E + "marlin_moe.py", "592-594", "MarlinExperts._supports_current_device", _ALL,
             "CUDA capability >= 7.5"),
     _device("humming", NVIDIA, _E + "fused_humming_moe.py", "403-409", "Humming*Experts._supports_current_device", _ALL,
             "CUDA capability >= 7.5 with humming installed"),
-    _device("triton", frozenset({"sm90", "sm100", "sm110", "sm120", "sm121", "gfx942", "gfx950"}),
+    _device("triton", lambda c: release(c.version)["triton_mxfp4"],
             _E + "gpt_oss_triton_kernels_moe.py", "41-62", "_triton_kernel_moe_supports_current_device", ("mxfp4",),
-            "OpenAI Triton MXFP4 kernels: CUDA 9.0 <= capability < 13.0, or ROCm gfx9", suffix="-MXFP4"),
+            "OpenAI Triton MXFP4 kernels: CUDA 9.0 <= capability < 13.0 (0.22.1: < 11.0), or ROCm gfx9", suffix="-MXFP4"),
     _device("aiter", frozenset({"gfx942", "gfx950"}), _E + "rocm_aiter_moe.py", "513-514",
             "AiterExperts._supports_current_device (rocm_aiter_ops.is_fused_moe_enabled)", ("fp8", "unquantized"),
             "ROCm with AITER enabled"),
