@@ -536,8 +536,14 @@ def create_app(state: ServerState) -> FastAPI:
             offsets.append(offset)
             tokens.append(_tok_str(s.id))
             offset += len(tokens[-1])
-        return {"tokens": tokens, "token_logprobs": [s.logprob for s in lps],
-                "top_logprobs": [{_tok_str(t): lp for t, lp in s.top} for s in lps], "text_offset": offsets}
+        def top(s):  # tokens that print alike share a key: keep the likeliest
+            d: dict[str, float] = {}
+            for t, lp in s.top:
+                d.setdefault(_tok_str(t), lp)
+            return d
+
+        return {"tokens": tokens, "token_logprobs": [s.logprob for s in lps], "top_logprobs": [top(s) for s in lps],
+                "text_offset": offsets}
 
     async def _events(req: EngineRequest, stops: list[str]):
         """(delta text, Sampled | None, Finished | None) as tokens arrive; applies stop strings."""
@@ -546,7 +552,14 @@ def create_app(state: ServerState) -> FastAPI:
         while True:
             item = await req.out.get()
             if isinstance(item, Finished):
-                yield "", None, item
+                tail = dec.flush() if item.reason != "cancelled" else ""
+                if stops and tail:  # a stop string completed by the held-back text
+                    joined = text + tail
+                    hit = min((joined.find(s) for s in stops if s in joined), default=-1)
+                    if hit >= 0:
+                        yield joined[len(text):hit], None, Finished("stop", item.prompt_tokens, item.completion_tokens)
+                        return
+                yield tail, None, item
                 return
             lp = None if isinstance(item, int) else item
             delta = dec.push(item if isinstance(item, int) else item.id)
@@ -613,6 +626,8 @@ def create_app(state: ServerState) -> FastAPI:
             left = len(reqs)
             while left:
                 i, delta, lp, fin = await q.get()
+                if fin is not None and delta and fin.reason != "error":
+                    yield chunk(i, delta, None)  # the text held back until the end
                 if fin is not None:
                     left -= 1
                     completion += fin.completion_tokens

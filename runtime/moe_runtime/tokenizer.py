@@ -142,3 +142,9 @@ class IncrementalDecoder:
             return ""
         delta, self.sent = text[len(self.sent):], text
         return delta
+
+    def flush(self) -> str:
+        """At the end of the sequence: whatever was held back (an incomplete character, as U+FFFD)."""
+        text = self.tok.decode(self.ids)
+        delta, self.sent = text[len(self.sent):], text
+        return delta
