@@ -61,6 +61,9 @@ class BackendSpec:
     requirements: tuple[Requirement, ...] = field(default_factory=tuple)
     a2a: frozenset[str] = frozenset({"none"})
     activation: str = "bf16"  # compute precision of the activations (W4A16 = weight-only)
+    # When and where it ran and passed the GPU tests here (tests/gpu), or None: never run here.
+    # An unverified backend never outranks a verified one (`candidates`).
+    verified: str | None = None
 
     def supports(self, family: str, weight_format: str) -> bool:
         return family in self.families and weight_format in self.weight_formats
@@ -130,6 +133,7 @@ BACKENDS: tuple[BackendSpec, ...] = (
         priority=50,
         implementation="moe_kernels.triton_moe:TritonExperts",
         requirements=(Requirement("triton", "3.0", "Triton JIT kernels"),),
+        verified="2026-11-29 on H200 (tests/gpu, bench/README.md)",
     ),
     BackendSpec(
         name="torch",
@@ -139,6 +143,7 @@ BACKENDS: tuple[BackendSpec, ...] = (
         deferred_finalize=True,
         priority=10,
         implementation="moe_kernels.reference:TorchExperts",
+        verified="2026-11-29 on H200 (the reference of tests/gpu) and on CPU in every unit-test run",
     ),
 )
 
@@ -157,13 +162,15 @@ def names() -> list[str]:
 
 
 def candidates(family: str, weight_format: str, installed: dict[str, str | None] | None = None,
-               a2a: str = "none") -> list[BackendSpec]:
-    """Backends able to run `weight_format` on `family`, best first.
+               a2a: str = "none", backends: tuple[BackendSpec, ...] = BACKENDS) -> list[BackendSpec]:
+    """Backends able to run `weight_format` on `family`, best first: every verified backend (by
+    priority) before any unverified one (by priority), so an unverified backend is chosen for `auto`
+    only when nothing verified fits.
 
     With `installed` given ({package: version or None}), backends whose requirements are not met
     are left out; with None, requirements are not checked (the planner checks them against the image).
     """
-    out = [b for b in BACKENDS if b.supports(family, weight_format) and a2a in b.a2a]
+    out = [b for b in backends if b.supports(family, weight_format) and a2a in b.a2a]
     if installed is not None:
         out = [b for b in out if not b.missing_requirements(family, installed)]
-    return sorted(out, key=lambda b: -b.priority)
+    return sorted(out, key=lambda b: (b.verified is None, -b.priority))

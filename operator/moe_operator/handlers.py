@@ -210,14 +210,14 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
         task.cancel()
 
 
-# Owned objects: a change or a deletion repairs drift and refreshes status right away.
+# Owned workloads: a change or a deletion repairs drift and refreshes readiness right away. Owned
+# Services and ConfigMaps are repaired by the sweep (seconds later): watching every ConfigMap and
+# Service of the cluster would cost more than it saves.
 _OWNED = {"labels": {"app.kubernetes.io/managed-by": "moe-operator"}}
 
 
 @kopf.on.event("apps", "v1", "deployments", **_OWNED)
 @kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", **_OWNED)
-@kopf.on.event("", "v1", "services", **_OWNED)
-@kopf.on.event("", "v1", "configmaps", **_OWNED)
 async def owned_object_changed(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index, gpu_pods: kopf.Index,
                                logger: Any, **_: Any) -> None:
     owner = next((o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "MoEDeployment"), None)

@@ -16,6 +16,7 @@ from moe_core.checkpoint import CheckpointInfo, InspectionError, TensorMeta, cla
 
 from .api import MoEDeploymentSpec
 from .metrics import INSPECTION_SECONDS
+from .model_uri import ModelURI
 
 log = logging.getLogger("moe_operator.inspection")
 
@@ -39,7 +40,7 @@ def cache_key(uri: str) -> str:
 
 def resolve_local(uri: str, local_models_dir: str | None) -> Path:
     """file:///models/x -> a local path. With --local-models-dir D (dev/demo), /models/x also maps to D/x."""
-    path = Path(uri[len("file://"):])
+    path = Path(ModelURI.parse(uri).path)
     if local_models_dir and not path.exists():
         candidate = Path(local_models_dir) / path.name
         if candidate.exists():
@@ -58,8 +59,8 @@ def inspect_hf(uri: str, token: str | None) -> CheckpointInfo:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError
 
-    repo, _, revision = uri[len("hf://"):].partition("@")
-    revision = revision or None
+    parsed = ModelURI.parse(uri)
+    repo, revision = parsed.repo, parsed.revision or None
     try:
         cfg_path = hf_hub_download(repo, "config.json", revision=revision, token=token)
         config = json.loads(Path(cfg_path).read_text())
@@ -93,7 +94,7 @@ def inspect_spec(spec: MoEDeploymentSpec, *, local_models_dir: str | None = None
     key = cache_key(uri)
     if key in _cache:
         return _cache[key]
-    scheme = uri.split("://", 1)[0]
+    scheme = uri.split("://", 1)[0]  # the CRD's pattern admits only hf, pvc and file
     started = time.monotonic()
     try:
         if scheme == "file":

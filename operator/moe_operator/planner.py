@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from moe_core import registry
+from moe_core.bundled import resolve_bundled
 from moe_core.checkpoint import CheckpointInfo
-from moe_core.formats import EXPERT_FORMATS, expert_format
 from moe_core.gpu import BLACKWELL, GpuClass
 from moe_core.plan import Decision, Plan, PlanCheckpoint, PlanEngine, PlanGpu, PlanMoE
 
@@ -569,77 +569,28 @@ def _plan_vllm(b: _Builder) -> PlanMoE:
 
 
 def _plan_bundled(b: _Builder) -> PlanMoE:
-    """The bundled runtime's rules, derived from the kernel-backend registry (B rows)."""
+    """The bundled runtime's rules: moe_core.resolve_bundled over the runtime capability table and the
+    kernel-backend registry, the same call the runtime's plan check makes. The plan (plan.json) is
+    the only channel to the pod: no MOE_* env is rendered for the runtime, the user's env passes
+    through as it is."""
     f = b.f
-    wfmt = expert_format(f.fmt)
-    family = f.fam
     installed = {"flashinfer-python": f.flashinfer, "triton": "3.6" if not f.rocm else None}
-    if f.a2a != "none":
-        b.errors.append(f"[B5] the bundled runtime has no all-to-all backend (moe.a2aBackend={f.a2a}); use engine sglang or vllm for expert parallelism across GPUs")
-    if f.choices.tp * f.choices.dp > 1:
-        b.errors.append("[B6] the bundled runtime serves one GPU per replica (tp=dp=1); use engine sglang or vllm for multi-GPU replicas")
-    if wfmt is None:
-        b.errors.append(f"[B0] the bundled runtime cannot load {f.fmt} expert weights; it supports "
-                        f"{', '.join(EXPERT_FORMATS)} (bf16, FP8 block, NVFP4, MXFP4): use engine sglang or vllm")
-        return PlanMoE(runnerBackend=f.choices.runner_backend, a2aBackend=f.a2a, deferredFinalize=False)
-    fits = registry.candidates(family, wfmt, installed)
+    env_df = f.env("MOE_DEFERRED_FINALIZE")
+    if env_df is not None:
+        deferred, deferred_from = ("on" if truthy(env_df) else "off"), "MOE_DEFERRED_FINALIZE set explicitly by the user"
+    else:
+        deferred, deferred_from = f.choices.deferred_finalize, None
     user = f.choices.runner_backend
-    if user != "auto":
-        try:
-            spec = registry.get(user)
-        except KeyError as e:
-            b.errors.append(f"[B1] {e.args[0]}")
-            return PlanMoE(runnerBackend=user, a2aBackend=f.a2a, deferredFinalize=False)
-        b.decide("moe.runnerBackend", user, "user", f"MoE backend {user} set explicitly by the user (validated, never changed)")
-        problems = []
-        if family not in spec.families:
-            problems.append(f"it runs on {', '.join(sorted(spec.families))}, not {f.gpu_name}")
-        if wfmt not in spec.weight_formats:
-            problems.append(f"it does not load {wfmt} experts (only {', '.join(sorted(spec.weight_formats))})")
-        if not problems:
-            problems += spec.missing_requirements(family, installed)
-        if problems:
-            alt = ", ".join(c.name for c in fits) or "none"
-            b.errors.append(f"[B1] moe.runnerBackend={user} is impossible here: {'; '.join(problems)}. "
-                            f"Backends that can run {wfmt} experts on {f.gpu_name}: {alt}")
-        chosen = spec
-    else:
-        if not fits:
-            b.errors.append(f"[B2] no bundled MoE backend runs {wfmt} experts on {f.gpu_name}")
-            return PlanMoE(runnerBackend="auto", a2aBackend=f.a2a, deferredFinalize=False)
-        chosen = fits[0]
-        why = f"best registry backend for {wfmt} experts on {f.gpu_name}: {chosen.summary}"
-        if len(fits) > 1:
-            why += f" (runtime self-test falls back to: {', '.join(c.name for c in fits[1:])})"
-        b.decide("moe.runnerBackend", chosen.name, "B2", f"Use {chosen.name} as MoE runner backend for {f.arch}: {why}")
-        skipped = [s for s in registry.candidates(family, wfmt) if s not in fits]
-        for s in skipped:
-            b.reasons.append(f"[B3] {s.name} not used: {'; '.join(s.missing_requirements(family, installed))}")
-    if f.rocm and chosen.name == "torch":
-        b.warnings.append("[B7] on ROCm the bundled runtime only has the torch reference experts (correct, slow); prefer engine sglang with aiter")
-
-    has_shared = (f.ckpt.numSharedExperts or 0) > 0
-    want = f.choices.deferred_finalize
-    deferred = False
-    if "MOE_DEFERRED_FINALIZE" in f.choices.env:
-        deferred = truthy(f.env("MOE_DEFERRED_FINALIZE")) and chosen.deferred_finalize
-        b.decide("moe.deferredFinalize", str(deferred).lower(), "user", "MOE_DEFERRED_FINALIZE set explicitly by the user")
-    elif want == "on" and not chosen.deferred_finalize:
-        b.errors.append(f"[DF1] moe.deferredFinalize=on is impossible: backend {chosen.name} cannot stop before finalize; "
-                        f"backends that can: {', '.join(c.name for c in fits if c.deferred_finalize) or 'none'}")
-    elif want == "on" or (want == "auto" and chosen.deferred_finalize and has_shared):
-        deferred = True
-        b.decide("moe.deferredFinalize", "true", "B4",
-                 f"deferred finalize on: {chosen.name} hands (gemm2_out, expert_weights, perm) to the fused "
-                 f"moe_finalize_fuse_shared kernel, which adds the shared expert in the same pass")
-    elif want == "auto" and not has_shared:
-        b.decide("moe.deferredFinalize", "false", "B4", f"{f.arch} has no shared expert: nothing to fuse into finalize")
-    else:
-        b.decide("moe.deferredFinalize", "false", "B4",
-                 "deferred finalize off" + (" (moe.deferredFinalize=off)" if want == "off" else f" ({chosen.name} cannot defer)"))
-    b.set_env("MOE_RUNNER_BACKEND", chosen.name, "B2", "the runtime reads its backend from the plan and this env")
-    b.set_env("MOE_DEFERRED_FINALIZE", "1" if deferred else "0", "B4", "the runtime's deferred-finalize switch")
-    return PlanMoE(runnerBackend=chosen.name, a2aBackend=f.a2a, deferredFinalize=deferred)
+    r = resolve_bundled(family=f.fam, where=f.gpu_name, architecture=f.arch, checkpoint_format=f.fmt,
+                        shared_experts=f.ckpt.numSharedExperts or 0, installed=installed, backend=user,
+                        explicit=user != "auto", deferred=deferred, deferred_from=deferred_from,
+                        tp=f.choices.tp, dp=f.choices.dp, ep=f.choices.ep, a2a=f.a2a, rocm=f.rocm)
+    b.errors += r.errors
+    b.warnings += r.warnings
+    for d in r.decisions:
+        b.decide(d.key, d.value, d.rule, d.reason)
+    b.reasons += r.notes
+    return PlanMoE(runnerBackend=r.backend or user, a2aBackend=f.a2a, deferredFinalize=r.deferred)
 
 
 def default_flashinfer(engine: str, version: str, gpu: GpuClass) -> str | None:

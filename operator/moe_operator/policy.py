@@ -14,6 +14,7 @@ import posixpath
 from dataclasses import dataclass
 
 from .api import MoEDeploymentSpec
+from .model_uri import ModelURI
 
 # The label a Secret must carry before a MoEDeployment may mount it as a model token: a Secret
 # in the namespace is not the tenant's to hand to an image of their choosing unless its owner
@@ -30,7 +31,7 @@ class Policy:
     def problems(self, spec: MoEDeploymentSpec) -> list[str]:
         out = []
         if spec.model.uri.startswith("file://"):
-            out += host_path_problems(spec.model.uri[len("file://"):], self.allowed_host_paths)
+            out += host_path_problems(ModelURI.parse(spec.model.uri).path, self.allowed_host_paths)
         if spec.engine.image and self.allowed_registries and not image_allowed(spec.engine.image, self.allowed_registries):
             out.append(f"engine.image {spec.engine.image!r} is not from an allowed registry "
                        f"({', '.join(self.allowed_registries)}); leave engine.image unset for the default image")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from moe_core.runtime import BUNDLED
 from safetensors.torch import save_file
 
 from . import kcompat
@@ -40,8 +41,9 @@ from .errors import RuntimeFailure
 from .model_spec import dense_shapes, is_fp8_linear, is_routed_expert_weight
 from .tokenizer import build_tokenizer_files
 
-ARCHS = ("deepseek_v3", "qwen3_moe")
-FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
+# every architecture and checkpoint format the runtime serves (moe_core.runtime), and no other
+ARCHS = tuple(BUNDLED.architectures.values())
+FORMATS = BUNDLED.checkpoint_formats
 SIZES = ("tiny", "small")
 
 _COMMON = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "initializer_range": 0.02, "attention_bias": False,

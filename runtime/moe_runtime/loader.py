@@ -18,14 +18,12 @@ from typing import Any, Callable
 import torch
 from moe_core.checkpoint import InspectionError, inspect_dir, read_safetensors_header
 from moe_core import formats
+from moe_core.runtime import BUNDLED
 
 from . import kcompat
 from .errors import RuntimeFailure
 from .log import log as _log
 from .model_spec import arch_of, is_fp8_linear, is_moe_layer, is_routed_expert_weight, num_experts, tensor_specs
-
-# checkpoint formats the bundled loader reads (the operator vocabulary, tuning-rules.md section 6)
-LOADABLE_FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
 
 _TORCH_DTYPE = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "U8": torch.uint8,
                 "F8_E4M3": torch.float8_e4m3fn}
@@ -53,10 +51,10 @@ def validate_checkpoint(path: str | Path) -> Validated:
         raise RuntimeFailure(f"cannot load checkpoint: {e}") from None
     config = json.loads((root / "config.json").read_text())
     arch = arch_of(config)
-    if info.format not in LOADABLE_FORMATS:
+    if info.format not in BUNDLED.checkpoint_formats:
         raise RuntimeFailure(
             f"{root}: unsupported checkpoint format {info.format!r} ({info.formatSource}); the bundled runtime "
-            f"loads {', '.join(LOADABLE_FORMATS)}")
+            f"loads {', '.join(BUNDLED.checkpoint_formats)} (moe_core.runtime)")
     expert_format = formats.expert_format(info.format)
     headers: dict[str, Any] = {}
     where: dict[str, str] = {}

@@ -11,20 +11,20 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from moe_core.runtime import BUNDLED
+
 from .errors import RuntimeFailure
 
-# Kimi-K2 checkpoints declare DeepseekV3ForCausalLM (model_type kimi_k2), so they map here too.
-SUPPORTED_ARCHS = {"DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 
 
 def arch_of(cfg: dict[str, Any]) -> str:
     archs = cfg.get("architectures") or []
     name = archs[0] if archs else None
-    if name not in SUPPORTED_ARCHS:
+    if name not in BUNDLED.architectures:
         raise RuntimeFailure(f"unsupported architecture {name!r}: the bundled runtime serves "
-                             f"{', '.join(SUPPORTED_ARCHS)}")
-    return SUPPORTED_ARCHS[name]
+                             f"{', '.join(BUNDLED.architectures)}")
+    return BUNDLED.architectures[name]
 
 
 def num_experts(cfg: dict[str, Any]) -> int:

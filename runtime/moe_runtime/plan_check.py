@@ -1,15 +1,21 @@
 """Re-check the operator's plan against this node and this checkpoint, and resolve the backend.
 
-Pure functions: inputs are the plan (a dict; extra keys tolerated), the probed GPU family/product,
-the inspected CheckpointInfo, the environment and the installed packages; the output is the ordered
-list of backends to self-test, the deferred-finalize switch and one reason line per decision.
-An `auto` backend is resolved exactly as the planner does: the first of
-`registry.candidates(family, expert_format, installed)`.
+Pure functions: inputs are the plan (plan.json, validated with moe_core's `Plan` model; unknown
+keys are ignored), the probed GPU family/product, the inspected CheckpointInfo, the process
+environment and the installed packages; the output is the ordered list of backends to self-test,
+the deferred-finalize switch and one reason line per decision. The backend is resolved by
+`moe_core.bundled.resolve_bundled`, the very function the planner's bundled rules call.
 
-Environment read (the operator renders the plan's `env` into the pod; the plan file's own `env`
-fills in whatever the pod does not set):
-  MOE_RUNNER_BACKEND     backend name or `auto` (overrides plan.moe.runnerBackend; explicit => no fallback)
-  MOE_DEFERRED_FINALIZE  1/0 (overrides plan.moe.deferredFinalize)
+plan.json is the only channel from the operator to the pod: the operator renders no MOE_* env for
+the runtime. Precedence, highest first:
+  1. MOE_RUNNER_BACKEND / MOE_DEFERRED_FINALIZE in the process environment: only ever set by the
+     user (spec.env, or by hand). A backend named there is an explicit choice (no fallback);
+     `auto` resolves here. MOE_DEFERRED_FINALIZE=1 defers when the backend can, 0 never does.
+  2. the plan's moe.runnerBackend / moe.deferredFinalize (a backend the user chose in the spec is
+     marked by the plan's decision with rule `user`: no fallback; the planner's own pick may fall
+     back to the other candidates when its self-test fails);
+  3. without a plan, resolve_bundled's defaults for this node (as the planner would).
+The plan's `env` map is not read: it is what the operator put into the pod's environment already.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from moe_core import registry
-from moe_core.formats import EXPERT_FORMATS, expert_format
+from moe_core.bundled import resolve_bundled
+from moe_core.plan import Plan
+from pydantic import ValidationError
 
 from .errors import RuntimeFailure
 
@@ -32,7 +39,7 @@ def truthy(v: str | None) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes", "on")
 
 
-def read_plan(path: str | Path) -> dict[str, Any]:
+def read_plan(path: str | Path) -> Plan:
     p = Path(path)
     try:
         data = json.loads(p.read_text())
@@ -42,7 +49,16 @@ def read_plan(path: str | Path) -> dict[str, Any]:
         raise RuntimeFailure(f"plan {p} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
     if not isinstance(data, dict):
         raise RuntimeFailure(f"plan {p} must be a JSON object")
-    return data
+    return parse_plan(data, p)
+
+
+def parse_plan(data: Mapping[str, Any], where: str | Path = "plan") -> Plan:
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        raise RuntimeFailure(f"{where} is not a plan: {loc}: {first['msg']}") from None
 
 
 @dataclass
@@ -56,13 +72,6 @@ class Resolution:
     warnings: list[str] = field(default_factory=list)
 
 
-def effective_env(plan: Mapping[str, Any] | None, environ: Mapping[str, str]) -> dict[str, str]:
-    """The pod's environment wins; the plan's env fills in what the pod did not set."""
-    env = {k: str(v) for k, v in ((plan or {}).get("env") or {}).items()}
-    env.update({k: v for k, v in environ.items() if k in (ENV_BACKEND, ENV_DEFERRED)})
-    return env
-
-
 def _norm(product: str) -> str:
     """'NVIDIA-H200' (GPU feature discovery label) == 'NVIDIA H200' (NVML name)."""
     return "".join(ch for ch in product.lower() if ch.isalnum())
@@ -72,89 +81,54 @@ def _where(family: str, product: str | None) -> str:
     return f"{family} ({product})" if product and product != family else family
 
 
-def resolve(plan: Mapping[str, Any] | None, family: str, product: str | None, info: Any,
-            environ: Mapping[str, str], installed: dict[str, str | None]) -> Resolution:
-    reasons: list[str] = []
-    warnings: list[str] = []
-    plan = plan or {}
-    if plan.get("errors"):
-        raise RuntimeFailure("the plan has errors and cannot be served: " + "; ".join(map(str, plan["errors"])))
-    engine = (plan.get("engine") or {}).get("name")
-    if engine not in (None, "bundled", "moe-runtime"):
-        raise RuntimeFailure(f"plan is for engine {engine!r}, but this is the bundled moe-runtime")
-    pg = plan.get("gpu") or {}
-    if pg.get("family") and pg["family"] != family:
-        raise RuntimeFailure(f"plan is for {_where(pg['family'], pg.get('product'))} but this node is "
+def _check_plan_is_for_here(plan: Plan, family: str, product: str | None, info: Any) -> list[str]:
+    """Refuse a plan made for another engine, GPU or checkpoint; a product mismatch is a warning."""
+    if plan.errors:
+        raise RuntimeFailure("the plan has errors and cannot be served: " + "; ".join(plan.errors))
+    if plan.engine.name not in ("bundled", "moe-runtime"):
+        raise RuntimeFailure(f"plan is for engine {plan.engine.name!r}, but this is the bundled moe-runtime")
+    if plan.gpu.family != family:
+        raise RuntimeFailure(f"plan is for {_where(plan.gpu.family, plan.gpu.product)} but this node is "
                              f"{_where(family, product)}")
-    if pg.get("product") and product and _norm(pg["product"]) != _norm(product) and family != "cpu":
-        warnings.append(f"plan was made for {pg['product']}, this node has {product} (same family {family})")
-    pc = plan.get("checkpoint") or {}
-    if pc.get("architecture") and pc["architecture"] != info.architecture:
-        raise RuntimeFailure(f"plan is for a {pc['architecture']} checkpoint but the checkpoint is {info.architecture}")
-    if pc.get("format") and pc["format"] != info.format:
-        raise RuntimeFailure(f"plan is for checkpoint format {pc['format']} but the checkpoint is {info.format} "
-                             f"({info.formatSource})")
-    moe = plan.get("moe") or {}
-    if moe.get("a2aBackend", "none") not in (None, "none"):
-        raise RuntimeFailure(f"plan asks for all-to-all backend {moe['a2aBackend']!r}; the bundled runtime has none")
+    if plan.checkpoint.architecture != info.architecture:
+        raise RuntimeFailure(f"plan is for a {plan.checkpoint.architecture} checkpoint but the checkpoint is "
+                             f"{info.architecture}")
+    if plan.checkpoint.format != info.format:
+        raise RuntimeFailure(f"plan is for checkpoint format {plan.checkpoint.format} but the checkpoint is "
+                             f"{info.format} ({info.formatSource})")
+    if plan.gpu.product and product and _norm(plan.gpu.product) != _norm(product) and family != "cpu":
+        return [f"plan was made for {plan.gpu.product}, this node has {product} (same family {family})"]
+    return []
 
-    wfmt = expert_format(info.format)
-    if wfmt is None:
-        raise RuntimeFailure(f"the bundled runtime cannot run {info.format} experts "
-                             f"(supported: {', '.join(EXPERT_FORMATS)})")
-    env = effective_env(plan, environ)
-    fits = registry.candidates(family, wfmt, installed)
-    requested = env.get(ENV_BACKEND) or moe.get("runnerBackend") or "auto"
-    source = f"env {ENV_BACKEND}" if env.get(ENV_BACKEND) else ("plan moe.runnerBackend" if moe.get("runnerBackend") else "default")
-    if env.get(ENV_BACKEND) and moe.get("runnerBackend") not in (None, "auto", env[ENV_BACKEND]):
-        warnings.append(f"{ENV_BACKEND}={env[ENV_BACKEND]} overrides the plan's backend {moe['runnerBackend']}")
-    user_decided = any(d.get("key") == "moe.runnerBackend" and d.get("rule") == "user"
-                       for d in plan.get("decisions") or [] if isinstance(d, dict))
-    if requested == "auto":
-        if not fits:
-            raise RuntimeFailure(f"no MoE backend runs {wfmt} experts on {_where(family, product)} with the installed "
-                                 f"packages {installed}")
-        backends = [b.name for b in fits]
-        explicit = False
-        reasons.append(f"backend auto -> {backends[0]}: best registry candidate for {wfmt} experts on "
-                       f"{_where(family, product)}" + (f"; fallbacks {', '.join(backends[1:])}" if len(backends) > 1 else ""))
+
+def resolve(plan: Plan | Mapping[str, Any] | None, family: str, product: str | None, info: Any,
+            environ: Mapping[str, str], installed: dict[str, str | None]) -> Resolution:
+    if plan is not None and not isinstance(plan, Plan):
+        plan = parse_plan(plan)
+    warnings = _check_plan_is_for_here(plan, family, product, info) if plan is not None else []
+    planned = plan.moe if plan is not None else None
+    env_backend = (environ.get(ENV_BACKEND) or "").strip()
+    if env_backend:
+        backend, explicit, source = env_backend, env_backend != "auto", f"env {ENV_BACKEND}, set by the user"
+        if planned and planned.runnerBackend not in ("auto", env_backend):
+            warnings.append(f"{ENV_BACKEND}={env_backend} overrides the plan's backend {planned.runnerBackend}")
+    elif planned:
+        backend, source = planned.runnerBackend, "plan moe.runnerBackend"
+        explicit = any(d.key == "moe.runnerBackend" and d.rule == "user" for d in plan.decisions)
     else:
-        try:
-            spec = registry.get(requested)
-        except KeyError as e:
-            raise RuntimeFailure(f"{source}: {e.args[0]}") from None
-        problems = []
-        if family not in spec.families:
-            problems.append(f"it runs on {', '.join(sorted(spec.families))}, not {_where(family, product)}")
-        if wfmt not in spec.weight_formats:
-            problems.append(f"it does not load {wfmt} experts")
-        problems += spec.missing_requirements(family, installed)
-        if problems:
-            alt = ", ".join(b.name for b in fits) or "none"
-            raise RuntimeFailure(f"MoE backend {requested} ({source}) cannot run here: {'; '.join(problems)}. "
-                                 f"Backends that can: {alt}")
-        explicit = user_decided or source.startswith("env") and not moe.get("runnerBackend") == requested
-        backends = [requested] if explicit else [requested] + [b.name for b in fits if b.name != requested]
-        reasons.append(f"backend {requested} from {source}" + (" (explicit choice: no fallback)" if explicit else
-                       (f"; self-test fallbacks {', '.join(backends[1:])}" if len(backends) > 1 else "")))
-    if env.get(ENV_DEFERRED) is not None and ENV_DEFERRED in environ:
-        deferred = truthy(env[ENV_DEFERRED])
-        reasons.append(f"deferred finalize {'on' if deferred else 'off'} from env {ENV_DEFERRED}")
-    elif "deferredFinalize" in moe:
-        deferred = bool(moe["deferredFinalize"])
-        reasons.append(f"deferred finalize {'on' if deferred else 'off'} from the plan")
-    elif env.get(ENV_DEFERRED) is not None:
-        deferred = truthy(env[ENV_DEFERRED])
-        reasons.append(f"deferred finalize {'on' if deferred else 'off'} from the plan env {ENV_DEFERRED}")
+        backend, explicit, source = "auto", False, "default"
+    if ENV_DEFERRED in environ:
+        deferred = "on" if truthy(environ[ENV_DEFERRED]) else "off"
+        deferred_from, rule = f"env {ENV_DEFERRED}={environ[ENV_DEFERRED]}, set by the user", "user"
+    elif planned:
+        deferred, deferred_from, rule = ("on" if planned.deferredFinalize else "off"), "from the plan", "plan"
     else:
-        deferred = bool(info.numSharedExperts) and registry.get(backends[0]).deferred_finalize
-        reasons.append(f"deferred finalize {'on' if deferred else 'off'} (default: "
-                       f"{'shared expert present' if info.numSharedExperts else 'no shared expert'})")
-    return Resolution(family, wfmt, backends, explicit, deferred, reasons, warnings)
-
-
-def deferred_for(backend: str, want: bool) -> tuple[bool, str | None]:
-    """A fallback backend that cannot stop before finalize runs the plain path (and says so)."""
-    if want and not registry.get(backend).deferred_finalize:
-        return False, f"{backend} cannot defer finalize: shared expert added after the routed sum"
-    return want, None
+        deferred, deferred_from, rule = "auto", None, "B4"
+    r = resolve_bundled(family=family, where=_where(family, product), architecture=info.architecture,
+                        checkpoint_format=info.format, shared_experts=info.numSharedExperts or 0,
+                        installed=installed, backend=backend, explicit=explicit, backend_source=source,
+                        deferred=deferred, deferred_from=deferred_from, deferred_rule=rule,
+                        a2a=planned.a2aBackend if planned else "none")
+    if r.errors:
+        raise RuntimeFailure("; ".join(r.errors))
+    return Resolution(family, r.expert_format, r.backends, r.explicit, r.deferred, r.reasons, warnings + r.warnings)

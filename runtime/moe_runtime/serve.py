@@ -61,8 +61,9 @@ def prepare(args) -> dict[str, Any]:
 
 def select_backend(res, device: str, metrics, skip: bool = False) -> tuple[str, bool]:
     """Self-test the candidates in order on this device; the first that passes wins."""
+    from moe_core.bundled import deferred_for
+
     from . import kcompat
-    from .plan_check import deferred_for
 
     failures = []
     for i, name in enumerate(res.backends):

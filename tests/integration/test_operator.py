@@ -17,7 +17,7 @@ EXPECTED = {
     "deepseek-v4-fp4-h200.yaml": ("sm90/NVIDIA-H200", "flashinfer_mxfp4", False, "Deployment", "h200"),
     "deepseek-v4-fp4-b200.yaml": ("sm100/NVIDIA-B200", "flashinfer_mxfp4", False, "Deployment", "b200"),
     "deepseek-v3-nvfp4-b200.yaml": ("sm100/NVIDIA-B200", "flashinfer_trtllm", True, "Deployment", "b200"),
-    "gpt-oss-mxfp4-h100.yaml": ("sm90/NVIDIA-H100-80GB-HBM3", "triton", False, "Deployment", "h100"),
+    "gpt-oss-mxfp4-h100.yaml": ("sm90/NVIDIA-H100-80GB-HBM3", "triton_kernel", False, "Deployment", "h100"),
     "qwen3-moe-fp8.yaml": ("sm", "auto", False, "Deployment", None),
     "explicit-backend-override.yaml": ("sm90/", "marlin", False, "Deployment", None),
     "deepseek-v3-fp8-multinode.yaml": ("sm90/NVIDIA-H200", "auto", False, "LeaderWorkerSet", None),

@@ -180,7 +180,8 @@ def test_dockerignore_keeps_the_build_context_small():
 @pytest.mark.parametrize("sets", [
     (),
     ("replicas=3", "watchNamespaces={team-a,team-b}", "nodeProbe.enabled=true",
-     "metrics.serviceMonitor.enabled=true", "logLevel=debug", "defaultEngine=sglang"),
+     "metrics.serviceMonitor.enabled=true", "logLevel=debug", "policy.allowedHostPaths={/models}",
+     "webhook.certManager=true", "rbac.secrets.resourceNames={hf}"),
     ("rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=existing",
      "metrics.enabled=false", "nodeProbe.enabled=true", "nodeProbe.serviceAccount.create=false"),
 ], ids=["defaults", "everything-on", "bring-your-own-rbac"])
@@ -194,7 +195,9 @@ def test_helm_lint_strict(helm, sets):
 
 @pytest.mark.parametrize("bad,where", [
     ("logLevel=verbose", "logLevel"),
-    ("defaultEngine=tgi", "defaultEngine"),
+    ("defaultEngine=sglang", "defaultEngine"),   # removed: the CRD defaults spec.engine.name
+    ("policy.allowedHostPaths={relative}", "allowedHostPaths"),
+    ("webhook.certManager=maybe", "certManager"),
     ("replicas=-1", "replicas"),
     ("replicas=two", "replicas"),
     ("watchNamespaces={Not_A_Namespace}", "watchNamespaces"),
@@ -257,7 +260,7 @@ def test_operator_deployment(helm):
     assert env["MOE_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9090, "health": 8080}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9090, "health": 8080, "webhook": 9443}
     # non-root, read-only root filesystem, nothing extra
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -394,9 +397,14 @@ def test_rbac_can_be_left_to_the_user(helm):
 
 
 # ------------------------------------------------------------------------------ metrics, probe
+def metrics_service(docs):
+    (svc,) = [d for d in of_kind(docs, "Service") if d["metadata"]["name"].endswith("-metrics")]
+    return svc
+
+
 def test_metrics_service_and_service_monitor(helm):
     docs = render(helm)
-    svc = one(docs, "Service")
+    svc = metrics_service(docs)
     assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert all(pod_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
@@ -405,8 +413,10 @@ def test_metrics_service_and_service_monitor(helm):
     sm = one(docs, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "prom"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
-    svc = one(docs, "Service")
+    svc = metrics_service(docs)
     assert all(svc["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+    webhook_svc = next(d for d in of_kind(docs, "Service") if d["metadata"]["name"].endswith("-webhook"))
+    assert not all(webhook_svc["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
     assert not of_kind(render(helm, "metrics.enabled=false", "metrics.serviceMonitor.enabled=true"), "ServiceMonitor")
 
 

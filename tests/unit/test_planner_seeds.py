@@ -216,15 +216,21 @@ def bd(c, gpu, **kw):
 def test_bundled_fp4_on_hopper_runs_triton_w4a16_with_deferred_finalize():
     p = bd(ckpt(**DSV3_NVFP4), "H200")
     assert p.moe.runnerBackend == "triton" and p.moe.deferredFinalize is True
-    assert p.env["MOE_RUNNER_BACKEND"] == "triton" and p.env["MOE_DEFERRED_FINALIZE"] == "1"
+    # plan.json is the only channel to the pod: no MOE_* env rendered for the runtime
+    assert "MOE_RUNNER_BACKEND" not in p.env and "MOE_DEFERRED_FINALIZE" not in p.env
 
 
-def test_bundled_blackwell_uses_flashinfer_when_image_has_it():
-    assert bd(ckpt(**DSV3_NVFP4), "B200").moe.runnerBackend == "flashinfer_trtllm"
-    assert bd(ckpt(**DSV3_NVFP4), "rtx-pro-6000").moe.runnerBackend == "flashinfer_cutlass"
+def test_bundled_blackwell_prefers_verified_triton_over_unverified_flashinfer():
+    for gpu in ("B200", "rtx-pro-6000"):
+        p = bd(ckpt(**DSV3_NVFP4), gpu)
+        assert p.moe.runnerBackend == "triton" and not p.errors
+        why = next(d.reason for d in p.decisions if d.key == "moe.runnerBackend")
+        assert "flashinfer" in why and "unverified" not in why  # still a self-test fallback, after torch
     assert bd(ckpt(**DSV3_NVFP4), "B200", flashinfer_version="none").moe.runnerBackend == "triton"
-    p = bd(ckpt(**DSV3_NVFP4), "B200", flashinfer_version="0.6.12")  # too old for deferred-safe trtllm
-    assert p.moe.runnerBackend != "flashinfer_trtllm"
+    # an explicit unverified choice is kept (validated) and the reason says it is unverified
+    p = bd(ckpt(**DSV3_NVFP4), "B200", runner_backend="flashinfer_trtllm")
+    assert p.moe.runnerBackend == "flashinfer_trtllm" and not p.errors
+    assert "unverified" in next(d.reason for d in p.decisions if d.key == "moe.runnerBackend")
 
 
 def test_bundled_impossible_explicit_backend_says_what_works():
@@ -241,3 +247,4 @@ def test_bundled_rejects_unloadable_format_and_a2a():
 def test_user_env_always_wins():
     p = bd(ckpt(**DSV3_NVFP4), "H200", env={"MOE_RUNNER_BACKEND": "torch", "FOO": "1"})
     assert p.env["MOE_RUNNER_BACKEND"] == "torch" and p.env["FOO"] == "1"
+    assert p.moe.runnerBackend == "torch" and p.env == {"MOE_RUNNER_BACKEND": "torch", "FOO": "1"}

@@ -165,26 +165,38 @@ def test_auto_resolves_like_the_planner():
     r = resolve(None, "sm90", "NVIDIA H200", _Info(), {}, installed)
     assert r.backends == [b.name for b in registry.candidates("sm90", "nvfp4", installed)] == ["triton", "torch"]
     assert r.deferred and not r.explicit
-    r = resolve({"moe": {"runnerBackend": "auto"}}, "sm100", "NVIDIA B200", _Info(), {},
+    r = resolve(_full_plan("sm100", "auto"), "sm100", "NVIDIA B200", _Info(), {},
                 {"triton": "3.6.0", "flashinfer-python": "0.6.15"})
-    assert r.backends[0] == "flashinfer_trtllm"
+    assert r.backends[0] == "triton" and "flashinfer_trtllm" in r.backends  # verified before unverified
     r = resolve(None, "sm90", "H200", _Info("bf16", shared=0, arch="Qwen3MoeForCausalLM"), {}, installed)
     assert not r.deferred  # nothing to fuse without a shared expert
+
+
+def _full_plan(family, backend, deferred=True, **over):
+    plan = {"gpu": {"family": family, "product": ""},
+            "checkpoint": {"architecture": "DeepseekV3ForCausalLM", "format": "nvfp4"},
+            "engine": {"name": "bundled", "version": "0.1.0"},
+            "moe": {"runnerBackend": backend, "a2aBackend": "none", "deferredFinalize": deferred}}
+    return {**plan, **over}
 
 
 def test_env_overrides_and_explicit_choice_has_no_fallback():
     from moe_runtime.plan_check import resolve
 
     installed = {"triton": "3.6.0"}
-    plan = {"moe": {"runnerBackend": "triton", "deferredFinalize": True}, "env": {"MOE_RUNNER_BACKEND": "triton"}}
+    # a plan's env map is not read (the operator renders no MOE_* env): only the process env counts
+    plan = {**_full_plan("sm90", "triton"), "env": {"MOE_RUNNER_BACKEND": "torch", "MOE_DEFERRED_FINALIZE": "0"}}
     r = resolve(plan, "sm90", "H200", _Info(), {}, installed)
-    assert r.backends == ["triton", "torch"] and not r.explicit  # the planner's own pick may fall back
+    assert r.backends == ["triton", "torch"] and not r.explicit and r.deferred  # the planner's pick may fall back
     r = resolve(plan, "sm90", "H200", _Info(), {"MOE_RUNNER_BACKEND": "torch", "MOE_DEFERRED_FINALIZE": "0"}, installed)
-    assert r.backends == ["torch"] and r.explicit and not r.deferred
+    assert r.backends == ["torch"] and r.explicit and not r.deferred  # the user's env wins
+    assert any("overrides the plan's backend triton" in w for w in r.warnings)
     user = {**plan, "decisions": [{"key": "moe.runnerBackend", "value": "triton", "rule": "user", "reason": "x"}]}
     assert resolve(user, "sm90", "H200", _Info(), {}, installed).backends == ["triton"]
     with pytest.raises(RuntimeFailure, match="plan is for engine 'sglang'"):
-        resolve({"engine": {"name": "sglang"}}, "sm90", "H200", _Info(), {}, installed)
+        resolve(_full_plan("sm90", "auto", engine={"name": "sglang"}), "sm90", "H200", _Info(), {}, installed)
+    with pytest.raises(RuntimeFailure, match="is not a plan: moe: Field required"):
+        resolve({k: v for k, v in plan.items() if k != "moe"}, "sm90", "H200", _Info(), {}, installed)
 
 
 def test_selftest_failure_falls_back_and_counts(monkeypatch):

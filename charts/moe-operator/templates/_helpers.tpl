@@ -87,7 +87,7 @@ table in operator/moe_operator/permissions.py (tests/unit/test_chart.py compares
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "create", "patch"]
 # checkpoint inspection Jobs for pvc:// models (result read from the pod's termination message)
 - apiGroups: ["batch"]
   resources: ["jobs"]

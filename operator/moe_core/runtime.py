@@ -1,0 +1,74 @@
+"""The runtime capability table: what the bundled runtime (`moe-runtime serve`) can serve.
+
+The planner never promises the bundled engine what this table does not list, and the runtime's
+loader and plan check refuse from the same table, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from .formats import TABLE, expert_format
+
+
+class RuntimeCapabilities(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    # config.json architectures[0] -> the runtime model module (moe_runtime.models.<module>)
+    architectures: dict[str, str]
+    # checkpoint formats (moe_core.formats) whose tensors the loader reads
+    checkpoint_formats: tuple[str, ...]
+    # parallelism inside one replica
+    max_tp: int = 1
+    max_dp: int = 1
+    max_ep: int = 1
+    max_nodes: int = 1
+    a2a_backends: tuple[str, ...] = ("none",)
+
+
+# Kimi-K2 checkpoints declare DeepseekV3ForCausalLM (model_type kimi_k2), so they are served too.
+BUNDLED = RuntimeCapabilities(
+    architectures={"DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3MoeForCausalLM": "qwen3_moe"},
+    # block-FP8 (weight_scale_inv per 128x128), ModelOpt NVFP4, OCP MXFP4 and bf16 tensor layouts;
+    # per-tensor FP8 (modelopt_fp8, the FP8 layers of `mixed`), compressed-tensors names (ct_*) and
+    # DeepSeek-V4 layouts are not read
+    checkpoint_formats=("bf16", "fp8", "nvfp4", "mxfp4"),
+)
+
+ELSEWHERE = "use engine sglang or vllm"
+
+
+def architecture_problem(architecture: str, caps: RuntimeCapabilities = BUNDLED) -> str | None:
+    if architecture in caps.architectures:
+        return None
+    return (f"[B8] the bundled runtime serves {', '.join(caps.architectures)}, not {architecture}: {ELSEWHERE}")
+
+
+def format_problem(checkpoint_format: str, caps: RuntimeCapabilities = BUNDLED) -> str | None:
+    if checkpoint_format in caps.checkpoint_formats:
+        return None
+    what = TABLE[checkpoint_format].what if checkpoint_format in TABLE else "unknown format"
+    same = [f for f in caps.checkpoint_formats if expert_format(f) == expert_format(checkpoint_format)
+            and expert_format(checkpoint_format) is not None]
+    instead = f"a checkpoint of the model in {' or '.join(same or caps.checkpoint_formats)}"
+    return (f"[B0] the bundled runtime cannot load {checkpoint_format} checkpoints ({what}); its loader reads "
+            f"{', '.join(caps.checkpoint_formats)}: {ELSEWHERE}, or {instead}")
+
+
+def parallelism_problems(tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none", nodes: int = 1,
+                         caps: RuntimeCapabilities = BUNDLED) -> list[str]:
+    out = []
+    if a2a not in caps.a2a_backends:
+        out.append(f"[B5] the bundled runtime has no all-to-all backend (moe.a2aBackend={a2a}); "
+                   f"{ELSEWHERE} for expert parallelism across GPUs")
+    if tp > caps.max_tp or dp > caps.max_dp or ep > caps.max_ep or nodes > caps.max_nodes:
+        out.append(f"[B6] the bundled runtime serves one GPU per replica (tp=dp=ep=1, one node; here tp={tp} "
+                   f"dp={dp} ep={ep} nodes={nodes}); {ELSEWHERE} for multi-GPU replicas")
+    return out
+
+
+def problems(architecture: str, checkpoint_format: str, *, tp: int = 1, dp: int = 1, ep: int = 1,
+             a2a: str = "none", nodes: int = 1, caps: RuntimeCapabilities = BUNDLED) -> list[str]:
+    """Everything in (architecture, format, parallelism) the bundled runtime cannot serve, with rule ids."""
+    out = [p for p in (architecture_problem(architecture, caps), format_problem(checkpoint_format, caps)) if p]
+    return out + parallelism_problems(tp, dp, ep, a2a, nodes, caps)
