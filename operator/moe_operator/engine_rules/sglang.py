@@ -199,7 +199,7 @@ RULES: tuple[Rule, ...] = (
          _src(_MH, "94-101", "handle_moe_kernel_config", "0.5.14", "FlashInfer CuteDSL MOE currently supports only")),
     Rule("SG-CUTEDSL-EP", "sglang", lambda c: c.runner == "flashinfer_cutedsl" and c.ep not in (1, c.tp),
          "The expert parallel size must be 1 or the same as the tensor parallel size (ep={ep}, tp={tp})",
-         _src(_MH, "102-105", "handle_moe_kernel_config", "0.5.14", "FlashInfer CuteDSL MOE currently supports only")),
+         _src(_MH, "94-105", "handle_moe_kernel_config", "0.5.14", "FlashInfer CuteDSL MOE currently supports only")),
     Rule("SG-CUTEDSL-A2A", "sglang",
          lambda c: c.runner == "flashinfer_cutedsl" and c.a2a not in ("none", "deepep", "flashinfer"),
          "flashinfer_cutedsl supports moe_a2a_backend='none', 'deepep', or 'flashinfer', got '{a2a}'.",
@@ -281,8 +281,8 @@ RULES: tuple[Rule, ...] = (
          and c.a2a not in _PERMUTE_FORMATS[c.runner],
          "no pre-permute method registered for dispatch format {a2a} -> runner {runner} "
          "(PermuteMethodPool.get_pre_permute assertion at the first forward)",
-         _src("sglang/srt/layers/moe/moe_runner/base.py", "255-275", "PermuteMethodPool.get_pre_permute", "0.5.23",
-              "register_pre_permute"), flag="both", same_as=("V5",)),
+         _src("sglang/srt/layers/moe/moe_runner/base.py", "255-275", "PermuteMethodPool.get_pre_permute", "0.5.10",
+              "pre_permute_func is not None"), flag="both", same_as=("V5",)),
     Rule("SG-DEEPEPV2-LAYER", "sglang", lambda c: c.a2a == "deepep_v2" and c.fmt in NVFP4_METHOD | MXFP4_METHOD | {"ct_nvfp4", "mixed"},
          "--moe-a2a-backend deepep_v2 requires the deep_gemm MoE runner, but this MoE layer's quantization method "
          "selected another runner ({fmt} experts); use an FP8 blockwise-quantized or BF16 checkpoint, or --moe-a2a-backend deepep.",
@@ -350,6 +350,6 @@ RULES: tuple[Rule, ...] = (
     Rule("SG-FP4EXPERT-DEQUANT", "sglang",
          lambda c: c.fmt == "dsv4_fp4" and c.truthy("SGLANG_DSV4_FP4_DEQUANT") and c.runner != "auto",
          "{runner} is not compatible with SGLANG_DSV4_FP4_DEQUANT=1",
-         _src(_F8, "425-428", "Fp8Config.get_quant_method", "0.5.19", "is not compatible with SGLANG_DSV4_FP4_DEQUANT=1"),
+         _src(_F8, "425-428", "Fp8Config.get_quant_method", "0.5.17", "is not compatible with SGLANG_DSV4_FP4_DEQUANT=1"),
          same_as=("V4",)),
 )

@@ -108,7 +108,7 @@ MAPPINGS: dict[str, Source] = {
     "nvfp4": Source(_O + "nvfp4.py", "163-182", "map_nvfp4_backend", V, "0.22.1", "is not supported for NvFP4 MoE"),
     "mxfp4": Source(_O + "mxfp4.py", "352-399", "map_mxfp4_backend", V, "0.22.1", "is not supported for MXFP4 MoE"),
     "mxfp8": Source(_O + "mxfp8.py", "34-42,117-125", "select_mxfp8_moe_backend (_BACKEND_NAME_MAP)", V, "0.22.1",
-                    "is not supported for MXFP8 MoE"),
+                    "_BACKEND_NAME_MAP.get(runner_backend)"),
     "unquantized": Source(_O + "unquantized.py", "180-194", "map_unquantized_backend", V, "0.22.1",
                           "is not supported for unquantized MoE"),
 }
