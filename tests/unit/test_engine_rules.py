@@ -97,6 +97,13 @@ MATRIX = [
      "moe_hook.py:264-281 'Standard FP8 MoE checkpoints are not supported'"),
     ("sglang", "0.5.23", "B200", "dsv4_fp4", DSV4, "flashinfer_megamoe", "flashinfer_megamoe", (8, 8, 8), "ok",
      "moe_hook.py:264-275 is_fp4_experts; :328-339 runner flashinfer_megamoe on SM100"),
+    # ---- sglang 0.5.23: per-model override modules ----
+    ("sglang", "0.5.23", "B200", "mixed_w4a16", "NemotronHForCausalLM", "flashinfer_trtllm", "none", (1, 1, 1),
+     "SG-NEMOTRONH-W4A16-RUNNER", "arg_groups/model_overrides/nemotron_h.py:77-80 'require --moe-runner-backend=marlin'"),
+    ("sglang", "0.5.23", "B200", "mixed_w4a16", "NemotronHForCausalLM", "marlin", "none", (1, 1, 1), "ok",
+     "nemotron_h.py:77-80 marlin accepted"),
+    ("sglang", "0.5.23", "B200", "mixed_w4a16", "NemotronHForCausalLM", "auto", "deepep", (8, 8, 1),
+     "SG-NEMOTRONH-W4A16-A2A", "nemotron_h.py:74-76 'require --moe-a2a-backend=none'"),
     # ---- sglang: versions ----
     ("sglang", "0.5.17", "B200", "fp8", DSV3, "deep_gemm", "deepep_v2", (8, 8, 1), "SG-A2A",
      "0.5.17 sglang/srt/server_args.py MOE_A2A_BACKEND_CHOICES has no deepep_v2 (first in 0.5.19)"),

@@ -90,6 +90,8 @@ QUANT_RESOLVING_ANYWHERE = frozenset({
     "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3",
 })
 
+_NEMOTRON_H = frozenset({"NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3"})
+
 # FlashInfer MegaMOE validated architectures (moe_hook.py:242-256 validate_flashinfer_megamoe_model).
 MEGAMOE_ARCHS = frozenset({
     "BeamForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM",
@@ -268,6 +270,19 @@ RULES: tuple[Rule, ...] = (
     Rule("SG-PPLX-RUNNER", "sglang", lambda c: c.a2a == "pplx" and c.runner not in ("deep_gemm", "auto"),
          "moe_a2a_backend='pplx' is only supported with --moe-runner-backend deep_gemm (or auto).",
          _src(_MH, "596-602", "handle_a2a_moe", "0.5.17", "is only supported with --moe-runner-backend"), flag="both"),
+
+    # ---- per-model override modules -----------------------------------------------------------
+    # NemotronH normalises ModelOpt quantization itself (model_overrides/nemotron_h.py:35-55), so a
+    # W4A16_NVFP4-expert checkpoint (planner format mixed_w4a16) is known to be modelopt_mixed here.
+    Rule("SG-NEMOTRONH-W4A16-A2A", "sglang", lambda c: c.arch in _NEMOTRON_H and c.fmt == "mixed_w4a16" and c.a2a != "none",
+         "W4A16_NVFP4 MoE layers require --moe-a2a-backend=none.",
+         _src("sglang/srt/arg_groups/model_overrides/nemotron_h.py", "74-76", "_nemotron_h_overrides", "0.5.19",
+              "W4A16_NVFP4 MoE layers require --moe-a2a-backend=none."), flag="a2a"),
+    Rule("SG-NEMOTRONH-W4A16-RUNNER", "sglang",
+         lambda c: c.arch in _NEMOTRON_H and c.fmt == "mixed_w4a16" and c.runner not in ("auto", "marlin"),
+         "W4A16_NVFP4 MoE layers require --moe-runner-backend=marlin.",
+         _src("sglang/srt/arg_groups/model_overrides/nemotron_h.py", "77-80", "_nemotron_h_overrides", "0.5.19",
+              "W4A16_NVFP4 MoE layers require --moe-runner-backend=marlin.")),
 
     # ---- layer build: MoeRunner --------------------------------------------------------------
     Rule("SG-FUSED", "sglang",
