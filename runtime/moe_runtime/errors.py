@@ -16,7 +16,7 @@ class RuntimeFailure(Exception):
     The CLI prints the message (one line, names the file/tensor/mismatch) and exits with `exit_code`.
     """
 
-    exit_code = EXIT_PLAN_ERRORS  # historical default of the checkpoint/plan checks; see BadInput
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, message: str, exit_code: int | None = None):
         super().__init__(message)
