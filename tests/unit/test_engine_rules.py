@@ -150,6 +150,8 @@ MATRIX = [
      "experts/rocm_aiter_moe.py:513-514 rocm_aiter_ops.is_fused_moe_enabled"),
     ("vllm", "0.33.0", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1), "ok",
      "experts/trtllm_nvfp4_moe.py:204-211 family 100"),
+    ("vllm", "0.33.0", "H200", "fp8", DSV3, "cutlass", "none", (1, 1, 1), "VL-FP8-CUTLASS",
+     "oracle/fp8.py:467-477 + quantization/fp8.py:523-528 allow_vllm_cutlass=False"),
     # ---- vLLM 0.22.1 (line numbers of 0.22.1) vs 0.33.0 ----
     ("vllm", "0.22.1", "rtx-pro-6000", "fp8", QWEN3, "deep_gemm", "none", (1, 1, 1), "VL-DEV-DEEP_GEMM",
      "0.22.1 vllm/platforms/cuda.py:557-559 support_deep_gemm: 9.0 or family 100 only"),

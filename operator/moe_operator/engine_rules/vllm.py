@@ -199,6 +199,12 @@ RULES: tuple[Rule, ...] = (
     _device("aiter", frozenset({"gfx942", "gfx950"}), _E + "rocm_aiter_moe.py", "513-514",
             "AiterExperts._supports_current_device (rocm_aiter_ops.is_fused_moe_enabled)", ("fp8", "unquantized"),
             "ROCm with AITER enabled"),
+    Rule("VL-FP8-CUTLASS", "vllm",
+         lambda c: c.runner == "cutlass" and c.fmt in ("fp8", "modelopt_fp8", "dsv4_fp8"),
+         "vLLM CUTLASS FP8 MoE backend is disabled for this configuration. (Fp8MoEMethod and ModelOptFp8MoEMethod "
+         "select with allow_vllm_cutlass=False: vllm/model_executor/layers/quantization/fp8.py:523-528, modelopt.py:501-505)",
+         _src(_O + "fp8.py", "467-477", "select_fp8_moe_backend", "0.22.1",
+              "vLLM CUTLASS FP8 MoE backend is disabled for this configuration.")),
     # experts classes' _supports_quant_scheme
     Rule("VL-QS-FICUTLASS-FP8", "vllm",
          lambda c: _oracle(c) == "fp8" and c.runner == "flashinfer_cutlass" and c.fmt in ("fp8", "dsv4_fp8")
