@@ -464,6 +464,9 @@ def create_app(state: ServerState) -> FastAPI:
         if params.min_tokens > params.max_tokens:
             return error(400, f"min_tokens ({params.min_tokens}) is larger than max_tokens ({params.max_tokens})",
                          param="min_tokens")
+        max_queue = getattr(state.engine, "max_queue", None)
+        if max_queue is not None and body.n > max_queue:  # would be 429 forever, however often retried
+            return error(400, f"n={body.n} is more than this server's request queue ({max_queue})", param="n")
         reqs: list[EngineRequest] = []
         for i in range(body.n):
             p = params if params.seed is None or i == 0 else dataclasses.replace(

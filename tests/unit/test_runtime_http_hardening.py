@@ -167,6 +167,8 @@ def test_unknown_parameters_and_bad_combinations(client):
     assert "image_url" in e["message"]
     e = is_openai_error(client.post("/v1/completions", json={"prompt": [[1, 2], [3]]}), 400)
     assert "batched prompts" in e["message"]
+    e = is_openai_error(client.post("/v1/completions", json={"prompt": "hi", "n": 9}), 400)  # queue of 8
+    assert e["param"] == "n" and "queue" in e["message"]
 
 
 def test_body_limit_413_with_and_without_content_length(client):
