@@ -214,6 +214,13 @@ def test_subprocess_statuses_and_no_traceback(model, tmp_path):
     f.write_text("")
     p = run("make-checkpoint", "--arch", "deepseek_v3", "--format", "bf16", str(f))
     assert p.returncode == 1 and "not a directory" in p.stderr
+    with socket.socket() as busy:  # the SIGABRT: a port in use, an invalid host
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        p = run("serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(busy.getsockname()[1]))
+    assert p.returncode == 1 and "already in use" in p.stderr
+    p = run("serve", "--model", str(model), "--host", "300.1.2.3", "--port", "0")
+    assert p.returncode == 1 and "--host '300.1.2.3'" in p.stderr
 
 
 # ------------------------------------------------------------------------------------- plan / crd
