@@ -17,7 +17,7 @@ from . import fp4_ptx as ptx
 
 
 @triton.jit
-def _e2m1_times_2pow_m14(code):
+def e2m1_times_2pow_m14(code):
     """int32 E2M1 code (0..15) -> fp32 value * 2^-14, exact."""
     bits = ((code & 8) << 12) | ((code & 7) << 9)
     return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -40,16 +40,6 @@ def fp4_group_scale(s, smul, FMT: tl.constexpr):
     else:  # MXFP4: E8M0, 2^(s-127); s == 0 (2^-127) decodes to 0
         base = (s << 23).to(tl.float32, bitcast=True)
     return base * smul
-
-
-@triton.jit
-def fp4_portable(q, f_lo, f_hi):
-    """bf16 (low, high nibble) weights of split-half bytes q times the scales f_lo / f_hi (fp32,
-    broadcastable to q): the inline-PTX decode's products, computed in fp32."""
-    qi = q.to(tl.int32)
-    lo = (_e2m1_times_2pow_m14(qi & 15) * (f_lo * 1.925929944387236e-34)).to(tl.bfloat16)  # * 2^-112
-    hi = (_e2m1_times_2pow_m14(qi >> 4) * (f_hi * 1.925929944387236e-34)).to(tl.bfloat16)
-    return lo, hi
 
 
 # E2M1 -> bf16 for four packed bytes at once, two values per 32-bit register. prmt spreads bytes 0,1
@@ -75,7 +65,9 @@ def fp4_dequant(q, s_lo, s_hi, smul, FMT: tl.constexpr, BLOCK_N: tl.constexpr, B
         lo, hi = tl.inline_asm_elementwise(_FP4_ASM, "=r,=r,=r,=r,r,r,r,r,r", [q, b_lo, b_hi],
                                            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     else:
-        lo, hi = fp4_portable(q, f_lo, f_hi)
+        qi = q.to(tl.int32)   # (the same products in fp32; inlined: a helper call changed the schedule)
+        lo = (e2m1_times_2pow_m14(qi & 15) * (f_lo * 1.925929944387236e-34)).to(tl.bfloat16)  # * 2^-112
+        hi = (e2m1_times_2pow_m14(qi >> 4) * (f_hi * 1.925929944387236e-34)).to(tl.bfloat16)
     return lo, hi
 
 

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from . import fp4_ptx as ptx
-from .triton_decode import fp4_group_scale, fp4_portable
+from .triton_decode import e2m1_times_2pow_m14, fp4_group_scale
 
 
 # Tensor cores without a layout change (decode, one row per expert): mma.sync m16n8k16 with the
@@ -125,9 +125,11 @@ def _step_portable(w, s4, kb, n_ok, x_lo, x_hi, acc, smul, stride_wt, stride_st,
     else:
         f_lo = tl.join(fp4_group_scale(s & 0xFF, smul, FMT), fp4_group_scale((s >> 8) & 0xFF, smul, FMT))
         f_hi = tl.join(fp4_group_scale((s >> 16) & 0xFF, smul, FMT), fp4_group_scale((s >> 24) & 0xFF, smul, FMT))
-    lo, hi = fp4_portable(q, f_lo[:, :, None], f_hi[:, :, None])
-    acc += lo.to(tl.float32) * x_lo
-    acc += hi.to(tl.float32) * x_hi
+    qi = q.to(tl.int32)   # (triton_decode.fp4_dequant's portable products, as fp32)
+    lo = (e2m1_times_2pow_m14(qi & 15) * (f_lo[:, :, None] * 1.925929944387236e-34)).to(tl.bfloat16).to(tl.float32)
+    hi = (e2m1_times_2pow_m14(qi >> 4) * (f_hi[:, :, None] * 1.925929944387236e-34)).to(tl.bfloat16).to(tl.float32)
+    acc += lo * x_lo
+    acc += hi * x_hi
     return acc
 
 

@@ -55,8 +55,10 @@ def _fp4_accumulate(a_lo, a_hi, q, s_lo, s_hi, smul, acc, FMT: tl.constexpr, BLO
                     F32: tl.constexpr):
     """acc += the activations' two K halves times one decoded split-half tile."""
     lo, hi = fp4_dequant(q, s_lo, s_hi, smul, FMT, BLOCK_N, BKH, GROUP, ASM)
-    out = _mma(a_lo, tl.reshape(lo, (BLOCK_N, BKH)), acc, SWAP, F32)
-    return _mma(a_hi, tl.reshape(hi, (BLOCK_N, BKH)), out, SWAP, F32)
+    lo = tl.reshape(lo, (BLOCK_N, BKH))
+    hi = tl.reshape(hi, (BLOCK_N, BKH))
+    out = _mma(a_lo, lo, acc, SWAP, F32)
+    return _mma(a_hi, hi, out, SWAP, F32)
 
 
 @triton.jit
