@@ -1,0 +1,38 @@
+"""Launch configs of the Triton experts (moe_kernels.triton_config), on the CPU."""
+
+from dataclasses import replace
+
+import pytest
+
+from moe_kernels.triton_config import ONE_ROW_MAX_ROWS, GemmConfig, default_config
+
+
+def test_one_row_loop_needs_a_pipelined_stage():
+    # the hand-prefetched loop (pipe=0) is retired: asking for it is an error, not a silent fallback
+    with pytest.raises(ValueError, match="pipe=0"):
+        GemmConfig(32, 64, 4, 1, one_row=True, pipe=0)
+    GemmConfig(128, 64, 8, 2, 8, pipe=0)   # tiles do not use it
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4", "mxfp4"])
+def test_defaults_take_the_measured_paths(fmt):
+    # path switches on (the A/B winners in bench/README.md); the one-row loop only for FP4 decode
+    # without the fragment copy
+    for pairs in (1, 8, 64, 512, 2048, 8192, 32768):
+        for frag in (False, True):
+            cfg = default_config(fmt, pairs, 256, frag)
+            assert cfg.pdl and cfg.fuse_finalize and cfg.coalesce and cfg.asm
+            one_row = isinstance(cfg.gemm1, GemmConfig) and cfg.gemm1.one_row
+            decode = pairs / min(256, pairs) <= ONE_ROW_MAX_ROWS
+            assert one_row == (fmt in ("nvfp4", "mxfp4") and not frag and decode), (pairs, frag)
+            if one_row:
+                assert cfg.block_m == 1 and cfg.gemm2.one_row and cfg.gemm1.pipe >= 1
+
+
+def test_switches_are_config_fields():
+    # A/Bs turn a path off on a copy of the config; the config itself is immutable
+    cfg = default_config("nvfp4", 8, 256, True)
+    off = replace(cfg, coalesce=False, fuse_finalize=False, pdl=False)
+    assert not (off.coalesce or off.fuse_finalize or off.pdl) and off.gemm1 == cfg.gemm1 and cfg.coalesce
+    with pytest.raises(AttributeError):
+        cfg.coalesce = False   # frozen dataclass
