@@ -32,7 +32,8 @@ for sub in ("operator", "runtime", "kernels"):
 
 import torch  # noqa: E402
 
-from moe_runtime import kcompat  # noqa: E402
+from moe_kernels.backends import load_backend  # noqa: E402
+from moe_kernels.experts import ExpertWeights  # noqa: E402
 from moe_runtime.checkpoint_writer import make_checkpoint  # noqa: E402
 from moe_runtime.engine import Engine, Finished, Request, SamplingParams  # noqa: E402
 from moe_runtime.loader import LoadedCheckpoint, build_model, load_checkpoint  # noqa: E402
@@ -179,9 +180,9 @@ def main() -> int:
 
     # bf16 experts = the dequantised FP4 weights (same numbers), shared with the transformers model
     bf16_experts = {i: ew.dequantize() for i, ew in ck.experts.items()}
-    backend = kcompat.load_backend(a.backend)
+    backend = load_backend(a.backend)
     models = {f"runtime {a.format} experts": build_model(ck, backend, deferred=True)}
-    bf16_ck = LoadedCheckpoint(ck.validated, ck.dense, {i: kcompat.ExpertWeights("bf16", w13, w2)
+    bf16_ck = LoadedCheckpoint(ck.validated, ck.dense, {i: ExpertWeights("bf16", w13, w2)
                                                         for i, (w13, w2) in bf16_experts.items()}, 0, 0)
     models["runtime bf16 experts"] = build_model(bf16_ck, backend, deferred=True)
     hf = None

@@ -38,7 +38,8 @@ _KEYS = {
 }
 
 
-def _dequantize(t: Any, dtype=torch.bfloat16) -> torch.Tensor:
+def dequantize(t: Any, dtype=torch.bfloat16) -> torch.Tensor:
+    """A plain tensor or a format tensor (NvFp4Tensor, MxFp4Tensor, Fp8BlockTensor) -> dense `dtype`."""
     if isinstance(t, torch.Tensor):
         return t.to(dtype)
     if isinstance(t, F.NvFp4Tensor):
@@ -140,11 +141,11 @@ class ExpertWeights:
     # ------------------------------------------------------------------------------- access
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 bf16 [E, 2I, H], w2 bf16 [E, H, I])."""
-        return _dequantize(self.w13), _dequantize(self.w2)
+        return dequantize(self.w13), dequantize(self.w2)
 
-    def dequantize_expert(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One expert's (w13 [2I, H], w2 [H, I]) in bf16, without dequantizing the whole stack."""
-        return _dequantize(self.w13[e]), _dequantize(self.w2[e])
+    def dequantize_expert(self, e: int, dtype=torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+        """One expert's (w13 [2I, H], w2 [H, I]) in `dtype`, without dequantizing the whole stack."""
+        return dequantize(self.w13[e], dtype), dequantize(self.w2[e], dtype)
 
     def to(self, device) -> "ExpertWeights":
         return ExpertWeights(self.format, self.w13.to(device), self.w2.to(device),

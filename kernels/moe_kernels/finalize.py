@@ -29,6 +29,9 @@ class DeferredMoEOutput:
     routed_scale: float = 1.0
 
     def finalize(self, shared_output: torch.Tensor | None = None) -> torch.Tensor:
+        if self.gemm2_out.dtype != torch.bfloat16:  # exact mode (TorchExperts(dtype=torch.float32))
+            return finalize_exact(self.gemm2_out, self.expert_weights, self.expanded_idx_to_permuted_idx,
+                                  shared_output, self.routed_scale)
         return moe_finalize_fuse_shared(self.gemm2_out, self.expert_weights, self.expanded_idx_to_permuted_idx,
                                         shared_output, self.routed_scale)
 
@@ -49,6 +52,13 @@ def finalize_reference(gemm2_out: torch.Tensor, expert_weights: torch.Tensor,
                        expanded_idx_to_permuted_idx: torch.Tensor, shared_output: torch.Tensor | None = None,
                        routed_scale: float | None = None) -> torch.Tensor:
     _check(gemm2_out, expert_weights, expanded_idx_to_permuted_idx, shared_output)
+    return finalize_exact(gemm2_out, expert_weights, expanded_idx_to_permuted_idx, shared_output, routed_scale)
+
+
+def finalize_exact(gemm2_out: torch.Tensor, expert_weights: torch.Tensor, expanded_idx_to_permuted_idx: torch.Tensor,
+                   shared_output: torch.Tensor | None = None, routed_scale: float | None = None) -> torch.Tensor:
+    """The reference arithmetic (fp32 accumulation in slot order, one rounding) in gemm2_out's own dtype,
+    without the bf16 contract: the finalize of the exact (fp32) mode of the torch reference experts."""
     t, k = expert_weights.shape
     h = shared_output.shape[1] if shared_output is not None else gemm2_out.shape[1]
     perm = expanded_idx_to_permuted_idx.view(t, k).long()
@@ -60,7 +70,7 @@ def finalize_reference(gemm2_out: torch.Tensor, expert_weights: torch.Tensor,
         acc += torch.where(valid[:, None], rows * w[:, j:j + 1], torch.zeros((), device=acc.device))
     if shared_output is not None:
         acc += shared_output.float()
-    return acc.to(torch.bfloat16)
+    return acc.to(gemm2_out.dtype)
 
 
 def moe_finalize_fuse_shared(gemm2_out: torch.Tensor, expert_weights: torch.Tensor,

@@ -3,6 +3,10 @@
 For each expert with routed tokens: dequantize its weights to bf16, h = x @ w13^T (bf16 matmul),
 a = bf16(silu(gate) * up) in fp32, y = a @ w2^T; rows of gemm2_out are in expert-sorted order
 (stable), and the finalize weights and sums them in fp32.
+
+`dtype` (default bf16, the backends' contract) is the precision of the activations and dequantized
+weights: the runtime's exact mode (`--dtype float32`, CPU checks against transformers) runs the same
+code in fp32, finalized by `finalize_exact`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import torch
 import torch.nn.functional as Fn
 
 from .experts import ExpertWeights
-from .finalize import DeferredMoEOutput, moe_finalize_fuse_shared
+from .finalize import DeferredMoEOutput, finalize_exact, moe_finalize_fuse_shared
 
 
 def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, hidden: int):
@@ -34,8 +38,9 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tens
 
 
 class TorchExperts:
-    def __init__(self, weights: ExpertWeights):
+    def __init__(self, weights: ExpertWeights, dtype: torch.dtype = torch.bfloat16):
         self.weights = weights
+        self.dtype = dtype
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                 shared_output: torch.Tensor | None = None, routed_scale: float = 1.0,
@@ -45,8 +50,8 @@ class TorchExperts:
         k = topk_ids.shape[1]
         order, perm = sort_by_expert(topk_ids, w.num_experts)
         sorted_experts = topk_ids.reshape(-1).long()[order]
-        gemm2_out = torch.empty(order.numel(), w.hidden_size, dtype=torch.bfloat16, device=x.device)
-        xb = x.to(torch.bfloat16)
+        gemm2_out = torch.empty(order.numel(), w.hidden_size, dtype=self.dtype, device=x.device)
+        xb = x.to(self.dtype)
         inter = w.intermediate_size
         counts = torch.bincount(sorted_experts, minlength=w.num_experts).tolist()
         start = 0
@@ -54,14 +59,16 @@ class TorchExperts:
             if c == 0:
                 continue
             rows = order[start:start + c]
-            w13, w2 = w.dequantize_expert(e)
+            w13, w2 = w.dequantize_expert(e, self.dtype)
             h = xb[rows // k] @ w13.t()
-            a = (Fn.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16)
+            a = (Fn.silu(h[:, :inter].float()) * h[:, inter:].float()).to(self.dtype)
             gemm2_out[start:start + c] = a @ w2.t()
             start += c
         deferred = DeferredMoEOutput(gemm2_out, topk_weights, perm, float(routed_scale))
         if defer_finalize:
             return deferred
+        if self.dtype != torch.bfloat16:
+            return finalize_exact(gemm2_out, topk_weights, perm, shared_output, float(routed_scale))
         return moe_finalize_fuse_shared(gemm2_out, topk_weights, perm, shared_output, float(routed_scale))
 
     __call__ = forward

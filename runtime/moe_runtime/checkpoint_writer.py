@@ -34,9 +34,9 @@ from typing import Any, Callable
 
 import torch
 from moe_core.runtime import BUNDLED
+from moe_kernels.formats import quantize_fp8_block, quantize_mxfp4, quantize_nvfp4
 from safetensors.torch import save_file
 
-from . import kcompat
 from .errors import RuntimeFailure
 from .model_spec import dense_shapes, is_fp8_linear, is_routed_expert_weight
 from .tokenizer import build_tokenizer_files
@@ -124,7 +124,7 @@ def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torc
     if fmt == "fp8":
         for k, v in tensors.items():
             if is_fp8_linear(k):
-                q = kcompat.quantize_fp8_block(v.float())
+                q = quantize_fp8_block(v.float())
                 out[k] = _to_cpu(q.weight)
                 out[k[: -len("weight")] + "weight_scale_inv"] = _to_cpu(q.scale_inv.float())
             else:
@@ -146,7 +146,7 @@ def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torc
             w = torch.cat([tensors[n].float() for n in names], dim=0)  # gate+up share the global scale
             rows = [tensors[n].shape[0] for n in names]
             if fmt == "nvfp4":
-                q = kcompat.quantize_nvfp4(w)
+                q = quantize_nvfp4(w)
                 gs = torch.as_tensor(q.global_scale, dtype=torch.float32).reshape(())
                 for n, packed, bs in zip(names, q.packed.split(rows), q.block_scale.split(rows)):
                     stem = n[: -len("weight")]
@@ -156,7 +156,7 @@ def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torc
                     # static activation scale (W4A4 kernels); amax of a unit-RMS activation / (6*448)
                     out[stem + "input_scale"] = torch.tensor(4.0 / 2688.0, dtype=torch.float32)
             elif fmt == "mxfp4":
-                q = kcompat.quantize_mxfp4(w)
+                q = quantize_mxfp4(w)
                 for n, packed, sc in zip(names, q.packed.split(rows), q.scale.split(rows)):
                     out[n] = _to_cpu(packed)
                     out[n[: -len("weight")] + "weight_scale"] = _to_cpu(sc)

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from moe_core.checkpoint import InspectionError, inspect_dir, read_safetensors_header
 from moe_core import formats
+from moe_core.checkpoint import InspectionError, inspect_dir, read_safetensors_header
 from moe_core.runtime import BUNDLED
+from moe_kernels.experts import ExpertWeights, dequantize
+from moe_kernels.formats import Fp8BlockTensor, MxFp4Tensor, NvFp4Tensor
 
-from . import kcompat
 from .errors import RuntimeFailure
 from .log import log as _log
 from .model_spec import arch_of, is_fp8_linear, is_moe_layer, is_routed_expert_weight, num_experts, tensor_specs
@@ -228,54 +229,27 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     for i in range(cfg["num_hidden_layers"]):
         if is_moe_layer(cfg, i):
             stacked = _stack_experts(raw, f"model.layers.{i}.mlp.", num_experts(cfg), v.expert_format, log)
-            experts[i] = kcompat.make_expert_weights(v.expert_format, stacked)
+            experts[i] = ExpertWeights.from_quantized(v.expert_format, **stacked)
     dense: dict[str, torch.Tensor] = {}
     for n in [n for n in raw if n.endswith(".weight")]:
         t = raw.pop(n)
         stem = n[: -len("weight")]
         # quantized non-expert linears (attention/dense/shared): dequantised once at load
         if (sinv := raw.pop(stem + "weight_scale_inv", None)) is not None:
-            t = kcompat.dequantize("fp8", kcompat.Fp8BlockTensor(t, sinv.float()), torch.float32)
+            t = dequantize(Fp8BlockTensor(t, sinv.float()), torch.float32)
         elif (bs := raw.pop(stem + "weight_scale", None)) is not None:
             if v.expert_format == "nvfp4":
                 raw.pop(stem + "input_scale", None)
-                t = kcompat.dequantize("nvfp4", kcompat.NvFp4Tensor(t, bs, raw.pop(stem + "weight_scale_2").float()),
-                                       torch.float32)
+                t = dequantize(NvFp4Tensor(t, bs, raw.pop(stem + "weight_scale_2").float()), torch.float32)
             else:
-                t = kcompat.dequantize("mxfp4", kcompat.MxFp4Tensor(t, bs), torch.float32)
+                t = dequantize(MxFp4Tensor(t, bs), torch.float32)
         dense[n] = t.to(dtype)
     dense.update({n: t for n, t in raw.items() if n.endswith("e_score_correction_bias")})  # kept fp32
     return LoadedCheckpoint(v, dense, experts, secs, v.nbytes)
 
 
 def build_model(ck: LoadedCheckpoint, experts_factory: Callable[[Any], Any], deferred: bool):
-    """Instantiate the architecture over loaded tensors. experts_factory(ExpertWeights) -> backend."""
-    from . import deepseek_v3, qwen3_moe
-    from .model_common import SwiGLU
-    from .moe_layer import MoEBlock, RoutingConfig
+    """Instantiate the architecture (moe_runtime.models) over loaded tensors. experts_factory(ExpertWeights) -> backend."""
+    from . import models
 
-    cfg, dense = ck.config, ck.dense
-
-    def w(name: str) -> torch.Tensor:
-        return dense[name]
-
-    ds = ck.validated.arch == "deepseek_v3"
-    if ds:
-        routing = RoutingConfig("grouped", cfg["num_experts_per_tok"], bool(cfg.get("norm_topk_prob", True)),
-                                int(cfg.get("n_group") or 1), int(cfg.get("topk_group") or 1),
-                                float(cfg.get("routed_scaling_factor") or 1.0))
-        if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
-            raise RuntimeFailure(f"DeepSeek routing scoring_func={cfg.get('scoring_func')} topk_method="
-                                 f"{cfg.get('topk_method')} is not supported (sigmoid/noaux_tc only)")
-    else:
-        routing = RoutingConfig("softmax", cfg["num_experts_per_tok"], bool(cfg.get("norm_topk_prob", False)))
-
-    def make_moe(i: int, p: str):
-        shared = None
-        if ds and (p + "shared_experts.gate_proj.weight") in dense:
-            shared = SwiGLU(w(p + "shared_experts.gate_proj.weight"), w(p + "shared_experts.up_proj.weight"),
-                            w(p + "shared_experts.down_proj.weight"))
-        bias = dense.get(p + "gate.e_score_correction_bias") if ds else None
-        return MoEBlock(w(p + "gate.weight"), bias, routing, experts_factory(ck.experts[i]), shared, deferred)
-
-    return (deepseek_v3 if ds else qwen3_moe).build(cfg, w, make_moe)
+    return models.build(ck.validated.arch, ck.config, ck.dense, lambda i: experts_factory(ck.experts[i]), deferred)

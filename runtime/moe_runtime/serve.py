@@ -1,10 +1,13 @@
-"""`moe-runtime serve`: probe -> inspect/validate -> plan check -> listen (not ready) -> load ->
-self-test (with fallback) -> ready -> serve; SIGTERM drains in-flight requests, then exit 0.
+"""`moe-runtime serve`, one stage after the other, never back:
 
-Everything that can be refused is refused before the port opens (exit 2, one `error:` line):
-unknown/unsupported checkpoint, corrupt headers, missing tensors, plan for another GPU or
-checkpoint, impossible backend. Weight loading and the backend self-test run after the port opens
-so that /health answers and /ready says 503 meanwhile; a failure there also exits 2.
+  probe (the GPU) -> plan check (checkpoint headers, plan.json, resolve_bundled) -> listen (not
+  ready) -> load (this rank's weights, with progress) -> self-test (the candidates in order, with
+  fallback) -> engine (build the model on the chosen backend, serve; SIGTERM drains, then exit 0).
+
+Everything that can be refused is refused before the port opens (one `error:` line, exit 1, or 2
+for a plan with errors): unknown/unsupported checkpoint, corrupt headers, missing tensors, plan for
+another GPU or checkpoint, impossible backend. Loading and the self-test run after the port opens,
+so /health answers and /ready says 503 meanwhile; a failure there also exits non-zero.
 """
 
 from __future__ import annotations
@@ -19,51 +22,77 @@ from .errors import RuntimeFailure
 from .log import log
 
 
-def _dtype(name: str, device: str):
+def _dtype(name: str):
     """auto = bf16 on every device, so the planned backend is what runs (the kernels are bf16 by
-    contract); float32 is the exact mode (fp32 reference experts) for checks and debugging."""
+    contract); float32 is the exact mode (the torch reference experts in fp32) for checks and debugging."""
     import torch
 
     return {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
 
 
-def prepare(args) -> dict[str, Any]:
-    """Fail-fast checks (headers only, no weight data). Returns what loading needs."""
-    from . import kcompat
-    from .loader import validate_checkpoint
-    from .plan_check import read_plan, resolve
+def probe(args) -> tuple[str, str, str, int]:
+    """Stage 1: (torch device, GPU family, product, GPU count) of this node; `cpu` without a GPU."""
     from .probe import probe_device
 
-    device, probe = probe_device(args.device)
+    device, result = probe_device(args.device)
     if getattr(args, "threads", 0):
         import torch
 
         torch.set_num_threads(args.threads)
-    family = probe.family if probe else "cpu"
-    product = probe.product if probe else "cpu"
-    log("probe", f"device {device}: {family} ({product})", family=family, product=product,
-        gpus=probe.count if probe else 0)
+    family, product = (result.family, result.product) if result else ("cpu", "cpu")
+    count = result.count if result else 0
+    log("probe", f"device {device}: {family} ({product})", family=family, product=product, gpus=count)
+    return device, family, product, count
+
+
+def plan_check(args, family: str, product: str):
+    """Stage 2, headers only: the checkpoint is one the runtime serves, the plan is for this node and
+    checkpoint, and resolve_bundled gives the backends to self-test (the exact mode decides here that
+    the torch reference runs, in fp32)."""
+    import torch
+    from moe_kernels.backends import installed_packages
+
+    from .loader import validate_checkpoint
+    from .plan_check import read_plan, resolve
+
     v = validate_checkpoint(args.model)
     log("checkpoint", f"{v.info.architecture} {v.info.format} ({v.info.formatSource})", tensors=v.info.numTensors,
         bytes=v.nbytes, expert_format=v.expert_format)
     plan = read_plan(args.plan) if args.plan else None
     if plan is None:
         log("plan", "no --plan: resolving the backend on this node as the planner would")
-    installed = kcompat.installed_packages()
-    res = resolve(plan, family, product, v.info, os.environ, installed)
+    res = resolve(plan, family, product, v.info, os.environ, installed_packages())
+    dtype = _dtype(args.dtype)
+    if dtype == torch.float32 and res.backends != ["torch"]:
+        res.reasons.append(f"fp32 activations (exact mode): the experts run on the torch reference in fp32 instead of "
+                           f"{res.backends[0]} (the kernels are bf16 by contract); --dtype bfloat16 runs the planned backend")
+        res.backends, res.explicit = ["torch"], True
     for r in res.reasons:
         log("decision", r)
     for w in res.warnings:
         log("warning", w)
+    return v, res, dtype
+
+
+def prepare(args) -> dict[str, Any]:
+    """Stages 1 and 2: everything that can be refused before the port opens."""
+    device, family, product, _ = probe(args)
+    v, res, dtype = plan_check(args, family, product)
     return {"device": device, "family": family, "product": product, "validated": v, "resolution": res,
-            "dtype": _dtype(args.dtype, device)}
+            "dtype": dtype}
+
+
+def load(prep: dict[str, Any]):
+    """Stage 3: the weights (progress in the log), routed experts stacked into ExpertWeights."""
+    from .loader import load_checkpoint
+
+    return load_checkpoint(prep["validated"].root, prep["device"], prep["dtype"], validated=prep["validated"])
 
 
 def select_backend(res, device: str, metrics, skip: bool = False) -> tuple[str, bool]:
-    """Self-test the candidates in order on this device; the first that passes wins."""
+    """Stage 4: self-test the candidates in order on this device; the first that passes wins."""
     from moe_core.bundled import deferred_for
-
-    from . import kcompat
+    from moe_kernels import selftest
 
     failures = []
     for i, name in enumerate(res.backends):
@@ -72,7 +101,7 @@ def select_backend(res, device: str, metrics, skip: bool = False) -> tuple[str, 
             ok = True
         else:
             t0 = time.time()
-            r = kcompat.selftest(name, res.expert_format, device)
+            r = selftest.selftest(name, res.expert_format, device)
             ok = bool(r.ok)
             log("selftest", f"{name} {res.expert_format} on {device}: {'pass' if ok else 'FAIL'} - {r.message}",
                 backend=name, ok=ok, max_rel_err=r.max_rel_err, seconds=round(time.time() - t0, 2))
@@ -94,25 +123,20 @@ def select_backend(res, device: str, metrics, skip: bool = False) -> tuple[str, 
                          + (" (explicit backend choice: no fallback)" if res.explicit else ""))
 
 
-def load_model(prep: dict[str, Any], backend: str, deferred: bool, max_len: int):
+def build(ck, backend: str, deferred: bool, dtype):
+    """Stage 5: the model over the loaded tensors, each MoE layer on the chosen backend."""
+    import functools
+
     import torch
+    from moe_kernels.backends import load_backend
+    from moe_kernels.reference import TorchExperts
 
-    from . import kcompat
-    from .loader import build_model, load_checkpoint
+    from .loader import build_model
 
-    dtype = prep["dtype"]
-    ck = load_checkpoint(prep["validated"].root, prep["device"], dtype, validated=prep["validated"])
-    if dtype == torch.float32:
-        # the kernels' backends are bf16 by contract; fp32 (exact mode) uses the runtime's fp32 reference
-        log("decision", f"fp32 activations: experts run on the fp32 reference instead of {backend} "
-            "(bf16-only kernels); use --dtype bfloat16 to run the planned backend")
-        factory = kcompat.Fp32ReferenceExperts
-    else:
-        cls = kcompat.load_backend(backend)
-        factory = cls
+    factory = functools.partial(TorchExperts, dtype=dtype) if dtype != torch.bfloat16 else load_backend(backend)
     model = build_model(ck, factory, deferred)
     ck.dense.clear()
-    return model, ck
+    return model
 
 
 def serve(args) -> int:
@@ -165,10 +189,11 @@ def serve(args) -> int:
 
     def startup():
         try:
+            ck = load(prep)
             backend, deferred = select_backend(prep["resolution"], prep["device"], metrics, args.skip_selftest)
             log("decision", f"MoE backend {backend}, deferred finalize {'on' if deferred else 'off'}",
                 backend=backend, deferred_finalize=deferred)
-            model, ck = load_model(prep, backend, deferred, max_len)
+            model = build(ck, backend, deferred, prep["dtype"])
             metrics.load_seconds.set(ck.seconds)
             metrics.load_bytes.set(ck.nbytes)
             engine = Engine(model, prep["device"], args.max_batch, args.max_queue, max_len,

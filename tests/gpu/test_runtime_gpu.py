@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from moe_runtime import kcompat
+from moe_kernels.backends import load_backend
+from moe_kernels.selftest import selftest
 from moe_runtime.checkpoint_writer import make_checkpoint
 from moe_runtime.loader import build_model, load_checkpoint
 
@@ -60,12 +61,12 @@ def test_triton_moe_blocks_match_torch_reference_in_model(medium, arch, fmt):
     captured hidden states. (Whole-model logits are not compared: in bf16 a random MoE model is
     chaotic - a tiny difference flips a top-k choice downstream; transformers' own bf16 run differs
     from its fp32 run by ~15% of the logit range on these shapes.)"""
-    from moe_runtime.moe_layer import MoEBlock
+    from moe_runtime.models.moe import MoEBlock
 
     ck = load_checkpoint(medium(arch, fmt), "cuda", torch.bfloat16, log=_quiet)
     for deferred in (True, False):
-        ref = build_model(ck, kcompat.load_backend("torch"), deferred)
-        tri = build_model(ck, kcompat.load_backend("triton"), deferred)
+        ref = build_model(ck, load_backend("torch"), deferred)
+        tri = build_model(ck, load_backend("triton"), deferred)
         ref.allocate_cache(1, 64)
         seen = {}
         hooks = [blk.register_forward_hook(lambda mod, inp, out, i=i: seen.__setitem__(i, inp[0].clone()))
@@ -83,7 +84,7 @@ def test_triton_moe_blocks_match_torch_reference_in_model(medium, arch, fmt):
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4", "mxfp4"])
 def test_selftest_passes_for_triton(fmt):
-    r = kcompat.selftest("triton", fmt, "cuda")
+    r = selftest("triton", fmt, "cuda")
     assert r.ok, r.message
 
 
@@ -145,7 +146,7 @@ def test_cuda_graph_decode_matches_eager(medium):
     from moe_runtime.cuda_graphs import GraphDecoder
 
     ck = load_checkpoint(medium("deepseek_v3", "nvfp4"), "cuda", torch.bfloat16, log=_quiet)
-    m = build_model(ck, kcompat.load_backend("triton"), True)
+    m = build_model(ck, load_backend("triton"), True)
     m.allocate_cache(5, 64)
     prompts = [PROMPT[:7], PROMPT[:20], PROMPT]
     n = max(len(p) for p in prompts)

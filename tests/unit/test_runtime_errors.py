@@ -202,7 +202,7 @@ def test_env_overrides_and_explicit_choice_has_no_fallback():
 
 
 def test_selftest_failure_falls_back_and_counts(monkeypatch):
-    from moe_runtime import kcompat
+    from moe_kernels import selftest
     from moe_runtime.metrics import Metrics
     from moe_runtime.plan_check import Resolution
     from moe_runtime.serve import select_backend
@@ -211,7 +211,7 @@ def test_selftest_failure_falls_back_and_counts(monkeypatch):
         def __init__(self, ok):
             self.ok, self.max_rel_err, self.message = ok, 0.0 if ok else 1.0, "ok" if ok else "wrong results"
 
-    monkeypatch.setattr(kcompat, "selftest", lambda name, fmt, dev: R(name == "torch"))
+    monkeypatch.setattr(selftest, "selftest", lambda name, fmt, dev: R(name == "torch"))
     m = Metrics()
     res = Resolution("sm90", "nvfp4", ["triton", "torch"], False, True)
     assert select_backend(res, "cpu", m) == ("torch", True)

@@ -19,7 +19,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from moe_runtime import kcompat
+from moe_kernels.backends import load_backend
+from moe_kernels.experts import dequantize
+from moe_kernels.formats import Fp8BlockTensor, MxFp4Tensor, NvFp4Tensor, quantize_nvfp4
+from moe_kernels.reference import TorchExperts
 from moe_runtime.checkpoint_writer import make_checkpoint
 from moe_runtime.loader import build_model, load_checkpoint
 
@@ -44,7 +47,7 @@ def _quiet(*a, **k):
 
 def runtime_model(path, dtype=torch.float32, backend=None, deferred=False):
     ck = load_checkpoint(path, "cpu", dtype, log=_quiet)
-    factory = kcompat.Fp32ReferenceExperts if backend is None else kcompat.load_backend(backend)
+    factory = (lambda w: TorchExperts(w, torch.float32)) if backend is None else load_backend(backend)
     m = build_model(ck, factory, deferred)
     m.allocate_cache(4, 128)
     return m
@@ -140,11 +143,11 @@ def dequantized_copy(src, dst):
             if not k.endswith(".weight"):
                 continue
             if stem + "weight_scale_inv" in t:
-                v = kcompat.dequantize("fp8", kcompat.Fp8BlockTensor(v, t[stem + "weight_scale_inv"]))
+                v = dequantize(Fp8BlockTensor(v, t[stem + "weight_scale_inv"]), torch.float32)
             elif stem + "weight_scale" in t and fmt == "modelopt":
-                v = kcompat.dequantize("nvfp4", kcompat.NvFp4Tensor(v, t[stem + "weight_scale"], t[stem + "weight_scale_2"]))
+                v = dequantize(NvFp4Tensor(v, t[stem + "weight_scale"], t[stem + "weight_scale_2"]), torch.float32)
             elif stem + "weight_scale" in t:
-                v = kcompat.dequantize("mxfp4", kcompat.MxFp4Tensor(v, t[stem + "weight_scale"]))
+                v = dequantize(MxFp4Tensor(v, t[stem + "weight_scale"]), torch.float32)
             out[k] = v.to(torch.float32).contiguous()
         out.update({k: v for k, v in t.items() if k.endswith("e_score_correction_bias")})
         save_file(out, str(dst / f.name))
@@ -210,7 +213,7 @@ def test_modelopt_checkpoint_with_quantized_shared_and_dense_mlps(tiny, tmp_path
         with safe_open(str(f), "pt") as h:
             t = {k: h.get_tensor(k) for k in h.keys()}
         for k in [k for k in t if ("shared_experts." in k or "layers.0.mlp." in k) and k.endswith("_proj.weight")]:
-            q = kcompat.quantize_nvfp4(t[k].float())
+            q = quantize_nvfp4(t[k].float())
             stem = k[: -len("weight")]
             t[k], t[stem + "weight_scale"] = q.packed, q.block_scale
             t[stem + "weight_scale_2"] = q.global_scale.reshape(()).float()

@@ -1,5 +1,7 @@
-"""Building blocks shared by the model families: RMSNorm, RoPE (default and YaRN), SwiGLU MLP,
-a slot-indexed KV cache and masked attention.
+"""The shared model top of every architecture: the causal LM (embeddings, decoder layers, final
+norm, lm_head, cache allocation), the decoder-layer assembly, RMSNorm, RoPE (default and YaRN), the
+SwiGLU MLP and the masked attention helpers. An architecture module (deepseek_v3, qwen3_moe)
+supplies only its attention and its MoE block; no architecture imports another's module.
 
 Batching model: every running sequence owns a *slot* (a row of the KV cache). A forward call takes
 `input_ids [B, S]`, `positions [B, S]` and `slots [B]`; new keys/values are written at
@@ -10,13 +12,14 @@ slot. One code path then serves prefill (B=1, S=prompt) and batched decode (B=ru
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import RuntimeFailure
+from ..errors import RuntimeFailure
+from ..model_spec import is_moe_layer
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -140,3 +143,78 @@ def masked_softmax_attention(scores: torch.Tensor, mask: torch.Tensor) -> torch.
     """scores [B, h, S, L] (already scaled) -> probabilities in fp32."""
     scores = scores.float().masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoder layers and the causal LM
+
+class DecoderLayer(nn.Module):
+    def __init__(self, attn: nn.Module, mlp: nn.Module, ln1: torch.Tensor, ln2: torch.Tensor, eps: float):
+        super().__init__()
+        self.self_attn, self.mlp = attn, mlp
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(ln1, eps), RMSNorm(ln2, eps)
+
+    def forward(self, x, positions, slots, cos_sin, kv_len):
+        x = x + self.self_attn(self.input_layernorm(x), positions, slots, cos_sin, kv_len)
+        h = self.post_attention_layernorm(x)
+        B, S, H = h.shape
+        return x + self.mlp(h.reshape(B * S, H)).reshape(B, S, H)
+
+
+class CausalLM(nn.Module):
+    """Shared top: embeddings, layers, final norm, lm_head, cache allocation and forward."""
+
+    def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], layers: list[nn.Module], rope: Rope):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Parameter(w("model.embed_tokens.weight"), requires_grad=False)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(w("model.norm.weight"), cfg.get("rms_norm_eps", 1e-6))
+        head = self.embed_tokens if cfg.get("tie_word_embeddings") else w("lm_head.weight")
+        self.lm_head = Linear(head)
+        # the rope table lives with the weights: a CPU buffer would mean a host->device copy (and a
+        # sync, which CUDA-graph capture refuses) in every forward
+        rope.inv_freq = rope.inv_freq.to(self.embed_tokens.device)
+        self.rope = rope
+        self.max_len = 0
+
+    def allocate_cache(self, slots: int, max_len: int) -> None:
+        dtype, device = self.embed_tokens.dtype, self.embed_tokens.device
+        for layer in self.layers:
+            layer.self_attn.allocate(slots, max_len, dtype, device)
+        self.max_len = max_len
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                last_only: bool = False, last_index: torch.Tensor | None = None,
+                kv_len: int | None = None) -> torch.Tensor:
+        """input_ids/positions [B, S], slots [B] -> logits fp32 [B, S, V]; [B, 1, V] with `last_only`
+        (the last column) or `last_index` [B] (each row's own last real token: right-padded prefill).
+        `kv_len` fixes how many cache positions are attended (CUDA graphs: no host sync, static shapes);
+        by default the longest position in the batch."""
+        x = F.embedding(input_ids, self.embed_tokens)
+        kv_len = kv_len or int(positions.max()) + 1
+        cos_sin = self.rope.cos_sin(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, positions, slots, cos_sin, kv_len)
+        if last_index is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
+        elif last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x)).float()
+
+
+def build_layers(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_attn: Callable[[str], nn.Module],
+                 make_moe: Callable[[int, str], nn.Module]) -> list[DecoderLayer]:
+    """Decoder layers of either family: attention by `make_attn(prefix)`, MoE or dense SwiGLU MLP."""
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    layers = []
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        if is_moe_layer(cfg, i):
+            mlp = make_moe(i, p + "mlp.")
+        else:
+            mlp = SwiGLU(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"), w(p + "mlp.down_proj.weight"))
+        layers.append(DecoderLayer(make_attn(p), mlp, w(p + "input_layernorm.weight"),
+                                   w(p + "post_attention_layernorm.weight"), eps))
+    return layers

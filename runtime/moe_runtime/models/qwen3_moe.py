@@ -1,5 +1,5 @@
 """Qwen3MoeForCausalLM: GQA attention with per-head q/k RMSNorm, softmax top-k MoE (norm_topk_prob),
-no shared expert. Reuses the DeepSeek module's decoder layer and LM top."""
+no shared expert. The decoder layer and the LM top are the shared ones of models.common."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .deepseek_v3 import CausalLM, build_layers
-from .model_common import Linear, RMSNorm, Rope, causal_slot_mask, rope_parameters
+from .common import CausalLM, Linear, RMSNorm, Rope, build_layers, causal_slot_mask, rope_parameters
+from .moe import MoEBlock, RoutingConfig
 
 
 class GQAttention(nn.Module):
@@ -47,7 +47,14 @@ class GQAttention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.hd))
 
 
-def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_moe: Callable[[int, str], nn.Module]) -> CausalLM:
+def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], experts: Callable[[int], Any],
+          deferred: bool) -> CausalLM:
+    """Softmax top-k routing (norm_topk_prob), no shared expert, so nothing to defer into the finalize."""
+    r = RoutingConfig("softmax", cfg["num_experts_per_tok"], bool(cfg.get("norm_topk_prob", False)))
+
+    def make_moe(i: int, p: str) -> MoEBlock:
+        return MoEBlock(w(p + "gate.weight"), None, r, experts(i), None, deferred)
+
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     inv_freq, cs_scale, _ = rope_parameters(cfg, hd)
     rope = Rope(inv_freq, cs_scale, interleave=False)

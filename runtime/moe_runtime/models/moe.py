@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from . import kcompat
+from moe_kernels.routing import grouped_topk, softmax_topk
 
 
 @dataclass(frozen=True)
@@ -42,10 +41,10 @@ class MoEBlock(nn.Module):
         if r.kind == "grouped":
             # DeepSeek scores in fp32 (HF keeps the router in fp32 too)
             logits = F.linear(x.float(), self.gate_weight.float())
-            return kcompat.grouped_topk(logits, self.bias, r.top_k, r.n_group, r.topk_group,
+            return grouped_topk(logits, self.bias, r.top_k, r.n_group, r.topk_group,
                                         routed_scaling_factor=1.0, renormalize=r.renormalize)
         logits = F.linear(x, self.gate_weight)
-        return kcompat.softmax_topk(logits, r.top_k, r.renormalize)
+        return softmax_topk(logits, r.top_k, r.renormalize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H] in x's dtype."""
@@ -54,8 +53,7 @@ class MoEBlock(nn.Module):
         if self.deferred:
             d = self.experts.forward(x, weights, ids, routed_scale=scale, defer_finalize=True)
             shared = self.shared(x) if self.shared is not None else None
-            return kcompat.finalize_any_dtype(d.gemm2_out, d.expert_weights, d.expanded_idx_to_permuted_idx,
-                                              shared, scale).to(x.dtype)
+            return d.finalize(shared).to(x.dtype)
         y = self.experts.forward(x, weights, ids, routed_scale=scale).to(x.dtype)
         if self.shared is not None:
             y = y + self.shared(x)

@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model_common import (Linear, RMSNorm, Rope, SwiGLU, causal_slot_mask, masked_softmax_attention,
-                           rope_parameters)
-from .model_spec import is_moe_layer
+from ..errors import RuntimeFailure
+from .common import (CausalLM, Linear, RMSNorm, Rope, SwiGLU, build_layers, causal_slot_mask, masked_softmax_attention,
+                     rope_parameters)
+from .moe import MoEBlock, RoutingConfig
 
 
 class MLAttention(nn.Module):
@@ -71,81 +72,31 @@ class MLAttention(nn.Module):
         return self.o_proj(o)
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, attn: nn.Module, mlp: nn.Module, ln1: torch.Tensor, ln2: torch.Tensor, eps: float):
-        super().__init__()
-        self.self_attn, self.mlp = attn, mlp
-        self.input_layernorm, self.post_attention_layernorm = RMSNorm(ln1, eps), RMSNorm(ln2, eps)
-
-    def forward(self, x, positions, slots, cos_sin, kv_len):
-        x = x + self.self_attn(self.input_layernorm(x), positions, slots, cos_sin, kv_len)
-        h = self.post_attention_layernorm(x)
-        B, S, H = h.shape
-        return x + self.mlp(h.reshape(B * S, H)).reshape(B, S, H)
+def routing(cfg: dict[str, Any]) -> RoutingConfig:
+    """noaux_tc grouped top-k over sigmoid scores with the e_score_correction_bias; routed_scaling_factor
+    is applied in the finalize."""
+    if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise RuntimeFailure(f"DeepSeek routing scoring_func={cfg.get('scoring_func')} topk_method="
+                             f"{cfg.get('topk_method')} is not supported (sigmoid/noaux_tc only)")
+    return RoutingConfig("grouped", cfg["num_experts_per_tok"], bool(cfg.get("norm_topk_prob", True)),
+                         int(cfg.get("n_group") or 1), int(cfg.get("topk_group") or 1),
+                         float(cfg.get("routed_scaling_factor") or 1.0))
 
 
-class CausalLM(nn.Module):
-    """Shared top: embeddings, layers, final norm, lm_head, cache allocation and forward."""
+def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], experts: Callable[[int], Any],
+          deferred: bool) -> CausalLM:
+    """`w(name)` returns a loaded dense tensor (`w.get(name)` one that may be absent); `experts(layer)`
+    the experts backend of an MoE layer; `deferred`: fuse the shared expert into the finalize."""
+    r = routing(cfg)
 
-    def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], layers: list[nn.Module], rope: Rope):
-        super().__init__()
-        self.cfg = cfg
-        self.embed_tokens = nn.Parameter(w("model.embed_tokens.weight"), requires_grad=False)
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(w("model.norm.weight"), cfg.get("rms_norm_eps", 1e-6))
-        head = self.embed_tokens if cfg.get("tie_word_embeddings") else w("lm_head.weight")
-        self.lm_head = Linear(head)
-        # the rope table lives with the weights: a CPU buffer would mean a host->device copy (and a
-        # sync, which CUDA-graph capture refuses) in every forward
-        rope.inv_freq = rope.inv_freq.to(self.embed_tokens.device)
-        self.rope = rope
-        self.max_len = 0
+    def make_moe(i: int, p: str) -> MoEBlock:
+        shared = None
+        if w.has(p + "shared_experts.gate_proj.weight"):
+            shared = SwiGLU(w(p + "shared_experts.gate_proj.weight"), w(p + "shared_experts.up_proj.weight"),
+                            w(p + "shared_experts.down_proj.weight"))
+        return MoEBlock(w(p + "gate.weight"), w(p + "gate.e_score_correction_bias"), r, experts(i), shared, deferred)
 
-    def allocate_cache(self, slots: int, max_len: int) -> None:
-        dtype, device = self.embed_tokens.dtype, self.embed_tokens.device
-        for layer in self.layers:
-            layer.self_attn.allocate(slots, max_len, dtype, device)
-        self.max_len = max_len
-
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                last_only: bool = False, last_index: torch.Tensor | None = None,
-                kv_len: int | None = None) -> torch.Tensor:
-        """input_ids/positions [B, S], slots [B] -> logits fp32 [B, S, V]; [B, 1, V] with `last_only`
-        (the last column) or `last_index` [B] (each row's own last real token: right-padded prefill).
-        `kv_len` fixes how many cache positions are attended (CUDA graphs: no host sync, static shapes);
-        by default the longest position in the batch."""
-        x = F.embedding(input_ids, self.embed_tokens)
-        kv_len = kv_len or int(positions.max()) + 1
-        cos_sin = self.rope.cos_sin(positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, positions, slots, cos_sin, kv_len)
-        if last_index is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
-        elif last_only:
-            x = x[:, -1:]
-        return self.lm_head(self.norm(x)).float()
-
-
-def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_moe: Callable[[int, str], nn.Module]) -> CausalLM:
-    """`w(name)` returns a loaded dense tensor; `make_moe(layer, prefix)` builds the MoE block."""
     inv_freq, cs_scale, softmax_mult = rope_parameters(cfg, cfg["qk_rope_head_dim"])
     rope = Rope(inv_freq, cs_scale, interleave=cfg.get("rope_interleave", True))
     layers = build_layers(cfg, w, lambda p: MLAttention(cfg, w, p + "self_attn.", rope, softmax_mult), make_moe)
     return CausalLM(cfg, w, layers, rope)
-
-
-def build_layers(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_attn: Callable[[str], nn.Module],
-                 make_moe: Callable[[int, str], nn.Module]) -> list[DecoderLayer]:
-    """Decoder layers of either family: attention by `make_attn(prefix)`, MoE or dense SwiGLU MLP."""
-    eps = cfg.get("rms_norm_eps", 1e-6)
-    layers = []
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        if is_moe_layer(cfg, i):
-            mlp = make_moe(i, p + "mlp.")
-        else:
-            mlp = SwiGLU(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"), w(p + "mlp.down_proj.weight"))
-        layers.append(DecoderLayer(make_attn(p), mlp, w(p + "input_layernorm.weight"),
-                                   w(p + "post_attention_layernorm.weight"), eps))
-    return layers
