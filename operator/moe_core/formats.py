@@ -14,32 +14,38 @@ from typing import NamedTuple
 
 # Expert weight formats a kernel backend can load (moe_kernels.experts.ExpertWeights storage).
 EXPERT_FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
+# the packed 4-bit ones (E2M1 codes two per byte, block scales beside them)
+FP4_EXPERT = frozenset({"nvfp4", "mxfp4"})
 
 
 class Format(NamedTuple):
     expert: str | None  # expert weight format, None: no bundled kernel runs these experts
-    fp4: bool  # routed experts are 4-bit floats (NVFP4 or MXFP4 blocks)
     what: str
+
+    @property
+    def fp4(self) -> bool:
+        """Routed experts are 4-bit floats (NVFP4 or MXFP4 blocks)."""
+        return self.expert in FP4_EXPERT
 
 
 # checkpoint format -> facts. Order is the API enum's order.
 TABLE: dict[str, Format] = {
-    "bf16": Format("bf16", False, "unquantized BF16"),
-    "fp8": Format("fp8", False, "FP8 with 128x128 block scales (DeepSeek-V3 style)"),
-    "modelopt_fp8": Format("fp8", False, "ModelOpt FP8 (per-tensor scales)"),
-    "mxfp8": Format(None, False, "MXFP8 (OCP MX, 32-element E8M0 blocks)"),
-    "nvfp4": Format("nvfp4", True, "ModelOpt NVFP4 (W4A4, 16-element E4M3 blocks)"),
-    "ct_nvfp4": Format("nvfp4", True, "compressed-tensors NVFP4"),
-    "mixed": Format("nvfp4", True, "ModelOpt mixed precision FP8 + NVFP4 experts"),
-    "mixed_w4a16": Format("nvfp4", True, "ModelOpt mixed precision, W4A16 NVFP4 experts"),
-    "w4afp8": Format(None, False, "INT4 weights x FP8 activations"),
-    "mxfp4": Format("mxfp4", True, "MXFP4 (OCP MX, 32-element E8M0 blocks; gpt-oss)"),
-    "ct_int4_g32": Format(None, False, "compressed-tensors INT4, group 32"),
-    "ct_mxfp4_pack": Format("mxfp4", True, "compressed-tensors MXFP4 pack-quantized"),
-    "dsv4_fp4": Format("mxfp4", True, "DeepSeek-V4 FP4 (MXFP4) routed experts"),
-    "dsv4_fp8": Format("fp8", False, "DeepSeek-V4 experts converted to FP8"),
-    "dsv4_nvfp4": Format("nvfp4", True, "DeepSeek-V4 hybrid FP8 + NVFP4 experts"),
-    "other": Format(None, False, "a quantization without tuning rules"),
+    "bf16": Format("bf16", "unquantized BF16"),
+    "fp8": Format("fp8", "FP8 with 128x128 block scales (DeepSeek-V3 style)"),
+    "modelopt_fp8": Format("fp8", "ModelOpt FP8 (per-tensor scales)"),
+    "mxfp8": Format(None, "MXFP8 (OCP MX, 32-element E8M0 blocks)"),
+    "nvfp4": Format("nvfp4", "ModelOpt NVFP4 (W4A4, 16-element E4M3 blocks)"),
+    "ct_nvfp4": Format("nvfp4", "compressed-tensors NVFP4"),
+    "mixed": Format("nvfp4", "ModelOpt mixed precision FP8 + NVFP4 experts"),
+    "mixed_w4a16": Format("nvfp4", "ModelOpt mixed precision, W4A16 NVFP4 experts"),
+    "w4afp8": Format(None, "INT4 weights x FP8 activations"),
+    "mxfp4": Format("mxfp4", "MXFP4 (OCP MX, 32-element E8M0 blocks; gpt-oss)"),
+    "ct_int4_g32": Format(None, "compressed-tensors INT4, group 32"),
+    "ct_mxfp4_pack": Format("mxfp4", "compressed-tensors MXFP4 pack-quantized"),
+    "dsv4_fp4": Format("mxfp4", "DeepSeek-V4 FP4 (MXFP4) routed experts"),
+    "dsv4_fp8": Format("fp8", "DeepSeek-V4 experts converted to FP8"),
+    "dsv4_nvfp4": Format("nvfp4", "DeepSeek-V4 hybrid FP8 + NVFP4 experts"),
+    "other": Format(None, "a quantization without tuning rules"),
 }
 
 FORMATS = tuple(TABLE)

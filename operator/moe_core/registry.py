@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .formats import EXPERT_FORMATS
+from .formats import EXPERT_FORMATS, expert_format
 from .gpu import AMD_FAMILIES, NVIDIA_FAMILIES
 
 ALL_NVIDIA = frozenset(NVIDIA_FAMILIES)
@@ -174,3 +174,10 @@ def candidates(family: str, weight_format: str, installed: dict[str, str | None]
     if installed is not None:
         out = [b for b in out if not b.missing_requirements(family, installed)]
     return sorted(out, key=lambda b: (b.verified is None, -b.priority))
+
+
+def backends_for_format(checkpoint_format: str) -> list[str]:
+    """Registry backends whose kernels run this checkpoint format's experts (any GPU family); the
+    bundled runtime serves the checkpoint only if its loader reads it too (moe_core.runtime)."""
+    wfmt = expert_format(checkpoint_format)
+    return [b.name for b in BACKENDS if wfmt in b.weight_formats]

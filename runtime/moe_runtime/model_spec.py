@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from moe_core.formats import FP4_EXPERT
 from moe_core.runtime import BUNDLED
 
 from .errors import RuntimeFailure
@@ -133,8 +134,8 @@ def tensor_specs(cfg: dict[str, Any], expert_format: str, quantized_linears: set
             stem = name[: -len("weight")]
             out = shape[0]
             inp = shape[-1]
-            if is_routed_expert_weight(name) and expert_format in ("nvfp4", "mxfp4") or (
-                    expert_format in ("nvfp4", "mxfp4") and quantized_linears and name in quantized_linears):
+            if is_routed_expert_weight(name) and expert_format in FP4_EXPERT or (
+                    expert_format in FP4_EXPERT and quantized_linears and name in quantized_linears):
                 block = 16 if expert_format == "nvfp4" else 32
                 if inp % block:
                     raise RuntimeFailure(f"{name}: input dim {inp} is not a multiple of the {expert_format} block {block}")

@@ -111,6 +111,9 @@ def test_formats_table_agrees_with_the_registry_and_runtime():
         assert TABLE[fmt].expert in EXPERT_FORMATS
     for spec in registry.BACKENDS:
         assert spec.weight_formats <= set(EXPERT_FORMATS)
+    assert registry.backends_for_format("dsv4_fp4") == ["flashinfer_mxfp4", "triton", "torch"]
+    assert registry.backends_for_format("w4afp8") == []
+    assert TABLE["mixed"].fp4 and TABLE["ct_mxfp4_pack"].fp4 and not TABLE["modelopt_fp8"].fp4
 
 
 # ------------------------------------------------------------------------------ import hygiene
