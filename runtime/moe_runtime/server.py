@@ -38,6 +38,7 @@ from .tokenizer import IncrementalDecoder
 MAX_N = 16  # choices per request
 MAX_STOP = 16  # stop strings / stop token ids per request
 MAX_LOGPROBS = 20
+_JSON_PIECE = 65536  # token ids rendered per event-loop turn in a long /tokenize answer
 
 
 @dataclass
@@ -711,9 +712,18 @@ def create_app(state: ServerState) -> FastAPI:
         else:
             text = body.prompt
         ids = await _encode(text)
-        out = {"count": len(ids), "max_model_len": _max_len(), "tokens": ids}
-        # a long prompt's JSON (millions of ids) is rendered off the event loop too
-        return Response(await asyncio.to_thread(json.dumps, out), media_type="application/json")
+        head = {"count": len(ids), "max_model_len": _max_len()}
+        if len(ids) <= _JSON_PIECE:
+            return {**head, "tokens": ids}
+
+        async def pieces():  # millions of ids: rendered piece by piece, the event loop keeps serving
+            yield json.dumps(head)[:-1] + ', "tokens": ['
+            for i in range(0, len(ids), _JSON_PIECE):
+                yield ("," if i else "") + ",".join(map(str, ids[i:i + _JSON_PIECE]))
+                await asyncio.sleep(0)
+            yield "]}"
+
+        return StreamingResponse(pieces(), media_type="application/json")
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
