@@ -41,7 +41,10 @@ ELSEWHERE = "use engine sglang or vllm"
 def architecture_problem(architecture: str, caps: RuntimeCapabilities = BUNDLED) -> str | None:
     if architecture in caps.architectures:
         return None
-    return (f"[B8] the bundled runtime serves {', '.join(caps.architectures)}, not {architecture}: {ELSEWHERE}")
+    unknown = " (spec.model.format skips the inspection: set spec.model.architecture as well)" \
+        if architecture in ("", "Unknown") else ""
+    return (f"[B8] the bundled runtime serves {', '.join(caps.architectures)}, not {architecture or 'an unknown'}"
+            f" architecture{unknown}: {ELSEWHERE}")
 
 
 def format_problem(checkpoint_format: str, caps: RuntimeCapabilities = BUNDLED) -> str | None:
