@@ -7,7 +7,7 @@ the generator produces.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -130,14 +130,19 @@ class Toleration(_Model):
     tolerationSeconds: int | None = None
 
 
+# Map keys cannot be bounded in a CRD schema, so CEL over them costs too much for the API server's
+# budget: keys are checked by the pydantic model (the webhook and the reconcile), values by the
+# schema (pattern, maxLength) and, for quantities, by CEL isQuantity on bounded strings.
+QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, max_length=316)]
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
 _QUANTITIES = ("self.all(k, isQuantity(self[k]))", "resource values must be Kubernetes quantities (e.g. 500m, 64Gi)")
-_RESOURCE_NAMES = ("self.all(k, k.matches('" + LABEL_KEY_PATTERN.replace("\\", "\\\\") + "'))",
-                   "resource names must be qualified names (e.g. cpu, memory, example.com/foo)")
 
 
 class Resources(_Model):
-    requests: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES, _RESOURCE_NAMES))
-    limits: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES, _RESOURCE_NAMES))
+    requests: dict[LabelKey, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES))
+    limits: dict[LabelKey, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES))
 
 
 class ServiceSpec(_Model):
@@ -170,9 +175,9 @@ class MoEDeploymentSpec(_Model):
          "not a vLLM --moe-backend; valid: " + ", ".join(VLLM_MOE_BACKENDS)),
         ("self.engine.name != 'vllm' || self.moe.deferredFinalize != 'on'",
          "vLLM has no deferred-finalize switch; use engine sglang or bundled"),
-        ("!has(self.model.tokenSecretRef) || !self.env.exists(e, e.name == 'HF_TOKEN')",
+        ("!has(self.model.tokenSecretRef) || !has(self.env) || !self.env.exists(e, e.name == 'HF_TOKEN')",
          "env HF_TOKEN collides with model.tokenSecretRef (the operator sets HF_TOKEN from that Secret)"),
-        (f"self.env.map(e, e.name.size() + e.value.size()).sum() <= {ENV_TOTAL_BYTES}",
+        (f"!has(self.env) || self.env.map(e, e.name.size() + (has(e.value) ? e.value.size() : 0)).sum() <= {ENV_TOTAL_BYTES}",
          f"env names and values together must stay under {ENV_TOTAL_BYTES} bytes"),
     ))
     model: ModelSource
@@ -185,11 +190,7 @@ class MoEDeploymentSpec(_Model):
     env: list[EnvVar] = Field(default_factory=list, max_length=256, description="user env; always wins over the plan",
                               json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     gpu: GpuSelection = Field(default_factory=GpuSelection)
-    nodeSelector: dict[str, str] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(
-        ("self.all(k, k.matches('" + LABEL_KEY_PATTERN.replace("\\", "\\\\") + "') && self[k].matches('"
-         + LABEL_VALUE_PATTERN.replace("\\", "\\\\") + "'))",
-         "nodeSelector keys must be label keys and values label values (63 characters at most)"),
-    ))
+    nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=32)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
     resources: Resources = Field(default_factory=Resources)
     service: ServiceSpec = Field(default_factory=ServiceSpec)

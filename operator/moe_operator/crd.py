@@ -12,7 +12,7 @@ from typing import Any
 from . import API_GROUP, API_VERSION, KIND, PLURAL
 from .api import NAME_RULES, MoEDeploymentSpec, MoEDeploymentStatus
 
-_DROP = {"title", "$defs", "discriminator"}
+_DROP = {"title", "$defs", "discriminator", "propertyNames"}  # map keys: checked by the pydantic model
 
 
 def _structural(node: Any, defs: dict[str, Any]) -> Any:
@@ -32,6 +32,9 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         if rest.get("default", 0) is None:
             rest.pop("default")
         return _structural({**options[0], **rest}, defs)
+    if "patternProperties" in node:  # dict[ConstrainedKey, V]: the key rule stays in pydantic
+        (value_schema,) = node["patternProperties"].values()
+        node = {**{k: v for k, v in node.items() if k != "patternProperties"}, "additionalProperties": value_schema}
     out: dict[str, Any] = {}
     for k, v in node.items():
         if k in _DROP:

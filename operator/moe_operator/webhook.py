@@ -19,6 +19,8 @@ from typing import Any, Callable
 import kopf
 from moe_core.gpu import FAMILIES, from_name
 
+from pydantic import ValidationError
+
 from .api import MoEDeploymentSpec
 from .inspection import InspectionFailed, InspectionPending, inspect_spec
 from .placement import impossible_everywhere
@@ -75,8 +77,8 @@ def verdict(spec_dict: dict[str, Any], cfg: Any) -> str | None:
     """Why this spec must be refused, or None. `cfg` is the operator's reconcile Config."""
     try:
         spec = MoEDeploymentSpec.model_validate(spec_dict)
-    except Exception:  # noqa: BLE001 - the schema is the judge of shape; admit and let it speak
-        return None
+    except ValidationError as e:  # what the schema cannot say (map keys): the model's own words
+        return "invalid spec: " + "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
     problems = cfg.policy.problems(spec)
     if problems:
         return "refused by the cluster's policy: " + "; ".join(problems)

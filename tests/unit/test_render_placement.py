@@ -123,7 +123,7 @@ def test_admission_verdict(tmp_path):
     assert "not under an allowed host path" in verdict(ok, Config(local_models_dir=str(tmp_path),
                                                                   policy=Policy(allowed_host_paths=("/data",))))
     assert "host paths are not allowed" in verdict(ok, Config(local_models_dir=str(tmp_path)))
-    assert verdict({"model": "not an object"}, cfg) is None  # cannot judge: the schema speaks
+    assert verdict({"model": "not an object"}, cfg).startswith("invalid spec: model")
     bad = {**ok, "gpu": {"allowedArchitectures": ["sm90", "sm120"]}}
     msg = verdict(bad, cfg)
     assert msg and "sm90" in msg and "sm120" in msg and "SM100" in msg

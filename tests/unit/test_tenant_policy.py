@@ -193,3 +193,16 @@ def test_webhook_serving_cert_is_signed_by_its_ca(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     text = subprocess.run(["openssl", "x509", "-in", cert, "-noout", "-text"], capture_output=True, text=True).stdout
     assert "DNS:moe-operator-webhook.moe-system.svc" in text
+
+
+def test_map_keys_the_schema_cannot_bound_are_checked_by_the_model_and_the_webhook():
+    from moe_operator.reconcile import Config
+    from moe_operator.webhook import verdict
+
+    with pytest.raises(ValidationError):
+        spec(nodeSelector={"bad key!": "x"})
+    with pytest.raises(ValidationError):
+        spec(resources={"limits": {"memory": "lots"}})
+    spec(nodeSelector={"topology.kubernetes.io/zone": "a"}, resources={"limits": {"memory": "64Gi", "cpu": "500m"}})
+    msg = verdict({"model": {"uri": "hf://org/name"}, "nodeSelector": {"bad key!": "x"}}, Config())
+    assert msg and msg.startswith("invalid spec: nodeSelector")
