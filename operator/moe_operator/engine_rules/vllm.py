@@ -73,6 +73,7 @@ RELEASES = {
                   "aiter_triton_mxfp4_mxfp4", "aiter_mxfp4_mxfp4", "xpu", "cpu", "emulation"},
         "mxfp8": {"flashinfer_trtllm", "deep_gemm", "marlin", "xpu", "aiter", "triton", "humming"},
         "unquantized": {"triton", "batched_triton", "flashinfer_trtllm", "flashinfer_cutlass", "aiter"},
+        "wna16": {"triton", "marlin", "humming", "flashinfer_trtllm", "emulation", "rdna3"},
         # platforms/cuda.py:691-697 support_deep_gemm: 9.0, family 100 or family 120
         "deep_gemm": frozenset({"sm90"}) | FAMILY_100 | FAMILY_120,
         # experts/deep_gemm_moe.py:474-479 MXFP4 DeepGEMM: family 100 or 120
@@ -99,6 +100,7 @@ ORACLE = {
     "mxfp8": "mxfp8",
     "nvfp4": "nvfp4", "ct_nvfp4": "nvfp4", "mixed": "nvfp4", "dsv4_nvfp4": "nvfp4",
     "mxfp4": "mxfp4", "dsv4_fp4": "mxfp4", "ct_mxfp4_pack": "mxfp4",
+    "ct_int4_g32": "wna16",  # compressed-tensors int4 (Kimi-K2 thinking): CompressedTensorsWNA16MoEMethod
 }
 _O = "vllm/model_executor/layers/fused_moe/oracle/"
 _E = "vllm/model_executor/layers/fused_moe/experts/"
@@ -111,6 +113,9 @@ MAPPINGS: dict[str, Source] = {
                     "_BACKEND_NAME_MAP.get(runner_backend)"),
     "unquantized": Source(_O + "unquantized.py", "180-194", "map_unquantized_backend", V, "0.22.1",
                           "is not supported for unquantized MoE"),
+    # 0.22.1's int_wna16 oracle has no map_wna16_backend: no mapping row there
+    "wna16": Source(_O + "int_wna16.py", "238-253", "map_wna16_backend (compressed_tensors_moe_wna16.py:102)", V, V,
+                    "is not supported for WNA16 MoE"),
 }
 
 
@@ -120,20 +125,21 @@ def _oracle(c: Case) -> str | None:
 
 def _mapped(c: Case) -> bool:
     o = _oracle(c)
-    return o is not None and c.runner in release(c.version)[o]
+    return o is not None and c.runner in release(c.version).get(o, ())
 
 
 def _src(file: str, lines: str, function: str, since: str = "0.22.1", marker: str = "") -> Source:
     return Source(file=file, lines=lines, function=function, version=V, since=since, marker=marker)
 
 
-_NAMES = {"fp8": "FP8", "nvfp4": "NvFP4", "mxfp4": "MXFP4", "mxfp8": "MXFP8", "unquantized": "unquantized"}
+_NAMES = {"fp8": "FP8", "nvfp4": "NvFP4", "mxfp4": "MXFP4", "mxfp8": "MXFP8", "unquantized": "unquantized",
+          "wna16": "WNA16"}
 
 
 def _mapping_rule(oracle: str) -> Rule:
     return Rule(f"VL-MAP-{oracle.upper()}", "vllm",
-                lambda c, o=oracle: _oracle(c) == o and c.runner != "auto" and c.runner in release(c.version)["choices"]
-                and c.runner not in release(c.version)[o],
+                lambda c, o=oracle: _oracle(c) == o and o in release(c.version) and c.runner != "auto"
+                and c.runner in release(c.version)["choices"] and c.runner not in release(c.version)[o],
                 "moe_backend='{runner}' is not supported for " + _NAMES[oracle] + " MoE. Expected one of {expected}.",
                 MAPPINGS[oracle],
                 extra=lambda c, o=oracle: {"expected": sorted(release(c.version)[o])})
@@ -149,7 +155,7 @@ def _device(name: str, families, file: str, lines: str, function: str, oracles: 
                 _src(file, lines, function, since), same_as=same_as)
 
 
-_ALL = ("fp8", "nvfp4", "mxfp4", "mxfp8", "unquantized")
+_ALL = ("fp8", "nvfp4", "mxfp4", "mxfp8", "unquantized", "wna16")
 
 RULES: tuple[Rule, ...] = (
     Rule("VL-CHOICE", "vllm", lambda c: c.runner not in release(c.version)["choices"],
@@ -196,9 +202,21 @@ RULES: tuple[Rule, ...] = (
     _device("triton", lambda c: release(c.version)["triton_mxfp4"],
             _E + "gpt_oss_triton_kernels_moe.py", "41-62", "_triton_kernel_moe_supports_current_device", ("mxfp4",),
             "OpenAI Triton MXFP4 kernels: CUDA 9.0 <= capability < 13.0 (0.22.1: < 11.0), or ROCm gfx9", suffix="-MXFP4"),
-    _device("aiter", frozenset({"gfx942", "gfx950"}), _E + "rocm_aiter_moe.py", "513-514",
-            "AiterExperts._supports_current_device (rocm_aiter_ops.is_fused_moe_enabled)", ("fp8", "unquantized"),
-            "ROCm with AITER enabled"),
+    Rule("VL-DEV-AITER", "vllm",
+         lambda c: _mapped(c) and c.runner.startswith("aiter") and not c.rocm,
+         "{fmt} MoE backend '{runner}' does not support the deployment configuration since kernel does not support "
+         "current device (AMD AITER kernels: rocm_aiter_ops on ROCm; here {family})",
+         _src(_E + "rocm_aiter_moe.py", "513-514", "AiterExperts._supports_current_device (also aiter_mxfp4_w4a16_moe.py:"
+              "349-354, aiter_mxfp4_w4a8_moe.py:211-215, aiter_mxfp8_moe.py:47-55)")),
+    _device("hpc", frozenset({"sm90"}), "vllm/model_executor/layers/fused_moe/hpc_moe.py", "63-65",
+            "HpcExperts._supports_current_device", ("fp8",), "capability 9.0 only (Tencent HPC-Ops)", since="0.33.0"),
+    _device("flashinfer_moe_ep_cutedsl", FAMILY_100, "vllm/model_executor/layers/fused_moe/flashinfer_moe_ep.py", "40-47",
+            "supports_current_device (FlashInferMoeEpExperts)", ("nvfp4", "mxfp4"), "capability 10.0 or 10.3",
+            since="0.33.0"),
+    _device("triton_unfused", lambda c: release(c.version)["triton_mxfp4"],
+            _E + "gpt_oss_triton_kernels_moe.py", "41-62", "_triton_kernel_moe_supports_current_device "
+            "(UnfusedOAITritonExperts, :1179)", ("mxfp4",),
+            "OpenAI Triton MXFP4 kernels: CUDA 9.0 <= capability < 13.0 (0.22.1: < 11.0), or ROCm gfx9", suffix="-MXFP4"),
     Rule("VL-FP8-CUTLASS", "vllm",
          lambda c: c.runner == "cutlass" and c.fmt in ("fp8", "modelopt_fp8", "dsv4_fp8"),
          "vLLM CUTLASS FP8 MoE backend is disabled for this configuration. (Fp8MoEMethod and ModelOptFp8MoEMethod "
