@@ -104,6 +104,15 @@ MATRIX = [
      "nemotron_h.py:77-80 marlin accepted"),
     ("sglang", "0.5.23", "B200", "mixed_w4a16", "NemotronHForCausalLM", "auto", "deepep", (8, 8, 1),
      "SG-NEMOTRONH-W4A16-A2A", "nemotron_h.py:74-76 'require --moe-a2a-backend=none'"),
+    # ---- sglang 0.5.23: LoRA runners, DeepEPMoE ----
+    ("sglang", "0.5.23", "H200", "fp8", DSV3, "lora_triton", "none", (1, 1, 1), "SG-LORA",
+     "arg_groups/lora_hook.py:196-203 'requires --enable-lora (or --lora-paths)'"),
+    ("sglang", "0.5.23", "A100", "fp8", DSV3, "auto", "deepep", (8, 8, 1), "SG-DEEPEP-DEEPGEMM",
+     "layers/moe/ep_moe/layer.py:166-177 'DeepEP ... mode requires deep_gemm' (JIT DeepGEMM off below SM90)"),
+    ("sglang", "0.5.23", "H200", "fp8", DSV3, "auto", "deepep", (8, 8, 1), "ok",
+     "ep_moe/layer.py:166-177 DeepGEMM JIT on SM90; fp8.py:1519-1541 auto -> deep_gemm"),
+    ("sglang", "0.5.23", "A100", "bf16", QWEN3, "deep_gemm", "deepep", (8, 8, 1), "SG-DEEPEP-BF16",
+     "ep_moe/layer.py:135-146 'Unquantized DeepEP MoE requires DeepGEMM BF16'"),
     # ---- sglang: versions ----
     ("sglang", "0.5.17", "B200", "fp8", DSV3, "deep_gemm", "deepep_v2", (8, 8, 1), "SG-A2A",
      "0.5.17 sglang/srt/server_args.py MOE_A2A_BACKEND_CHOICES has no deepep_v2 (first in 0.5.19)"),
@@ -178,6 +187,13 @@ MATRIX = [
     ("vllm", "0.33.0", "H200", "fp8", QWEN3, "humming", "none", (1, 1, 1), "ok",
      "0.33.0 oracle/fp8.py:271-289 adds humming"),
 ]
+
+
+def test_deepgemm_jit_off_by_env():
+    """configurer.py:31-37: SGLANG_ENABLE_JIT_DEEPGEMM=0 turns DeepGEMM off on any GPU."""
+    p = _plan("sglang", "0.5.23", "H200", "fp8", DSV3, "auto", "deepep", (8, 8, 1),
+              env={"SGLANG_ENABLE_JIT_DEEPGEMM": "0"})
+    assert any(e.startswith("[SG-DEEPEP-DEEPGEMM]") for e in p.errors)
 
 
 def _plan(engine, version, gpu, fmt, arch, runner, a2a, par, env=None):

@@ -151,6 +151,16 @@ def _runner_substituted(c: Case) -> bool:
     return False
 
 
+_DEEPEP_MOE_A2A = frozenset({"deepep", "deepep_v2", "mooncake", "nixl", "pplx"})
+
+
+def _no_jit_deepgemm(c: Case) -> bool:
+    """ENABLE_JIT_DEEPGEMM is False below SM90 or with SGLANG_ENABLE_JIT_DEEPGEMM=0 (configurer.py:31-37;
+    environ.py:1348 default True). SM120/121 depend on the installed DeepGEMM build: not decided here."""
+    v = c.env.get("SGLANG_ENABLE_JIT_DEEPGEMM", c.env.get("SGL_ENABLE_JIT_DEEPGEMM"))
+    return c.family in ("sm80", "sm89") or (v is not None and v.strip().lower() in ("0", "false", "no", "off"))
+
+
 def _quant(c: Case) -> tuple[bool, str | None]:
     if c.arch in QUANT_RESOLVING_ANYWHERE:
         return False, None
@@ -284,6 +294,27 @@ RULES: tuple[Rule, ...] = (
          _src("sglang/srt/arg_groups/model_overrides/nemotron_h.py", "77-80", "_nemotron_h_overrides", "0.5.19",
               "W4A16_NVFP4 MoE layers require --moe-runner-backend=marlin.")),
 
+    Rule("SG-LORA", "sglang", lambda c: c.runner.startswith("lora_"),
+         "--moe-runner-backend {runner} requires --enable-lora (or --lora-paths) (the MoEDeployment has no LoRA adapters)",
+         _src("sglang/srt/arg_groups/lora_hook.py", "196-203", "check_lora_moe_runner_args", "0.5.23",
+              "requires --enable-lora (or --lora-paths)")),
+
+    # ---- layer build: DeepEPMoE (a2a deepep, deepep_v2, mooncake, nixl, pplx; ep_moe/layer.py:352-365) ---
+    Rule("SG-DEEPEP-DEEPGEMM", "sglang",
+         lambda c: c.a2a in _DEEPEP_MOE_A2A and not c.rocm and _no_jit_deepgemm(c) and c.fmt != "bf16"
+         and not (c.runner == "flashinfer_cutedsl" and c.fmt in ("nvfp4", "mixed"))
+         and "normal" not in (c.env.get("SGLANG_DEEPEP_MODE") or ""),
+         "DeepEP auto mode requires deep_gemm (low-latency dispatch; DeepGEMM JIT is off below SM90 or with "
+         "SGLANG_ENABLE_JIT_DEEPGEMM=0: layers/deep_gemm_wrapper/configurer.py:31-37)",
+         _src("sglang/srt/layers/moe/ep_moe/layer.py", "166-177", "DeepEPMoE.__init__", "0.5.10", "mode requires deep_gemm"),
+         flag="a2a"),
+    Rule("SG-DEEPEP-BF16", "sglang",
+         lambda c: c.a2a in ("deepep", "pplx") and not c.rocm and _no_jit_deepgemm(c) and c.fmt == "bf16"
+         and c.runner == "deep_gemm",
+         "Unquantized DeepEP MoE requires DeepGEMM BF16",
+         _src("sglang/srt/layers/moe/ep_moe/layer.py", "135-146", "DeepEPMoE.__init__", "0.5.17",
+              "Unquantized DeepEP MoE requires DeepGEMM BF16"), flag="both"),
+
     # ---- layer build: MoeRunner --------------------------------------------------------------
     Rule("SG-FUSED", "sglang",
          lambda c: c.runner in FUSED_ONLY and c.a2a != "megamoe" and (c.a2a, c.runner) not in FUSED_FUNCS
@@ -355,8 +386,8 @@ RULES: tuple[Rule, ...] = (
          _src(_F8, "1508-1517", "Fp8MoEMethod.__init__", "0.5.10", "cutlass_fp8 MoE requires SM90, SM100, or SM120")),
     Rule("SG-FP8-RUNNER", "sglang",
          lambda c: not c.rocm and ((c.fmt in ("fp8", "dsv4_fp8") and c.runner in (
-             "marlin", "triton_kernel", "flashinfer_mxfp4", "humming", "experimental_sgl_marlin"))
-             or (c.fmt == "dsv4_fp4" and c.runner in ("triton_kernel", "experimental_sgl_marlin"))),
+             "marlin", "triton_kernel", "flashinfer_mxfp4", "humming", "experimental_sgl_marlin", "intel_xpu"))
+             or (c.fmt == "dsv4_fp4" and c.runner in ("triton_kernel", "experimental_sgl_marlin", "intel_xpu"))),
          "Fp8MoEMethod.create_moe_runner builds no MoeRunner for {runner} (only deep_gemm, triton, aiter, "
          "flashinfer_trtllm(_routed), hpc_ops, flashinfer_megamoe; flashinfer_cutlass/cutedsl run on triton) and "
          "apply() has no direct path for it but cutlass: the first forward fails on self.runner = None",
