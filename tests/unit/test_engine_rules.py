@@ -347,3 +347,22 @@ def test_missing_config_key_takes_the_class_default_not_zero():
     # the default decides deferred finalize (needs an unfused shared expert: sglang models/deepseek_v2.py:1206-1220)
     p = plan(info, from_name("B200"), Choices(), engine="sglang")
     assert p.moe.runnerBackend == "flashinfer_trtllm" and p.moe.deferredFinalize
+
+
+def test_admission_gets_the_engine_refusal_with_alternatives():
+    """placement.impossible_everywhere (what the validating webhook calls) refuses from plan errors."""
+    from moe_core.gpu import from_name as gpu
+    from moe_operator.api import MoEDeploymentSpec
+    from moe_operator.placement import impossible_everywhere
+    ck = CheckpointInfo(architecture=GPTOSS, format="mxfp4", formatSource="test", quantMethod="mxfp4", numExperts=32)
+    spec = MoEDeploymentSpec.model_validate({
+        "model": {"uri": "hf://openai/gpt-oss-120b"}, "engine": {"name": "sglang"},
+        "moe": {"runnerBackend": "flashinfer_trtllm"}, "gpu": {"allowedArchitectures": ["sm100", "sm120"]}})
+    msg = impossible_everywhere(spec, ck, [gpu("sm100"), gpu("sm120")])
+    # sm100: only the engine row refuses it (mxfp4.py:1474-1478); sm120: the planner's V1 (trtllm-gen is SM100-only)
+    assert msg and "sm100/NVIDIA-B200: [SG-MXFP4-RUNNER]" in msg and "[V1]" in msg
+    assert msg.count("Works instead:") == 2 and "flashinfer_mxfp4" in msg
+    ok = MoEDeploymentSpec.model_validate({
+        "model": {"uri": "hf://openai/gpt-oss-120b"}, "engine": {"name": "sglang"},
+        "moe": {"runnerBackend": "flashinfer_mxfp4"}, "gpu": {"allowedArchitectures": ["sm100"]}})
+    assert impossible_everywhere(ok, ck, [gpu("sm100")]) is None
