@@ -394,7 +394,9 @@ def _run_checks(b: _Builder, checks: tuple[Check, ...], runner: str) -> None:
             (b.errors if c.verdict == "reject" else b.warnings).append(f"[{c.id}] {msg}")
             if c.verdict == "reject":
                 fired.add(c.id)
-    if f.engine in ("sglang", "vllm") and (f.choices.runner_backend != "auto" or f.a2a != "none"):
+    # explicit: the spec's runner/a2a, or a runner translated from the user's own env (E2 SGLANG_CUTLASS_MOE, W7 VLLM_*)
+    from_env = any(d.key == "moe.runnerBackend" and d.rule in ("E2", "W7") for d in b.decisions)
+    if f.engine in ("sglang", "vllm") and (f.choices.runner_backend != "auto" or f.a2a != "none" or from_env):
         _engine_start_checks(b, checks, runner, frozenset(fired), first_error)
 
 

@@ -189,6 +189,20 @@ MATRIX = [
 ]
 
 
+def test_runner_translated_from_the_users_env_is_checked_too():
+    # W7: VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1 -> flashinfer_trtllm_afp8, not a 0.33.0 --moe-backend choice
+    p = _plan("vllm", "0.33.0", "B200", "mxfp4", GPTOSS, "auto", "none", (1, 1, 1),
+              env={"VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8": "1"})
+    assert any(e.startswith("[VL-CHOICE]") and "Works instead:" in e for e in p.errors)
+    # E2: SGLANG_CUTLASS_MOE=1 -> cutlass, which NVFP4 MoE refuses (modelopt_quant.py:3144-3148)
+    p = _plan("sglang", "0.5.23", "B200", "nvfp4", DSV3, "auto", "none", (1, 1, 1), env={"SGLANG_CUTLASS_MOE": "1"})
+    assert any(e.startswith("[SG-NVFP4-CUTLASS]") for e in p.errors)
+    # a translation the engine accepts stays accepted
+    p = _plan("vllm", "0.33.0", "B200", "nvfp4", DSV3, "auto", "none", (1, 1, 1),
+              env={"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"})
+    assert not p.errors and p.moe.runnerBackend == "flashinfer_cutlass"
+
+
 def test_deepgemm_jit_off_by_env():
     """configurer.py:31-37: SGLANG_ENABLE_JIT_DEEPGEMM=0 turns DeepGEMM off on any GPU."""
     p = _plan("sglang", "0.5.23", "H200", "fp8", DSV3, "auto", "deepep", (8, 8, 1),
