@@ -455,25 +455,30 @@ def test_client_disconnect_frees_the_slot(live, stream):
 
 
 def test_health_answers_while_a_10mb_prompt_is_tokenized(live):
+    """Tokenizing 10 MB takes seconds (10-20 s on a loaded 2-core box); /health keeps answering
+    meanwhile. What still holds the GIL is turning 3.6M ids into a Python list (~0.4 s on an idle
+    core), hence the bound: far below the tokenization time, and below a liveness probe's budget."""
     text = "Hello world, the quick brown fox jumps. " * 260_000  # ~10 MB
     gaps: list[float] = []
 
     async def go():
-        async with httpx.AsyncClient(timeout=120) as c:
+        async with httpx.AsyncClient(timeout=300) as c:
+            t0 = time.perf_counter()
             big = asyncio.ensure_future(c.post(live.url + "/tokenize", json={"prompt": text}))
             big_c = asyncio.ensure_future(c.post(live.url + "/v1/completions", json={"prompt": text}))
             await asyncio.sleep(0.3)
             while not (big.done() and big_c.done()):
                 t = time.perf_counter()
-                assert (await c.get(live.url + "/health", timeout=10)).status_code == 200
+                assert (await c.get(live.url + "/health", timeout=30)).status_code == 200
                 gaps.append(time.perf_counter() - t)
                 await asyncio.sleep(0.05)
-            return await big, await big_c
+            tokenized = await big
+            return tokenized, await big_c, time.perf_counter() - t0
 
-    tokenized, refused = asyncio.run(go())
+    tokenized, refused, took = asyncio.run(go())
     assert tokenized.status_code == 200 and tokenized.json()["count"] > 1_000_000
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
-    assert len(gaps) >= 3 and max(gaps) < 1.0, gaps
+    assert len(gaps) >= 3 and max(gaps) < 2.5 and max(gaps) < took / 3, (took, sorted(gaps)[-5:])
 
 
 def test_live_body_limit_and_raw_garbage(live):
