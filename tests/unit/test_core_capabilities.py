@@ -167,3 +167,25 @@ def test_issue_examples_are_refused_with_what_works(arch, fmt):
     if fmt in ("modelopt_fp8", "mixed", "ct_nvfp4"):
         want = {"modelopt_fp8": "fp8", "mixed": "nvfp4", "ct_nvfp4": "nvfp4"}[fmt]
         assert any(f"a checkpoint of the model in {want}" in e for e in p.errors), p.errors
+
+
+def test_no_sample_puts_on_the_bundled_engine_what_the_runtime_cannot_serve():
+    """`make demo` applies every sample: none may ask the bundled runtime for an architecture or a
+    format it cannot serve (the gpt-oss sample did, and its pod would have exited at start)."""
+    from pathlib import Path
+
+    import yaml
+
+    from moe_core.runtime import problems
+    from moe_operator.api import MoEDeploymentSpec
+
+    root = Path(__file__).resolve().parents[2] / "deploy" / "samples"
+    bundled = []
+    for f in sorted(root.glob("*.yaml")):
+        spec = MoEDeploymentSpec.model_validate(yaml.safe_load(f.read_text())["spec"])
+        info = inspect_dir(root / "checkpoints" / spec.model.uri.rsplit("/", 1)[1])
+        if spec.engine.name == "bundled":
+            bundled.append(f.name)
+            assert problems(info.architecture, info.format) == [], f.name
+        elif info.architecture not in BUNDLED.architectures:
+            assert problems(info.architecture, info.format)  # and the bundled planner would refuse it
