@@ -171,6 +171,12 @@ MATRIX = [
      "oracle/int_wna16.py:241-246 marlin mapped; experts/marlin_moe.py:592-594"),
     ("vllm", "0.33.0", "B200", "mxfp4", GPTOSS, "aiter", "none", (1, 1, 1), "VL-DEV-AITER",
      "experts/aiter_mxfp4_w4a16_moe.py:349-354 rocm_aiter_ops.is_enabled()"),
+    ("vllm", "0.33.0", "H200", "fp8", DSV3, "deep_gemm", "deepep", (8, 8, 1), "VL-A2A",
+     "vllm/config/parallel.py:45-60 All2AllBackend has deepep_high_throughput / deepep_low_latency, not sglang's deepep"),
+    ("vllm", "0.22.1", "H200", "fp8", DSV3, "deep_gemm", "deepep_v2", (8, 8, 1), "VL-A2A",
+     "0.22.1 vllm/config/parallel.py:40-51 has no deepep_v2"),
+    ("vllm", "0.33.0", "H200", "fp8", DSV3, "deep_gemm", "deepep_v2", (8, 8, 1), "ok",
+     "0.33.0 vllm/config/parallel.py:50 deepep_v2"),
     # ---- vLLM 0.22.1 (line numbers of 0.22.1) vs 0.33.0 ----
     ("vllm", "0.22.1", "rtx-pro-6000", "fp8", QWEN3, "deep_gemm", "none", (1, 1, 1), "VL-DEV-DEEP_GEMM",
      "0.22.1 vllm/platforms/cuda.py:557-559 support_deep_gemm: 9.0 or family 100 only"),

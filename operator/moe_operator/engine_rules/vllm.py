@@ -34,9 +34,15 @@ MOE_BACKENDS = (
 MOE_BACKENDS_0221 = ("auto", "triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
                      "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_b12x", "marlin", "humming",
                      "triton_unfused", "aiter", "emulation")
-# --all2all-backend values the planner may pass (ParallelConfig.all2all_backend); not modelled as rows.
-ALL2ALL = ("none", "naive", "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency",
-           "flashinfer_all2allv")
+# --all2all-backend choices: ParallelConfig.All2AllBackend (vllm/config/parallel.py:45-60 in 0.33.0, :40-51 in
+# 0.22.1) minus "passthrough", which the CLI removes (engine/arg_utils.py:1158-1161, 0.33.0). "none" is the
+# planner's word for leaving the flag out.
+ALL2ALL = ("none", "naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2", "mori_high_throughput",
+           "mori_low_latency", "moonep", "nixl_ep", "allgather_reducescatter", "flashinfer_all2allv",
+           "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided")
+ALL2ALL_0221 = ("none", "naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "mori", "nixl_ep",
+                "allgather_reducescatter", "flashinfer_all2allv", "flashinfer_nvlink_two_sided",
+                "flashinfer_nvlink_one_sided")
 
 NVIDIA = frozenset({"sm80", "sm89", "sm90", "sm100", "sm110", "sm120", "sm121"})
 FAMILY_100 = frozenset({"sm100"})  # is_device_capability_family(100): 10.x
@@ -46,6 +52,7 @@ FAMILY_120 = frozenset({"sm120", "sm121"})  # is_device_capability_family(120): 
 RELEASES = {
     "0.22.1": {
         "choices": MOE_BACKENDS_0221,
+        "all2all": ALL2ALL_0221,
         "fp8": {"triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "marlin", "aiter"},
         "nvfp4": {"cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_b12x", "marlin",
                   "emulation"},
@@ -63,6 +70,7 @@ RELEASES = {
     },
     "0.33.0": {
         "choices": MOE_BACKENDS,
+        "all2all": ALL2ALL,
         "fp8": {"triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "marlin", "humming", "aiter",
                 "hpc"},
         "nvfp4": {"b12x", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl",
@@ -90,7 +98,7 @@ def release(version: str) -> dict:
 
 
 def choices(version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return release(version)["choices"], ALL2ALL
+    return release(version)["choices"], release(version)["all2all"]
 
 
 # Which oracle a checkpoint format goes through (the quantization method's MoE path).
@@ -161,6 +169,10 @@ RULES: tuple[Rule, ...] = (
     Rule("VL-CHOICE", "vllm", lambda c: c.runner not in release(c.version)["choices"],
          "argument --moe-backend: invalid choice: '{runner}' (choose from the MoEBackend values)",
          _src("vllm/config/kernel.py", "122-147", "MoEBackend (argparse choices, engine/arg_utils.py:1843-1845)")),
+    Rule("VL-A2A", "vllm", lambda c: c.a2a not in release(c.version)["all2all"],
+         "argument --all2all-backend: invalid choice: '{a2a}' (choose from the All2AllBackend values)",
+         _src("vllm/config/parallel.py", "45-60", "All2AllBackend (argparse choices, engine/arg_utils.py:1157-1161)"),
+         flag="a2a"),
     Rule("VL-EP-ARCH", "vllm",
          lambda c: c.runner == "flashinfer_moe_ep_mega_deep_gemm"
          and c.arch not in ("DeepseekV4ForCausalLM", "DeepSeekV4MTPModel", "DeepseekV41ForCausalLM"),
