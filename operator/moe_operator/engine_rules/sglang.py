@@ -329,9 +329,12 @@ RULES: tuple[Rule, ...] = (
          "(PermuteMethodPool.get_pre_permute assertion at the first forward)",
          _src("sglang/srt/layers/moe/moe_runner/base.py", "255-275", "PermuteMethodPool.get_pre_permute", "0.5.10",
               "pre_permute_func is not None"), flag="both", same_as=("V5",)),
-    Rule("SG-DEEPEPV2-LAYER", "sglang", lambda c: c.a2a == "deepep_v2" and c.fmt in NVFP4_METHOD | MXFP4_METHOD | {"ct_nvfp4", "mixed"},
-         "--moe-a2a-backend deepep_v2 requires the deep_gemm MoE runner, but this MoE layer's quantization method "
-         "selected another runner ({fmt} experts); use an FP8 blockwise-quantized or BF16 checkpoint, or --moe-a2a-backend deepep.",
+    # deepep_v2 resolves runner auto -> deep_gemm (moe_hook.py:404-412); the NVFP4 method has no deep_gemm path
+    # (ModelOptNvFp4FusedMoEMethod.apply, modelopt_quant.py:3366-3369), so NVFP4 experts cannot run under deepep_v2.
+    # (MXFP4 experts can: Mxfp4MoEMethod builds a deep_gemm MoeRunner, mxfp4.py:1466-1471.)
+    Rule("SG-DEEPEPV2-LAYER", "sglang", lambda c: c.a2a == "deepep_v2" and c.fmt in NVFP4_METHOD | {"mixed"},
+         "--moe-a2a-backend deepep_v2 requires the deep_gemm MoE runner (auto becomes deep_gemm), but NVFP4 MoE has no "
+         "deep_gemm path; use an FP8 blockwise-quantized or BF16 checkpoint, or --moe-a2a-backend deepep.",
          _src(_RUN, "84-93", "MoeRunner.__init__", "0.5.19", "--moe-a2a-backend deepep_v2 requires the deep_gemm MoE runner"),
          flag="a2a"),
     Rule("SG-HPCOPS-SM90", "sglang", lambda c: c.runner == "hpc_ops" and c.family != "sm90",
