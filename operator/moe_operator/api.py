@@ -150,6 +150,73 @@ class ServiceSpec(_Model):
     port: int = Field(8000, ge=1, le=65535)
 
 
+# --- day-2: rollout, disruption budget, autoscaling, gateway (issue 22) ---------------------------
+
+class RolloutSpec(_Model):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
+        ("!has(self.maxSurge) || !has(self.maxUnavailable) || self.maxSurge + self.maxUnavailable > 0",
+         "rollout.maxSurge and rollout.maxUnavailable must not both be 0 (the roll could never start)"),
+    ))
+    maxSurge: int | None = Field(None, ge=0, le=1000, description=(
+        "replicas created above spec.replicas during a roll; default: 1 when the inventory sees a spare GPU set "
+        "of the planned class, else 0"))
+    maxUnavailable: int | None = Field(None, ge=0, le=1000, description=(
+        "replicas that may be down during a roll; default: 0 when a spare GPU set of the class is free, else 1 "
+        "(replace one replica at a time instead of waiting for a GPU that never frees)"))
+    minAvailable: int | None = Field(None, ge=0, le=1000, description=(
+        "PodDisruptionBudget: replicas kept through voluntary disruptions (node drains); default replicas - 1. "
+        "A budget is rendered only when replicas > 1"))
+
+
+AUTOSCALING_METRICS = ("queue", "kv")
+
+
+class AutoscalingSpec(_Model):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
+        ("self.minReplicas <= self.maxReplicas", "autoscaling.minReplicas must not exceed autoscaling.maxReplicas"),
+        ("self.minReplicas > 0 || self.provider == 'keda'",
+         "autoscaling.minReplicas 0 (scale to zero) needs provider keda (the HPA cannot scale to zero)"),
+        ("self.provider != 'keda' || has(self.prometheusAddress)",
+         "autoscaling.provider keda reads Prometheus: set autoscaling.prometheusAddress"),
+        ("self.metric != 'kv' || !has(self.target) || self.target <= 100",
+         "autoscaling.target for metric kv is a percentage of the KV cache (1-100)"),
+    ))
+    enabled: bool = Field(False, description="render an autoscaler targeting this MoEDeployment's scale subresource")
+    provider: Literal["hpa", "keda"] = Field("hpa", description=(
+        "hpa: autoscaling/v2 HorizontalPodAutoscaler on a Pods metric (needs a custom-metrics adapter, e.g. "
+        "prometheus-adapter); keda: a KEDA ScaledObject with a Prometheus trigger (needs KEDA installed)"))
+    minReplicas: int = Field(1, ge=0, le=1000, description="lower bound; 0 (scale to zero, keda only) is off by default")
+    maxReplicas: int = Field(4, ge=1, le=1000)
+    metric: Literal[AUTOSCALING_METRICS] = Field("queue", description=(  # type: ignore[valid-type]
+        "queue: requests waiting per replica (vllm:num_requests_waiting, sglang:num_queue_reqs); "
+        "kv: KV-cache use in percent (vllm:kv_cache_usage_perc, sglang:token_usage)"))
+    target: int | None = Field(None, ge=1, le=100000, description=(
+        "target per replica: waiting requests (queue, default 4) or KV-cache percent (kv, default 80)"))
+    metricName: str | None = Field(None, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_:.-]*$", description=(
+        "hpa: the Pods metric's name as the custom-metrics adapter serves it; default the engine's Prometheus "
+        "name with ':' as '_' (e.g. vllm_num_requests_waiting)"))
+    prometheusAddress: str | None = Field(None, max_length=512, pattern=r"^https?://\S+$",
+                                          description="keda: Prometheus the trigger queries, e.g. http://prometheus.monitoring:9090")
+
+
+class EndpointPickerRef(_Model):
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                      description="Service of the endpoint picker (EPP) in this namespace")
+    port: int = Field(9002, ge=1, le=65535, description="the EPP Service's gRPC port")
+    failureMode: Literal["FailOpen", "FailClose"] = "FailClose"
+
+
+class InferencePoolSpec(_Model):
+    enabled: bool = Field(False, description="render an InferencePool (inference.networking.k8s.io/v1) selecting this "
+                          "MoEDeployment's serving pods, for InferencePool-aware gateways")
+    endpointPicker: EndpointPickerRef | None = Field(None, description="the pool's endpoint picker; default the Service "
+                                                     "<name>-epp, port 9002")
+
+
+class GatewaySpec(_Model):
+    inferencePool: InferencePoolSpec = Field(default_factory=InferencePoolSpec)
+
+
 class MoEDeploymentSpec(_Model):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
         ("self.parallelism.tp % self.parallelism.ep == 0", "parallelism.ep must divide parallelism.tp"),
@@ -194,6 +261,9 @@ class MoEDeploymentSpec(_Model):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
     resources: Resources = Field(default_factory=Resources)
     service: ServiceSpec = Field(default_factory=ServiceSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="how a plan or spec change rolls, and the disruption budget")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
 
     def gpus_per_replica(self) -> int:
         return self.gpusPerReplica or self.parallelism.tp
@@ -234,6 +304,9 @@ class MoEDeploymentStatus(_Model):
     workload: WorkloadRef | None = None
     replicas: int | None = None
     readyReplicas: int | None = None
+    selector: str | None = Field(None, description="label selector of the serving pods (the scale subresource's labelSelectorPath)")
+    optionalObjects: list[str] | None = Field(None, description="kinds of the optional objects last rendered "
+                                              "(PodDisruptionBudget, autoscaler, InferencePool): pruned when no longer asked for")
 
 
 class MoEDeployment(_Model):

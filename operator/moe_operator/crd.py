@@ -102,7 +102,9 @@ def crd() -> dict[str, Any]:
                 "name": API_VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
+                "subresources": {"status": {}, "scale": {  # kubectl scale, HPA and KEDA
+                    "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                    "labelSelectorPath": ".status.selector"}},
                 "additionalPrinterColumns": PRINTER_COLUMNS,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",

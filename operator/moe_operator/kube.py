@@ -11,13 +11,17 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from . import API_GROUP, API_VERSION, PLURAL
+from .day2 import OPTIONAL_CRDS
 from .model_uri import ModelURI
 from .render import FIELD_MANAGER, Owner, inspection_job
 
 log = logging.getLogger("moe_operator.kube")
 
 _API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "ConfigMap": "v1",
-                 "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1", "Job": "batch/v1"}
+                 "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1", "Job": "batch/v1",
+                 # day-2 objects (day2.py); the last two are optional CRDs (KEDA, Gateway API Inference Extension)
+                 "PodDisruptionBudget": "policy/v1", "HorizontalPodAutoscaler": "autoscaling/v2",
+                 "ScaledObject": "keda.sh/v1alpha1", "InferencePool": "inference.networking.k8s.io/v1"}
 
 
 class ApplyError(Exception):
@@ -57,6 +61,8 @@ class Kube:
             if kind == "LeaderWorkerSet":
                 raise ApplyError("LeaderWorkerSetMissing", "multi-node replicas need the LeaderWorkerSet CRD "
                                  "(leaderworkerset.x-k8s.io/v1); install LWS (kubernetes-sigs/lws) first") from None
+            if kind in OPTIONAL_CRDS:
+                raise ApplyError(*OPTIONAL_CRDS[kind]) from None
             raise
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:

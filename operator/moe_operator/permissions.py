@@ -27,6 +27,15 @@ NAMESPACED: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("", "persistentvolumeclaims"): (frozenset({"get"}), "pvc:// models: the claim must exist before a Job runs"),
     ("", "secrets"): (frozenset({"get"}), "model.tokenSecretRef: its label, and the token for hf:// inspection"),
     ("", "events"): (frozenset({"create"}), "Kube.post_event, and kopf's own posting of handler logs"),
+    # day-2 objects (day2.py): drift GET, apply, delete when the spec stops asking for them
+    ("policy", "poddisruptionbudgets"): (frozenset({"get", "create", "patch", "delete"}),
+                                         "owned PodDisruptionBudget (replicas > 1)"),
+    ("autoscaling", "horizontalpodautoscalers"): (frozenset({"get", "create", "patch", "delete"}),
+                                                  "owned HPA (spec.autoscaling provider hpa)"),
+    ("keda.sh", "scaledobjects"): (frozenset({"get", "create", "patch", "delete"}),
+                                   "owned KEDA ScaledObject (spec.autoscaling provider keda)"),
+    ("inference.networking.k8s.io", "inferencepools"): (frozenset({"get", "create", "patch", "delete"}),
+                                                        "owned InferencePool (spec.gateway.inferencePool)"),
 }
 CLUSTER: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("", "nodes"): (frozenset({"list", "watch"}), "kopf index of GPU nodes (GFD labels)"),

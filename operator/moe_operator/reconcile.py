@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 from moe_core.gpu import from_name
 from pydantic import ValidationError
 
+from . import day2
 from .api import Condition, MoEDeploymentSpec, MoEDeploymentStatus, WorkloadRef
 from .drift import differences
 from .images import RUNTIME_REPOSITORY, runtime_image
@@ -175,11 +176,17 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
                           f"{'on' if plan.moe.deferredFinalize else 'off'}); " + " ".join(plan.reasons[:3]), gen)
 
     # 3. render, compare with the live objects, apply what differs
-    objects = render(Owner(name, ns, meta["uid"]), spec, plan, gpu, cfg.runtime_repository, cfg.engine_cache_root)
+    spare = day2.spare_gpu_sets(inv.free_per_node, spec.gpus_per_node(), spec.nodesPerReplica)
+    rollout = day2.rollout_policy(spec, gpu.key(), spare)
+    objects = render(Owner(name, ns, meta["uid"]), spec, plan, gpu, cfg.runtime_repository, cfg.engine_cache_root,
+                     rollout=rollout)
+    optional = sorted({o["kind"] for o in objects if o["kind"] in day2.OPTIONAL_KINDS})
+    optional_failed: list[ApplyError] = []
     workload = next(o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
     stale_kind = "LeaderWorkerSet" if workload["kind"] == "Deployment" else "Deployment"
     try:
         for obj in objects:
+          try:
             live = live_workload if obj is workload else kube.get(obj["kind"], ns, obj["metadata"]["name"])
             drift = differences(obj, live) if live is not None else ["missing"]
             if not drift:
@@ -192,6 +199,15 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
                 kube.merge_patch(obj)  # items another manager added survive apply: replace the lists
             if obj is workload:
                 live_workload = kube.get(obj["kind"], ns, obj["metadata"]["name"])
+          except ApplyError as e:  # an optional object (e.g. its CRD is missing) never holds back the rest
+            if obj["kind"] not in day2.OPTIONAL_KINDS:
+                raise
+            optional_failed.append(e)
+        for kind in sorted(set(status.get("optionalObjects") or []) - set(optional)):
+            try:  # the spec stopped asking for it (autoscaling off, replicas 1, ...)
+                kube.delete(kind, ns, name)
+            except ApplyError:
+                pass  # its CRD went away, and the object with it
         if status.get("workload", {}).get("kind") == stale_kind:
             kube.delete(stale_kind, ns, name)  # nodesPerReplica changed: the other workload kind goes
     except ApplyError as e:
@@ -202,7 +218,14 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
         out.retry_after = 30
         return finish(checkpoint=ckpt.model_dump(), format=ckpt.format, gpuClass=gpu.key(),
                       runnerBackend=plan.moe.runnerBackend, plan=plan.model_dump())
-    conds = set_condition(conds, "Degraded", "False", "Applied", "workload applied", gen)
+    if optional_failed:
+        e = optional_failed[0]
+        if not any(c.get("type") == "Degraded" and c.get("reason") == e.reason for c in conds):
+            out.events.append(("Warning", e.reason, e.message))
+        conds = set_condition(conds, "Degraded", "True", e.reason,
+                              "workload applied; " + "; ".join(f.message for f in optional_failed), gen)
+    else:
+        conds = set_condition(conds, "Degraded", "False", "Applied", "workload applied", gen)
 
     h = workload["metadata"]["annotations"]["moe.serving.dev/inputs-hash"]
     if status.get("inputsHash") != h:
@@ -212,21 +235,33 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
             out.events.append(("Warning", "PlanWarning", w))
 
     # 4. readiness from the live workload
-    ready, desired = int(((live_workload or {}).get("status") or {}).get("readyReplicas") or 0), spec.replicas
+    wst = (live_workload or {}).get("status") or {}
+    ready, desired = int(wst.get("readyReplicas") or 0), spec.replicas
+    # a roll: pods of an older template are still there (updatedReplicas counts the new ones)
+    rolling = "updatedReplicas" in wst and int(wst.get("updatedReplicas") or 0) < desired
     if desired == 0:
         conds = set_condition(conds, "Available", "True", "ScaledToZero", "replicas: 0", gen)
         conds = set_condition(conds, "Progressing", "False", "ScaledToZero", "replicas: 0", gen)
     elif ready >= desired:
         conds = set_condition(conds, "Available", "True", "ReplicasReady", f"{ready}/{desired} replicas ready", gen)
-        conds = set_condition(conds, "Progressing", "False", "Complete", f"{ready}/{desired} replicas ready", gen)
+        conds = set_condition(conds, "Progressing", "False", "Complete",
+                              f"{ready}/{desired} replicas ready; rollout policy: {rollout.message}", gen)
     else:
         conds = set_condition(conds, "Available", "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready", gen)
-        conds = set_condition(conds, "Progressing", "True", "RollingOut", f"{ready}/{desired} replicas ready", gen)
+        if rolling and rollout.spare_sets == 0:  # say why the roll goes as it goes, not just that it waits
+            reason = "WaitingForCapacity" if rollout.max_surge > 0 and rollout.max_unavailable == 0 else "RollingOneAtATime"
+        else:
+            reason = "RollingOut"
+        conds = set_condition(conds, "Progressing", "True", reason,
+                              f"{ready}/{desired} replicas ready, {wst.get('updatedReplicas', 0)} updated; "
+                              + rollout.message, gen)
     return finish(checkpoint=ckpt.model_dump(), format=ckpt.format, gpuClass=gpu.key(),
                   runnerBackend=plan.moe.runnerBackend, deferredFinalize=plan.moe.deferredFinalize,
                   plan=plan.model_dump(), inputsHash=h, inventoryHash=inv_fp,
                   workload=WorkloadRef(apiVersion=workload["apiVersion"], kind=workload["kind"], name=name).model_dump(),
-                  replicas=spec.replicas, readyReplicas=ready)
+                  replicas=spec.replicas, readyReplicas=ready,
+                  selector=day2.selector_string(day2.serving_selector(name, spec.nodesPerReplica > 1)),
+                  optionalObjects=optional)
 
 
 def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from . import day2
 from .api import MoEDeploymentSpec
 from moe_core.gpu import GpuClass
 from .images import RUNTIME_REPOSITORY, runtime_image
@@ -169,8 +170,12 @@ def engine_cache_volume(owner: Owner, gpu: GpuClass, plan: Plan, host_root: str 
 
 
 def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
-           runtime_repository: str = RUNTIME_REPOSITORY, engine_cache_root: str | None = None) -> list[dict[str, Any]]:
-    """All objects for one MoEDeployment, owner references set, ready for server-side apply."""
+           runtime_repository: str = RUNTIME_REPOSITORY, engine_cache_root: str | None = None,
+           rollout: day2.Rollout | None = None) -> list[dict[str, Any]]:
+    """All objects for one MoEDeployment, owner references set, ready for server-side apply.
+
+    `rollout`: maxSurge/maxUnavailable from the free capacity the inventory sees (day2.rollout_policy);
+    None renders the no-spare-capacity policy (one replica at a time), or the spec's own numbers."""
     image = engine_image(spec, plan, gpu, runtime_repository)
     loc = model_location(spec, spec.engine.name, image)
     h = inputs_hash(spec, plan, gpu, image)
@@ -198,21 +203,25 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
 
     common = dict(name=owner.name, namespace=owner.namespace, labels=_yaml_block(labels), inputs_hash=h,
                   gpu_class=gpu.key())
+    rollout = rollout or day2.rollout_policy(spec, gpu.key(), 0)
+    strategy = dict(max_surge=rollout.max_surge, max_unavailable=rollout.max_unavailable)
     objects = [yaml.safe_load(_env.get_template("plan-configmap.yaml.j2").render(
         **common, plan_json=plan.model_dump_json(indent=2)))]
     if spec.nodesPerReplica > 1:
         workload = yaml.safe_load(_env.get_template("leaderworkerset.yaml.j2").render(
-            **common, replicas=spec.replicas, group_size=spec.nodesPerReplica,
+            **common, **strategy, replicas=spec.replicas, group_size=spec.nodesPerReplica,
             leader_pod=pod("leader"), worker_pod=pod("worker")))
         service_selector = {**selector, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
     else:
         workload = yaml.safe_load(_env.get_template("deployment.yaml.j2").render(
-            **common, replicas=spec.replicas, selector=_yaml_block(selector), pod=pod("single")))
+            **common, **strategy, replicas=spec.replicas, selector=_yaml_block(selector), pod=pod("single")))
         service_selector = selector
     objects.append(yaml.safe_load(_env.get_template("service.yaml.j2").render(
         **common, service_type=spec.service.type, service_port=spec.service.port,
         service_selector=_yaml_block(service_selector))))
-    objects.append(workload)  # last: it mounts the ConfigMap, and the Service should exist first
+    objects.append(workload)  # after the ConfigMap it mounts and the Service
+    # PDB, autoscaler, InferencePool: after the workload (an optional CRD missing must not hold it back)
+    objects += day2.objects(owner.name, owner.namespace, labels, selector, PORT, spec)
     for obj in objects:
         obj["metadata"]["ownerReferences"] = [owner_reference(owner)]
     return objects

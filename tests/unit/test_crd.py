@@ -23,7 +23,12 @@ def test_crd_shape():
     assert c["metadata"]["name"] == "moedeployments.moe.serving.dev"
     assert c["spec"]["names"]["shortNames"] == ["moed"]
     v = c["spec"]["versions"][0]
-    assert v["name"] == "v1alpha1" and v["subresources"] == {"status": {}}
+    assert v["name"] == "v1alpha1" and v["subresources"]["status"] == {}
+    # kubectl scale / HPA / KEDA: replicas from spec, observed from status, pods from status.selector
+    assert v["subresources"]["scale"] == {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                                          "labelSelectorPath": ".status.selector"}
+    status_props = v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status_props["selector"]["type"] == "string" and status_props["replicas"]["type"] == "integer"
     cols = {col["name"] for col in v["additionalPrinterColumns"]}
     assert {"Format", "GPU", "Backend", "Ready", "Age"} <= cols
 

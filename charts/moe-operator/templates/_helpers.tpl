@@ -110,6 +110,19 @@ table in operator/moe_operator/permissions.py (tests/unit/test_chart.py compares
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# day-2 objects: disruption budget, autoscaler (HPA or KEDA), gateway InferencePool
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- end }}
 
 {{/* The name the API server dials for the webhook: the webhook Service's DNS name. */}}

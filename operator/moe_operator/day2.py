@@ -1,0 +1,161 @@
+"""Day-2 objects of a MoEDeployment (issue 22): rollout policy, PodDisruptionBudget, autoscaler
+(HPA or KEDA ScaledObject) and the gateway's InferencePool. Pure: dicts from the spec, the plan's
+engine and what the inventory sees; render.py adds them to the objects it returns.
+
+Rollout defaults follow free capacity: when a spare GPU set of the planned class is free, a roll
+surges one replica onto it (no replica is down); when every GPU set of the class is taken, a surge
+pod would wait forever for a GPU that never frees, so the roll replaces one replica at a time
+(maxSurge 0, maxUnavailable 1) and the Progressing condition says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from .api import MoEDeploymentSpec
+
+TEMPLATES = Path(__file__).parent / "templates"
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True)
+
+# Kinds render() may or may not return for one MoEDeployment: reconcile prunes those it rendered
+# before and no longer does (status.optionalObjects). Kinds whose CRD is optional in a cluster get
+# a condition, not a failed reconcile, when the CRD is missing.
+OPTIONAL_KINDS = ("PodDisruptionBudget", "HorizontalPodAutoscaler", "ScaledObject", "InferencePool")
+OPTIONAL_CRDS = {"ScaledObject": ("KedaMissing", "spec.autoscaling.provider keda needs KEDA's ScaledObject CRD "
+                                  "(keda.sh/v1alpha1); install KEDA (kedacore/keda) or use provider hpa"),
+                 "InferencePool": ("InferencePoolCrdMissing", "spec.gateway.inferencePool needs the InferencePool CRD "
+                                   "(inference.networking.k8s.io/v1); install the Gateway API Inference Extension "
+                                   "(kubernetes-sigs/gateway-api-inference-extension) CRDs")}
+
+# The engine's Prometheus names an autoscaler or a gateway reads (the bundled runtime exports the
+# vLLM names, runtime/moe_runtime/metrics.py). kv values are fractions (0-1) in every engine.
+ENGINE_METRICS = {
+    "bundled": {"queue": "vllm:num_requests_waiting", "kv": "vllm:kv_cache_usage_perc"},
+    "vllm": {"queue": "vllm:num_requests_waiting", "kv": "vllm:kv_cache_usage_perc"},
+    "sglang": {"queue": "sglang:num_queue_reqs", "kv": "sglang:token_usage"},
+}
+DEFAULT_TARGET = {"queue": 4, "kv": 80}
+EPP_PORT = 9002
+
+
+@dataclass(frozen=True)
+class Rollout:
+    max_surge: int
+    max_unavailable: int
+    spare_sets: int  # free GPU sets (one replica's worth) of the planned class
+    gpu_class: str
+    message: str  # why these numbers, for the Progressing condition while a roll runs
+
+
+def rollout_policy(spec: MoEDeploymentSpec, gpu_class: str, spare_sets: int) -> Rollout:
+    """maxSurge/maxUnavailable: the user's where set, else from the spare GPU sets of the class."""
+    r = spec.rollout
+    spare = spare_sets > 0
+    surge = r.maxSurge if r.maxSurge is not None else (1 if spare else 0)
+    unavailable = r.maxUnavailable if r.maxUnavailable is not None else (0 if spare else 1)
+    if surge + unavailable == 0:  # one of them was given as 0 and the other defaulted to 0
+        if r.maxSurge is not None:
+            unavailable = 1
+        else:
+            surge = 1
+    numbers = f"maxSurge {surge}, maxUnavailable {unavailable}"
+    if not spare and surge > 0:
+        msg = (f"no free capacity of class {gpu_class}: a surge replica waits for a free GPU set "
+               f"({numbers}, set by spec.rollout)")
+    elif not spare:
+        msg = f"no free capacity of class {gpu_class}: rolling one replica at a time ({numbers})"
+    elif surge > 0:
+        msg = f"{spare_sets} free GPU set(s) of class {gpu_class}: surging onto free capacity ({numbers})"
+    else:
+        msg = f"replacing replicas in place ({numbers}, set by spec.rollout)"
+    return Rollout(surge, unavailable, spare_sets, gpu_class, msg)
+
+
+def spare_gpu_sets(free_per_node: dict[str, int], gpus_per_node: int, nodes_per_replica: int) -> int:
+    """How many more replicas fit on the free GPUs of a class (whole nodes' worth per replica)."""
+    fitting = sum(1 for free in free_per_node.values() if free >= gpus_per_node)
+    return fitting // max(nodes_per_replica, 1)
+
+
+def serving_selector(name: str, multi_node: bool) -> dict[str, str]:
+    """Labels of the pods that serve HTTP (a LeaderWorkerSet's leaders; every pod of a Deployment)."""
+    return {"app.kubernetes.io/instance": name, "moe.serving.dev/deployment": name,
+            "moe.serving.dev/role": "leader" if multi_node else "single"}
+
+
+def selector_string(selector: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def _load(template: str, **kw: Any) -> dict[str, Any]:
+    return yaml.safe_load(_env.get_template(template).render(**kw))
+
+
+def pod_disruption_budget(name: str, namespace: str, labels: dict[str, str], selector: dict[str, str],
+                          spec: MoEDeploymentSpec) -> dict[str, Any] | None:
+    """One per MoEDeployment with replicas > 1. A multi-node replica is down when any of its pods
+    is, so its budget counts pods unavailable (replicas - minAvailable): a drain never takes a pod
+    of a second group while one is down."""
+    if spec.replicas <= 1:
+        return None
+    keep = spec.rollout.minAvailable if spec.rollout.minAvailable is not None else spec.replicas - 1
+    keep = min(keep, spec.replicas)
+    budget = {"minAvailable": keep} if spec.nodesPerReplica == 1 else {"maxUnavailable": spec.replicas - keep}
+    return _load("pdb.yaml.j2", name=name, namespace=namespace, labels=labels, selector=selector, budget=budget)
+
+
+def _metric(spec: MoEDeploymentSpec) -> tuple[str, int]:
+    a = spec.autoscaling
+    return ENGINE_METRICS[spec.engine.name][a.metric], a.target or DEFAULT_TARGET[a.metric]
+
+
+def _pod_regex(name: str, multi_node: bool) -> str:
+    # Deployment pods: NAME-<template hash>-<5>; LeaderWorkerSet leaders: NAME-<group index>
+    return f"{name}-[0-9]+" if multi_node else f"{name}-[a-z0-9]+-[a-z0-9]{{5}}"
+
+
+def autoscaler(name: str, namespace: str, labels: dict[str, str], spec: MoEDeploymentSpec) -> dict[str, Any] | None:
+    """An HPA (autoscaling/v2, Pods metric through a custom-metrics adapter) or a KEDA ScaledObject
+    (Prometheus trigger), both targeting the MoEDeployment's scale subresource."""
+    a = spec.autoscaling
+    if not a.enabled:
+        return None
+    prom_name, target = _metric(spec)
+    kw = dict(name=name, namespace=namespace, labels=labels, min_replicas=a.minReplicas, max_replicas=a.maxReplicas)
+    if a.provider == "hpa":
+        metric_name = a.metricName or prom_name.replace(":", "_")
+        value = str(target) if a.metric == "queue" else f"{target * 10}m"  # percent -> fraction (80 -> 800m)
+        return _load("hpa.yaml.j2", **kw, metric_name=metric_name, average_value=value)
+    where = f'namespace="{namespace}",pod=~"{_pod_regex(name, spec.nodesPerReplica > 1)}"'
+    if a.metric == "queue":  # waiting requests in all replicas, spread over replicas (AverageValue)
+        query, metric_type, threshold = f"sum({prom_name}{{{where}}})", "AverageValue", str(target)
+    else:  # mean KV-cache use of the replicas against the target fraction
+        query, metric_type, threshold = f"avg({prom_name}{{{where}}})", "Value", f"{target / 100:g}"
+    return _load("scaledobject.yaml.j2", **kw, server=a.prometheusAddress, query=query, metric_type=metric_type,
+                 threshold=threshold)
+
+
+def inference_pool(name: str, namespace: str, labels: dict[str, str], selector: dict[str, str], port: int,
+                   spec: MoEDeploymentSpec) -> dict[str, Any] | None:
+    p = spec.gateway.inferencePool
+    if not p.enabled:
+        return None
+    epp = p.endpointPicker
+    return _load("inferencepool.yaml.j2", name=name, namespace=namespace, labels=labels, selector=selector, port=port,
+                 epp_name=epp.name if epp else f"{name}-epp", epp_port=epp.port if epp else EPP_PORT,
+                 failure_mode=epp.failureMode if epp else "FailClose")
+
+
+def objects(name: str, namespace: str, labels: dict[str, str], pod_selector: dict[str, str], port: int,
+            spec: MoEDeploymentSpec) -> list[dict[str, Any]]:
+    """The optional objects for one MoEDeployment, in apply order (after the workload)."""
+    serving = serving_selector(name, spec.nodesPerReplica > 1)
+    out = [pod_disruption_budget(name, namespace, labels, pod_selector, spec), autoscaler(name, namespace, labels, spec),
+           inference_pool(name, namespace, labels, serving, port, spec)]
+    return [o for o in out if o is not None]
