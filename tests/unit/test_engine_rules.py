@@ -115,6 +115,15 @@ MATRIX = [
      "layers/moe/ep_moe/layer.py:166-177 'DeepEP ... mode requires deep_gemm' (JIT DeepGEMM off below SM90)"),
     ("sglang", "0.5.23", "H200", "fp8", DSV3, "auto", "deepep", (8, 8, 1), "ok",
      "ep_moe/layer.py:166-177 DeepGEMM JIT on SM90; fp8.py:1519-1541 auto -> deep_gemm"),
+    ("sglang", "0.5.23", "H200", "ct_int4_g32", DSV3, "deep_gemm", "deepep", (8, 8, 1), "SG-DEEPEP-LEGACY",
+     "ep_moe/layer.py:98-149 no fused-runner condition for compressed-tensors; :296/:301 'is deprecated' asserts"),
+    ("sglang", "0.5.23", "H200", "bf16", QWEN3, "triton", "deepep", (8, 8, 1), "SG-DEEPEP-LEGACY",
+     "ep_moe/layer.py:289-292 'Unquantized DeepEP MoE currently supports low_latency mode only' / :301"),
+    ("sglang", "0.5.23", "H200", "bf16", QWEN3, "deep_gemm", "deepep", (8, 8, 1), "ok",
+     "ep_moe/layer.py:135-147 BF16 + deep_gemm under deepep takes the fused-runner path"),
+    ("sglang", "0.5.23", "A100", "nvfp4", DSV3, "humming", "deepep", (8, 8, 1), "V7",
+     "humming is a fused-runner path under DeepEP (ep_moe/layer.py:103-104, no SG-DEEPEP-* row) but NVFP4 needs "
+     "Blackwell or marlin (modelopt_quant.py:2382-2387)"),
     ("sglang", "0.5.23", "A100", "bf16", QWEN3, "deep_gemm", "deepep", (8, 8, 1), "SG-DEEPEP-BF16",
      "ep_moe/layer.py:135-146 'Unquantized DeepEP MoE requires DeepGEMM BF16'"),
     # ---- sglang: versions ----
@@ -235,6 +244,8 @@ def test_matrix(engine, version, gpu, fmt, arch, runner, a2a, par, expected, cit
     if expected == "ok":
         assert not p.errors, f"{cite}: {p.errors}"
         return
+    if "no SG-DEEPEP-* row" in cite:
+        assert not [e for e in p.errors if e.startswith("[SG-DEEPEP-")], p.errors
     hits = [e for e in p.errors if e.startswith(f"[{expected}]")]
     assert hits, f"expected [{expected}] ({cite}); got {p.errors}"
     # every refusal of an explicit choice says what works instead

@@ -83,11 +83,12 @@ _QWEN3_FAMILY_ARCHS = frozenset({
     "Qwen4ExpForConditionalGeneration",
 })
 QUANT_RESOLVING_ARCHS = _DEEPSEEK_FAMILY_ARCHS | _QWEN3_FAMILY_ARCHS | {"Glm4MoeForCausalLM"}
-# Overrides that resolve --quantization on every GPU (model_overrides/minimax_m3.py:37-54,
-# nemotron_h.py:17-55): the value is not known here, so the quantization asserts are skipped.
+# Other overrides that resolve --quantization (model_overrides/minimax_m3.py:37-54, nemotron_h.py:17-55,
+# gemma4.py:17-47): the value is not known here, so the quantization asserts are skipped for them.
 QUANT_RESOLVING_ANYWHERE = frozenset({
     "MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration", "NemotronHForCausalLM",
-    "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3",
+    "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3", "Gemma4ForConditionalGeneration", "Gemma4ForCausalLM",
+    "Gemma4UnifiedForConditionalGeneration", "DiffusionGemmaForBlockDiffusion",
 })
 
 _NEMOTRON_H = frozenset({"NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3"})
@@ -152,6 +153,20 @@ def _runner_substituted(c: Case) -> bool:
 
 
 _DEEPEP_MOE_A2A = frozenset({"deepep", "deepep_v2", "mooncake", "nixl", "pplx"})
+
+
+def _deepep_modern(c: Case) -> bool:
+    """DeepEPMoE.__init__ (ep_moe/layer.py:98-149, 0.5.23) sets deprecate_flag (= run the layer through the
+    fused-MoE runner) for: deepep_v2, humming, aiter (ROCm), NPU, an Fp8Config checkpoint with JIT DeepGEMM,
+    SGLANG_DEEPEP_BF16_DISPATCH with JIT DeepGEMM, flashinfer_cutedsl with ModelOpt NVFP4, deep_gemm with
+    MXFP4 and JIT DeepGEMM, unquantized BF16 with deep_gemm under deepep/pplx."""
+    jit = not _no_jit_deepgemm(c)
+    return (c.a2a == "deepep_v2" or c.runner == "humming" or c.rocm
+            or (jit and c.fmt in FP8_METHOD)
+            or (jit and c.truthy("SGLANG_DEEPEP_BF16_DISPATCH"))
+            or (c.runner == "flashinfer_cutedsl" and c.fmt in ("nvfp4", "mixed"))
+            or (jit and c.runner == "deep_gemm" and c.fmt == "mxfp4")
+            or (c.fmt == "bf16" and c.runner == "deep_gemm" and c.a2a in ("deepep", "pplx")))
 
 
 def _no_jit_deepgemm(c: Case) -> bool:
@@ -300,10 +315,17 @@ RULES: tuple[Rule, ...] = (
               "requires --enable-lora (or --lora-paths)")),
 
     # ---- layer build: DeepEPMoE (a2a deepep, deepep_v2, mooncake, nixl, pplx; ep_moe/layer.py:352-365) ---
+    Rule("SG-DEEPEP-LEGACY", "sglang",
+         lambda c: c.a2a in _DEEPEP_MOE_A2A and not c.rocm and c.fmt != "w4afp8" and not _deepep_modern(c),
+         "DeepEPMoE keeps its deprecated path for this layer ({fmt} experts, runner {runner}: none of the conditions "
+         "that route it through the fused-MoE runner hold) and run_moe_core asserts 'forward_deepgemm_contiguous is "
+         "deprecated' / 'forward_deepgemm_masked is deprecated' (unquantized: 'Unquantized DeepEP MoE currently "
+         "supports low_latency mode only') at the first forward",
+         _src("sglang/srt/layers/moe/ep_moe/layer.py", "98-149,278-301", "DeepEPMoE.__init__ / run_moe_core", "0.5.23",
+              "is_humming = backend is not None and backend.is_humming()"), flag="both"),
     Rule("SG-DEEPEP-DEEPGEMM", "sglang",
-         lambda c: c.a2a in _DEEPEP_MOE_A2A and not c.rocm and _no_jit_deepgemm(c) and c.fmt != "bf16"
-         and not (c.runner == "flashinfer_cutedsl" and c.fmt in ("nvfp4", "mixed"))
-         and "normal" not in (c.env.get("SGLANG_DEEPEP_MODE") or ""),
+         lambda c: c.a2a in _DEEPEP_MOE_A2A and not c.rocm and _no_jit_deepgemm(c) and c.fmt not in ("bf16", "w4afp8")
+         and not _deepep_modern(c) and "normal" not in (c.env.get("SGLANG_DEEPEP_MODE") or ""),
          "DeepEP auto mode requires deep_gemm (low-latency dispatch; DeepGEMM JIT is off below SM90 or with "
          "SGLANG_ENABLE_JIT_DEEPGEMM=0: layers/deep_gemm_wrapper/configurer.py:31-37)",
          _src("sglang/srt/layers/moe/ep_moe/layer.py", "166-177", "DeepEPMoE.__init__", "0.5.10", "mode requires deep_gemm"),
