@@ -161,12 +161,18 @@ def _deepep_modern(c: Case) -> bool:
     SGLANG_DEEPEP_BF16_DISPATCH with JIT DeepGEMM, flashinfer_cutedsl with ModelOpt NVFP4, deep_gemm with
     MXFP4 and JIT DeepGEMM, unquantized BF16 with deep_gemm under deepep/pplx."""
     jit = not _no_jit_deepgemm(c)
-    return (c.a2a == "deepep_v2" or c.runner == "humming" or c.rocm
+    runner = _effective_runner(c)
+    return (c.a2a == "deepep_v2" or runner == "humming" or c.rocm
             or (jit and c.fmt in FP8_METHOD)
             or (jit and c.truthy("SGLANG_DEEPEP_BF16_DISPATCH"))
-            or (c.runner == "flashinfer_cutedsl" and c.fmt in ("nvfp4", "mixed"))
-            or (jit and c.runner == "deep_gemm" and c.fmt == "mxfp4")
-            or (c.fmt == "bf16" and c.runner == "deep_gemm" and c.a2a in ("deepep", "pplx")))
+            or (runner == "flashinfer_cutedsl" and c.fmt in ("nvfp4", "mixed"))
+            or (jit and runner == "deep_gemm" and c.fmt == "mxfp4")
+            or (c.fmt == "bf16" and runner == "deep_gemm" and c.a2a in ("deepep", "pplx")))
+
+
+def _effective_runner(c: Case) -> str:
+    """handle_a2a_moe resolves runner auto -> deep_gemm for pplx (moe_hook.py:603-611) and deepep_v2 (:404-412)."""
+    return "deep_gemm" if c.runner == "auto" and c.a2a in ("pplx", "deepep_v2") else c.runner
 
 
 def _no_jit_deepgemm(c: Case) -> bool:
@@ -332,7 +338,7 @@ RULES: tuple[Rule, ...] = (
          flag="a2a"),
     Rule("SG-DEEPEP-BF16", "sglang",
          lambda c: c.a2a in ("deepep", "pplx") and not c.rocm and _no_jit_deepgemm(c) and c.fmt == "bf16"
-         and c.runner == "deep_gemm",
+         and _effective_runner(c) == "deep_gemm",
          "Unquantized DeepEP MoE requires DeepGEMM BF16",
          _src("sglang/srt/layers/moe/ep_moe/layer.py", "135-146", "DeepEPMoE.__init__", "0.5.17",
               "Unquantized DeepEP MoE requires DeepGEMM BF16"), flag="both"),
