@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from moe_core.formats import is_fp4
 from moe_core.checkpoint import CheckpointInfo, InspectionError, TensorMeta, classify, inspect_dir
 
 from .api import MoEDeploymentSpec
@@ -51,7 +52,7 @@ def resolve_local(uri: str, local_models_dir: str | None) -> Path:
 def from_explicit_format(spec: MoEDeploymentSpec) -> CheckpointInfo:
     return CheckpointInfo(architecture=spec.model.architecture or "Unknown", format=spec.model.format,
                           formatSource="spec.model.format (inspection skipped)",
-                          expertsFp4=spec.model.format in ("nvfp4", "mxfp4", "dsv4_fp4", "dsv4_nvfp4", "ct_nvfp4"))
+                          expertsFp4=is_fp4(spec.model.format))
 
 
 def inspect_hf(uri: str, token: str | None) -> CheckpointInfo:
