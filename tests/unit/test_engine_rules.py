@@ -346,6 +346,18 @@ def test_unread_version_warns_in_the_plan():
     assert any(w.startswith("[ER0]") for w in p.warnings)
 
 
+def test_vllm_release_between_two_read_ones_refuses_only_what_both_refuse():
+    # b12x first read in 0.33.0, absent in 0.22.1: for 0.25.0 (not read) it is not refused as a choice
+    p = _plan("vllm", "0.25.0", "rtx-pro-6000", "nvfp4", QWEN3, "b12x", "none", (1, 1, 1))
+    assert not [e for e in p.errors if e.startswith("[VL-CHOICE]")]
+    # DeepGEMM on SM120: refused by 0.22.1 only
+    p = _plan("vllm", "0.25.0", "rtx-pro-6000", "fp8", QWEN3, "deep_gemm", "none", (1, 1, 1))
+    assert not p.errors
+    # refused by both: still refused
+    p = _plan("vllm", "0.25.0", "H200", "nvfp4", QWEN3, "flashinfer_cutedsl", "none", (1, 1, 1))
+    assert any(e.startswith("[VL-DEV-FLASHINFER_CUTEDSL]") for e in p.errors)
+
+
 def test_a2a_choices_per_release():
     assert "deepep_v2" not in sg_rules.choices("0.5.17")[1]
     assert "deepep_v2" in sg_rules.choices("0.5.19")[1]

@@ -93,8 +93,18 @@ RELEASES = {
 
 
 def release(version: str) -> dict:
-    from . import read_floor
-    return RELEASES[read_floor("vllm", version) or "0.22.1"]
+    """The data of the release read at or below `version`; for a release between two read ones, each value
+    set is the union of both (what either accepts is accepted: no refusal is guessed)."""
+    from . import read_floor, vt
+    floor = read_floor("vllm", version) or "0.22.1"
+    if vt(version) == vt(floor):
+        return RELEASES[floor]
+    above = [v for v in sorted(RELEASES, key=vt) if vt(v) > vt(version)]
+    if not above:
+        return RELEASES[floor]
+    lo, hi = RELEASES[floor], RELEASES[above[0]]
+    return {k: (tuple(dict.fromkeys((*lo[k], *hi.get(k, ())))) if isinstance(lo[k], tuple)
+                else frozenset(lo[k]) | frozenset(hi.get(k, ()))) for k in lo}
 
 
 def choices(version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
