@@ -48,6 +48,13 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "intermediateSize": ("intermediate_size",),
     "moeIntermediateSize": ("moe_intermediate_size",),
     "numLayers": ("num_hidden_layers",),
+    # attention facts for the KV-cache size (moe_core.sizing)
+    "numAttentionHeads": ("num_attention_heads",),
+    "numKeyValueHeads": ("num_key_value_heads",),
+    "headDim": ("head_dim",),
+    "kvLoraRank": ("kv_lora_rank",),
+    "qkRopeHeadDim": ("qk_rope_head_dim",),
+    "maxPositionEmbeddings": ("max_position_embeddings",),
 }
 
 # A key missing from config.json takes the model class's default as transformers defines it
@@ -113,6 +120,47 @@ MODEL_DEFAULTS: dict[str, tuple[str, dict[str, tuple[str, int]]]] = {
                                          "numLayers": ("num_hidden_layers", 48)}),
 }
 
+# The attention keys the KV-cache size needs, with the class defaults of the same transformers
+# release (only keys the class defines; a class without head_dim derives it from hidden_size /
+# num_attention_heads, as transformers does). Merged into MODEL_DEFAULTS, so the same test checks them.
+ATTENTION_DEFAULTS: dict[str, dict[str, tuple[str, int]]] = {
+    "deepseek_v2": {"numAttentionHeads": ("num_attention_heads", 32), "numKeyValueHeads": ("num_key_value_heads", 32),
+                    "kvLoraRank": ("kv_lora_rank", 512), "qkRopeHeadDim": ("qk_rope_head_dim", 64),
+                    "maxPositionEmbeddings": ("max_position_embeddings", 2048)},
+    "deepseek_v3": {"numAttentionHeads": ("num_attention_heads", 128), "numKeyValueHeads": ("num_key_value_heads", 128),
+                    "kvLoraRank": ("kv_lora_rank", 512), "qkRopeHeadDim": ("qk_rope_head_dim", 64),
+                    "maxPositionEmbeddings": ("max_position_embeddings", 4096)},
+    "deepseek_v32": {"numAttentionHeads": ("num_attention_heads", 128), "numKeyValueHeads": ("num_key_value_heads", 128),
+                     "kvLoraRank": ("kv_lora_rank", 512), "qkRopeHeadDim": ("qk_rope_head_dim", 64),
+                     "maxPositionEmbeddings": ("max_position_embeddings", 163840)},
+    "deepseek_v4": {"numAttentionHeads": ("num_attention_heads", 64), "numKeyValueHeads": ("num_key_value_heads", 1),
+                    "headDim": ("head_dim", 512), "maxPositionEmbeddings": ("max_position_embeddings", 1048576)},
+    "glm4_moe": {"numAttentionHeads": ("num_attention_heads", 96), "numKeyValueHeads": ("num_key_value_heads", 8),
+                 "maxPositionEmbeddings": ("max_position_embeddings", 131072)},
+    "glm_moe_dsa": {"numAttentionHeads": ("num_attention_heads", 64), "numKeyValueHeads": ("num_key_value_heads", 64),
+                    "kvLoraRank": ("kv_lora_rank", 512), "qkRopeHeadDim": ("qk_rope_head_dim", 64),
+                    "maxPositionEmbeddings": ("max_position_embeddings", 202752)},
+    "kimi_linear": {"numAttentionHeads": ("num_attention_heads", 32), "numKeyValueHeads": ("num_key_value_heads", 32),
+                    "kvLoraRank": ("kv_lora_rank", 512), "qkRopeHeadDim": ("qk_rope_head_dim", 64),
+                    "maxPositionEmbeddings": ("max_position_embeddings", 1048576)},
+    "gpt_oss": {"numAttentionHeads": ("num_attention_heads", 64), "numKeyValueHeads": ("num_key_value_heads", 8),
+                "headDim": ("head_dim", 64), "maxPositionEmbeddings": ("max_position_embeddings", 131072)},
+    "qwen2_moe": {"numAttentionHeads": ("num_attention_heads", 16), "numKeyValueHeads": ("num_key_value_heads", 16),
+                  "maxPositionEmbeddings": ("max_position_embeddings", 32768)},
+    "qwen3_moe": {"numAttentionHeads": ("num_attention_heads", 32), "numKeyValueHeads": ("num_key_value_heads", 4),
+                  "maxPositionEmbeddings": ("max_position_embeddings", 32768)},
+    "qwen3_next": {"numAttentionHeads": ("num_attention_heads", 16), "numKeyValueHeads": ("num_key_value_heads", 2),
+                   "headDim": ("head_dim", 256), "maxPositionEmbeddings": ("max_position_embeddings", 32768)},
+    "mixtral": {"numAttentionHeads": ("num_attention_heads", 32), "numKeyValueHeads": ("num_key_value_heads", 8),
+                "maxPositionEmbeddings": ("max_position_embeddings", 131072)},
+    "minimax_m2": {"numAttentionHeads": ("num_attention_heads", 48), "numKeyValueHeads": ("num_key_value_heads", 8),
+                   "headDim": ("head_dim", 128), "maxPositionEmbeddings": ("max_position_embeddings", 196608)},
+    "llama4_text": {"numAttentionHeads": ("num_attention_heads", 40), "numKeyValueHeads": ("num_key_value_heads", 8),
+                    "headDim": ("head_dim", 128), "maxPositionEmbeddings": ("max_position_embeddings", 131072)},
+}
+for _mt, _extra in ATTENTION_DEFAULTS.items():
+    MODEL_DEFAULTS[_mt][1].update(_extra)
+
 
 class InspectionError(Exception):
     """A checkpoint that cannot be inspected; the message names the file and the problem."""
@@ -147,6 +195,12 @@ class CheckpointInfo(BaseModel):
     intermediateSize: int | None = None
     moeIntermediateSize: int | None = None
     numLayers: int | None = None
+    numAttentionHeads: int | None = None
+    numKeyValueHeads: int | None = None
+    headDim: int | None = Field(None, description="attention head size (config head_dim, else hidden_size / num_attention_heads)")
+    kvLoraRank: int | None = Field(None, description="MLA latent KV size (DeepSeek-family kv_lora_rank)")
+    qkRopeHeadDim: int | None = None
+    maxPositionEmbeddings: int | None = None
     kvCacheFp8: bool = False
     totalBytes: int = 0
     numTensors: int = 0
@@ -400,8 +454,21 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
         intermediateSize=fact("intermediateSize", *CONFIG_KEYS["intermediateSize"]),
         moeIntermediateSize=fact("moeIntermediateSize", *CONFIG_KEYS["moeIntermediateSize"]),
         numLayers=fact("numLayers", *CONFIG_KEYS["numLayers"]),
+        **_attention_facts(fact, notes, get(*CONFIG_KEYS["hiddenSize"]) or defaults[1].get("hiddenSize", ("", None))[1]),
         kvCacheFp8=bool(kv_fp8) or arch in DEEPSEEK_V4_ARCHS,
         totalBytes=int(sum(t.nbytes for t in tensors)),
         numTensors=len(tensors),
         notes=notes,
     )
+
+
+def _attention_facts(fact, notes: list[str], hidden: Any) -> dict[str, Any]:
+    keys = ("numAttentionHeads", "numKeyValueHeads", "headDim", "kvLoraRank", "qkRopeHeadDim", "maxPositionEmbeddings")
+    out = {k: fact(k, *CONFIG_KEYS[k]) for k in keys}
+    heads = out["numAttentionHeads"]
+    if out["numKeyValueHeads"] is None and heads is not None:
+        out["numKeyValueHeads"] = heads  # transformers: num_key_value_heads defaults to num_attention_heads (MHA)
+    if out["headDim"] is None and out["kvLoraRank"] is None and heads and isinstance(hidden, int):
+        out["headDim"] = hidden // heads
+        notes.append(f"config.json has no head_dim: hidden_size / num_attention_heads = {out['headDim']}")
+    return {k: (int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None) for k, v in out.items()}

@@ -30,6 +30,14 @@ class PlanMoE(BaseModel):
     deferredFinalize: bool = False
 
 
+class PlanLayout(BaseModel):
+    """GPUs of one replica, from the spec or sized from the checkpoint's bytes (moe_core.sizing)."""
+
+    tp: int
+    gpusPerNode: int
+    nodes: int = 1
+
+
 class Decision(BaseModel):
     """One decision: which output, which value, by which rule, why."""
 
@@ -44,6 +52,7 @@ class Plan(BaseModel):
     checkpoint: PlanCheckpoint
     engine: PlanEngine
     moe: PlanMoE
+    layout: PlanLayout | None = Field(None, description="set by placement (the planner alone does not size)")
     env: dict[str, str] = Field(default_factory=dict)
     args: list[str] = Field(default_factory=list)
     reasons: list[str] = Field(default_factory=list)

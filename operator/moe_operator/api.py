@@ -88,10 +88,16 @@ class EngineSpec(_Model):
     image: str | None = Field(None, max_length=512, description="container image; default: follows the engine and the node")
     flashinferVersion: str | None = Field(None, max_length=32,
                                           description="flashinfer-python in a custom image ('none' if absent); default: the engine's pin")
+    maxModelLen: int | None = Field(None, ge=16, le=16777216, description=(
+        "longest sequence (prompt + output) the KV cache is sized for; default config.json max_position_embeddings"))
+    maxConcurrency: int | None = Field(None, ge=1, le=65536, description=(
+        "sequences of maxModelLen the KV cache must hold at once (sizing); default 1, the engines' own start-up check"))
 
 
 class Parallelism(_Model):
-    tp: int = Field(1, ge=1, le=64, description="tensor parallel size")
+    tp: int | None = Field(None, ge=1, le=64, description=(
+        "tensor parallel size; unset (and gpusPerReplica unset): the smallest that fits the checkpoint's weights "
+        "and KV cache in the GPU class's memory"))
     ep: int = Field(1, ge=1, le=64, description="expert parallel size")
     dp: int = Field(1, ge=1, le=64, description="data parallel (attention) size")
 
@@ -219,11 +225,13 @@ class GatewaySpec(_Model):
 
 class MoEDeploymentSpec(_Model):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
-        ("self.parallelism.tp % self.parallelism.ep == 0", "parallelism.ep must divide parallelism.tp"),
-        ("self.parallelism.tp % self.parallelism.dp == 0", "parallelism.dp must divide parallelism.tp"),
+        ("!has(self.parallelism.tp) || self.parallelism.tp % self.parallelism.ep == 0", "parallelism.ep must divide parallelism.tp"),
+        ("!has(self.parallelism.tp) || self.parallelism.tp % self.parallelism.dp == 0", "parallelism.dp must divide parallelism.tp"),
+        ("!has(self.gpusPerReplica) || self.gpusPerReplica % self.parallelism.ep == 0", "parallelism.ep must divide gpusPerReplica"),
+        ("!has(self.gpusPerReplica) || self.gpusPerReplica % self.parallelism.dp == 0", "parallelism.dp must divide gpusPerReplica"),
         ("!has(self.gpusPerReplica) || self.gpusPerReplica % self.nodesPerReplica == 0",
          "gpusPerReplica must be a multiple of nodesPerReplica (same GPU count on every node of a replica)"),
-        ("!has(self.gpusPerReplica) || self.gpusPerReplica == self.parallelism.tp",
+        ("!has(self.gpusPerReplica) || !has(self.parallelism.tp) || self.gpusPerReplica == self.parallelism.tp",
          "gpusPerReplica must equal parallelism.tp (one rank per GPU)"),
         ("self.nodesPerReplica == 1 || self.engine.name != 'bundled'",
          "the bundled engine serves one node per replica; use engine sglang or vllm for multi-node replicas"),
@@ -250,8 +258,12 @@ class MoEDeploymentSpec(_Model):
     model: ModelSource
     engine: EngineSpec = Field(default_factory=EngineSpec)
     replicas: int = Field(1, ge=0, le=1000)
-    gpusPerReplica: int | None = Field(None, ge=1, le=512, description="GPUs per replica (default parallelism.tp)")
-    nodesPerReplica: int = Field(1, ge=1, le=64, description="nodes per replica; > 1 renders a LeaderWorkerSet")
+    gpusPerReplica: int | None = Field(None, ge=1, le=512, description=(
+        "GPUs per replica (default parallelism.tp; both unset: sized from the checkpoint and the GPU memory)"))
+    nodesPerReplica: int = Field(1, ge=1, le=64, description=(
+        "nodes per replica; > 1 renders a LeaderWorkerSet. Left at 1 with no tp/gpusPerReplica, sizing may "
+        "span nodes (engines sglang and vllm) when one node's GPUs cannot hold the model"))
+
     parallelism: Parallelism = Field(default_factory=Parallelism)
     moe: MoESpec = Field(default_factory=MoESpec)
     env: list[EnvVar] = Field(default_factory=list, max_length=256, description="user env; always wins over the plan",
@@ -265,8 +277,13 @@ class MoEDeploymentSpec(_Model):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
 
+    def layout_given(self) -> bool:
+        """Whether the user chose the GPUs per replica (else placement sizes it)."""
+        return self.gpusPerReplica is not None or self.parallelism.tp is not None
+
     def gpus_per_replica(self) -> int:
-        return self.gpusPerReplica or self.parallelism.tp
+        return self.gpusPerReplica or self.parallelism.tp or self.nodesPerReplica
+
 
     def gpus_per_node(self) -> int:
         return self.gpus_per_replica() // self.nodesPerReplica

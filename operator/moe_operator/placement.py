@@ -1,16 +1,20 @@
 """Placement: choose the GPU class for a MoEDeployment and plan for it. Pure.
 
 Candidates: the allowed architectures (all if unset), the pinned product if any, enough GPUs per
-node for the parallelism, enough nodes for one replica; each candidate is planned and a class
-whose plan has errors is rejected with the planner's message. Among the rest, most free GPUs wins.
+node for the parallelism, enough nodes for one replica, enough GPU memory for the weights and the
+KV cache (moe_core.sizing: the smallest layout that fits when the spec leaves it unset); each
+candidate is planned and a class whose plan has errors is rejected with the planner's message.
+Among the rest, most free GPUs wins.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from moe_core import sizing
 from moe_core.checkpoint import CheckpointInfo
-from moe_core.plan import Plan
+from moe_core.plan import Decision, Plan, PlanLayout
 
 from .api import MoEDeploymentSpec
 from .inventory import ClassInventory
@@ -22,6 +26,7 @@ class Placement:
     inventory: ClassInventory | None
     plan: Plan | None
     rejected: dict[str, str] = field(default_factory=dict)  # class key -> why not
+    spec: MoEDeploymentSpec | None = None  # the spec with the sized layout filled in (what render() gets)
 
     @property
     def ok(self) -> bool:
@@ -31,10 +36,77 @@ class Placement:
         return "; ".join(f"{k}: {v}" for k, v in self.rejected.items()) or "no GPU nodes in the cluster"
 
 
-def choices_from_spec(spec: MoEDeploymentSpec) -> Choices:
+def choices_from_spec(spec: MoEDeploymentSpec, tp: int | None = None) -> Choices:
     return Choices(runner_backend=spec.moe.runnerBackend, a2a_backend=spec.moe.a2aBackend,
-                   deferred_finalize=spec.moe.deferredFinalize, env=spec.env_dict(), tp=spec.parallelism.tp,
+                   deferred_finalize=spec.moe.deferredFinalize, env=spec.env_dict(), tp=tp or spec.gpus_per_replica(),
                    ep=spec.parallelism.ep, dp=spec.parallelism.dp, flashinfer_version=spec.engine.flashinferVersion)
+
+
+@dataclass(frozen=True)
+class Layout:
+    gpus: int  # per replica (= tp)
+    nodes: int
+    rule: str  # Z1 sized, Z2 explicit and fits, Z0 not sized
+    reason: str
+    warning: str | None = None
+
+
+def size_layout(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, inv: ClassInventory) -> Layout | str:
+    """The replica's layout on one class, or why the class cannot hold the model (with the numbers).
+
+    Explicit (parallelism.tp or gpusPerReplica set): checked, never changed. Unset: the smallest
+    tensor-parallel size that fits (powers of two up to one node's GPUs, then whole nodes when the
+    engine runs multi-node replicas and nodesPerReplica is left at 1)."""
+    g = inv.gpu_class
+    per_node_avail = inv.gpus_per_node or max(inv.free_per_node.values(), default=0)
+    memory = sizing.memory_bytes(g)
+    knobs = dict(max_len=spec.engine.maxModelLen, concurrency=spec.engine.maxConcurrency)
+    if spec.layout_given():
+        gpus, nodes = spec.gpus_per_replica(), spec.nodesPerReplica
+        if memory is None or not ckpt.totalBytes:
+            why = "GPU memory unknown (no nvidia.com/gpu.memory label)" if memory is None else \
+                "checkpoint size unknown (inspection skipped)"
+            return Layout(gpus, nodes, "Z0", f"tp={gpus} as given; not sized: {why}", f"[Z0] layout not sized: {why}")
+        fit = sizing.estimate(ckpt, memory, gpus, nodes, **knobs)
+        if not fit.fits:
+            return (f"[Z2] tp={gpus} as given does not fit {sizing.gib(ckpt.totalBytes)} of weights on {g.key()}: "
+                    f"{fit.numbers()}; leave parallelism.tp and gpusPerReplica unset to size it, or use more GPUs")
+        return Layout(gpus, nodes, "Z2", f"tp={gpus} as given fits {sizing.gib(ckpt.totalBytes)} of weights: {fit.numbers()}")
+    multiple = math.lcm(spec.parallelism.ep, spec.parallelism.dp)
+    if memory is None or not ckpt.totalBytes:
+        why = "GPU memory unknown (no nvidia.com/gpu.memory label)" if memory is None else \
+            "checkpoint size unknown (inspection skipped)"
+        gpus = max(multiple, 1) * spec.nodesPerReplica
+        return Layout(gpus, spec.nodesPerReplica, "Z0", f"tp={gpus}: not sized ({why})",
+                      f"[Z0] layout not sized: {why}; set parallelism.tp to choose it")
+    if spec.nodesPerReplica > 1:  # nodes given, GPUs per node not: the whole nodes
+        per_node = per_node_avail
+        fit = sizing.estimate(ckpt, memory, per_node * spec.nodesPerReplica, spec.nodesPerReplica, **knobs)
+        if not fit.fits:
+            return (f"[Z1] does not fit on {spec.nodesPerReplica} nodes x {per_node} GPUs: "
+                    f"{sizing.gib(ckpt.totalBytes)} of weights, {fit.numbers()}")
+        return Layout(fit.gpus, fit.nodes, "Z1", f"tp={fit.gpus} ({spec.nodesPerReplica} nodes x {per_node} GPUs): {fit.numbers()}")
+    max_nodes = 1 if spec.engine.name == "bundled" else max(len(inv.nodes), 1)
+    choice = sizing.smallest_fit(ckpt, g, per_node_avail, max_nodes, multiple_of=multiple, **knobs)
+    if choice.fit is None:
+        more = "" if max_nodes > 1 or spec.engine.name != "bundled" else \
+            " (the bundled engine serves one node per replica; engines sglang and vllm can span nodes)"
+        return f"[Z1] {choice.reason}{more}"
+    return Layout(choice.fit.gpus, choice.fit.nodes, "Z1", choice.reason)
+
+
+def _with_layout(spec: MoEDeploymentSpec, layout: Layout) -> MoEDeploymentSpec:
+    return spec.model_copy(update={"gpusPerReplica": layout.gpus, "nodesPerReplica": layout.nodes,
+                                   "parallelism": spec.parallelism.model_copy(update={"tp": layout.gpus})})
+
+
+def _record_layout(p: Plan, layout: Layout, spec: MoEDeploymentSpec) -> None:
+    p.decisions.insert(0, Decision(key="layout.tp", value=str(layout.gpus),
+                                   rule="user" if spec.layout_given() else layout.rule, reason=layout.reason))
+    p.reasons.insert(0, layout.reason)
+    p.layout = PlanLayout(tp=layout.gpus, gpusPerNode=layout.gpus // layout.nodes, nodes=layout.nodes)
+    if layout.warning:
+        p.warnings.append(layout.warning)
 
 
 def place(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, classes: dict[str, ClassInventory],
@@ -42,11 +114,9 @@ def place(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, classes: dict[str, Clas
     """`current` is the class chosen before: it is kept while it still fits (placement is sticky,
     so free-capacity churn never moves running pods)."""
     engine = spec.engine.name  # the CRD defaults it (bundled)
-    choices = choices_from_spec(spec)
-    per_node = spec.gpus_per_node()
     allowed = set(spec.gpu.allowedArchitectures)
     rejected: dict[str, str] = {}
-    fits: list[tuple[ClassInventory, Plan]] = []
+    fits: list[tuple[ClassInventory, Plan, MoEDeploymentSpec]] = []
     for key, inv in sorted(classes.items()):
         g = inv.gpu_class
         if allowed and g.family not in allowed:
@@ -55,24 +125,32 @@ def place(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, classes: dict[str, Clas
         if spec.gpu.product and g.product != spec.gpu.product:
             rejected[key] = f"product {g.product} is not the requested {spec.gpu.product}"
             continue
-        if inv.gpus_per_node and inv.gpus_per_node < per_node:
-            rejected[key] = f"{inv.gpus_per_node} GPUs per node < {per_node} needed per node"
-            continue
+        if spec.layout_given():
+            per_node = spec.gpus_per_node()
+            if inv.gpus_per_node and inv.gpus_per_node < per_node:
+                rejected[key] = f"{inv.gpus_per_node} GPUs per node < {per_node} needed per node"
+                continue
         if len(inv.nodes) < spec.nodesPerReplica:
             rejected[key] = f"{len(inv.nodes)} nodes < {spec.nodesPerReplica} nodes per replica"
             continue
-        p = plan(ckpt, g, choices, engine=engine, engine_version=spec.engine.version)
+        layout = size_layout(spec, ckpt, inv)
+        if isinstance(layout, str):
+            rejected[key] = layout
+            continue
+        sized = _with_layout(spec, layout)
+        p = plan(ckpt, g, choices_from_spec(sized), engine=engine, engine_version=spec.engine.version)
         if p.errors:
             rejected[key] = " ".join(p.errors)
             continue
-        fits.append((inv, p))
+        _record_layout(p, layout, spec)
+        fits.append((inv, p, sized))
     if not fits:
         return Placement(None, None, rejected)
     # Most free capacity first (in whole replicas' worth of per-node GPUs), then most free GPUs.
-    fits.sort(key=lambda ip: (ip[0].gpu_class.key() != current, -ip[0].nodes_with_free(per_node),
-                              -ip[0].free_gpus, ip[0].gpu_class.key()))
-    inv, p = fits[0]
-    return Placement(inv, p, rejected)
+    fits.sort(key=lambda f: (f[0].gpu_class.key() != current, -f[0].nodes_with_free(f[2].gpus_per_node()),
+                             -f[0].free_gpus, f[0].gpu_class.key()))
+    inv, p, sized = fits[0]
+    return Placement(inv, p, rejected, sized)
 
 
 def impossible_everywhere(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, families: list) -> str | None:

@@ -133,6 +133,96 @@ def write_sample(name: str, directory: str | Path) -> Path:
     return d
 
 
+# ---------------------------------------------------------------------------------------------
+# Full-size layouts: every tensor of the real checkpoint with its real shape, in sparse files (the
+# data section is a hole: no disk used), so sizing reads the true byte count through the same
+# header path as a real checkpoint. DeepSeek-V3 family (MLA attention, dense first layers, routed +
+# shared experts, the MTP layer the real checkpoints ship).
+
+def deepseek_v3_layout(config: dict, experts: str) -> dict[str, tuple[str, list[int]]]:
+    """experts: 'nvfp4' (ModelOpt: U8 E2M1 pairs, F8_E4M3 scale per 16, F32 global/input scales) or 'fp8'
+    (F8_E4M3 with F32 128x128 block scales). Attention, shared experts, dense MLPs, embeddings: BF16."""
+    h, inter, moe_inter = config["hidden_size"], config["intermediate_size"], config["moe_intermediate_size"]
+    heads = config.get("num_attention_heads", 128)
+    q_rank, kv_rank = config.get("q_lora_rank", 1536), config.get("kv_lora_rank", 512)
+    rope, nope, v_dim = config.get("qk_rope_head_dim", 64), config.get("qk_nope_head_dim", 128), config.get("v_head_dim", 128)
+    vocab, n_exp, dense = config["vocab_size"], config["n_routed_experts"], config.get("first_k_dense_replace", 3)
+    layers = config["num_hidden_layers"] + config.get("num_nextn_predict_layers", 1)
+    t: dict[str, tuple[str, list[int]]] = {"model.embed_tokens.weight": ("BF16", [vocab, h]), "model.norm.weight": ("BF16", [h]),
+                                           "lm_head.weight": ("BF16", [vocab, h])}
+
+    def linear(name: str, out: int, inp: int, quant: str) -> None:
+        if quant == "nvfp4":
+            t[name + ".weight"] = ("U8", [out, inp // 2])
+            t[name + ".weight_scale"] = ("F8_E4M3", [out, inp // 16])
+            t[name + ".weight_scale_2"] = ("F32", [])
+            t[name + ".input_scale"] = ("F32", [])
+        elif quant == "fp8":
+            t[name + ".weight"] = ("F8_E4M3", [out, inp])
+            t[name + ".weight_scale_inv"] = ("F32", [-(-out // 128), -(-inp // 128)])
+        else:
+            t[name + ".weight"] = ("BF16", [out, inp])
+
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        t[p + ".input_layernorm.weight"] = ("BF16", [h])
+        t[p + ".post_attention_layernorm.weight"] = ("BF16", [h])
+        a = p + ".self_attn"
+        linear(a + ".q_a_proj", q_rank, h, "bf16")
+        t[a + ".q_a_layernorm.weight"] = ("BF16", [q_rank])
+        linear(a + ".q_b_proj", heads * (nope + rope), q_rank, "bf16")
+        linear(a + ".kv_a_proj_with_mqa", kv_rank + rope, h, "bf16")
+        t[a + ".kv_a_layernorm.weight"] = ("BF16", [kv_rank])
+        linear(a + ".kv_b_proj", heads * (nope + v_dim), kv_rank, "bf16")
+        linear(a + ".o_proj", h, heads * v_dim, "bf16")
+        if i < dense:
+            for proj, (o, n) in {"gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}.items():
+                linear(f"{p}.mlp.{proj}", o, n, "bf16")
+            continue
+        t[p + ".mlp.gate.weight"] = ("BF16", [n_exp, h])
+        t[p + ".mlp.gate.e_score_correction_bias"] = ("F32", [n_exp])
+        shapes = {"gate_proj": (moe_inter, h), "up_proj": (moe_inter, h), "down_proj": (h, moe_inter)}
+        for proj, (o, n) in shapes.items():
+            s = config.get("n_shared_experts", 1)  # the shared experts are one MLP s times as wide
+            linear(f"{p}.mlp.shared_experts.{proj}", o * s if proj != "down_proj" else o, n if proj != "down_proj" else n * s, "bf16")
+            for e in range(n_exp):
+                linear(f"{p}.mlp.experts.{e}.{proj}", o, n, experts)
+    return t
+
+
+def write_sparse_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> int:
+    """A valid safetensors file whose data section is a hole of the right size; returns the data bytes."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, (dtype, shape) in tensors.items():
+        n = _DT_BYTES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    return offset
+
+
+FULL_SIZE = {"deepseek-v3-nvfp4": "nvfp4", "deepseek-v3-fp8": "fp8", "kimi-k2-fp8": "fp8"}
+
+
+def write_full_size(name: str, directory: str | Path) -> Path:
+    """The sample's config files with a full-size sparse safetensors file of the real layout."""
+    sample = SAMPLES[name]
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(sample["config"], indent=2) + "\n")
+    if "hf_quant_config" in sample:
+        (d / "hf_quant_config.json").write_text(json.dumps(sample["hf_quant_config"], indent=2) + "\n")
+    write_sparse_safetensors(d / "model-00001-of-00001.safetensors", deepseek_v3_layout(sample["config"], FULL_SIZE[name]))
+    return d
+
+
 if __name__ == "__main__":  # regenerate deploy/samples/checkpoints
     import sys
 

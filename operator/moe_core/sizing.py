@@ -1,0 +1,153 @@
+"""Sizing: does a checkpoint fit a layout on a GPU class, and which is the smallest layout that does. Pure.
+
+Per GPU of a replica (one rank per GPU, tensor parallel across all of them):
+  weights    the checkpoint's tensor bytes from the safetensors headers / GPUs (sharded);
+  KV cache   maxModelLen x maxConcurrency tokens of KV for every layer:
+             MLA (kv_lora_rank set): (kv_lora_rank + qk_rope_head_dim) elements per token and layer,
+               the same latent on every rank (MLA has one KV head: tensor parallelism does not split it);
+             otherwise 2 (K and V) x ceil(num_key_value_heads / tp) x head_dim (KV heads are replicated
+               when tp exceeds their count);
+             1 byte per element when the checkpoint asks for an FP8 KV cache, else 2 (bf16);
+  workspace  activations of one chunked-prefill step plus a fixed allowance for the CUDA context,
+             NCCL buffers and CUDA graphs;
+against MEMORY_FRACTION of the GPU's memory (the share engines give themselves by default:
+vLLM --gpu-memory-utilization 0.9; sglang's mem_fraction_static is at or below it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checkpoint import CheckpointInfo
+from .gpu import GpuClass
+
+GiB = 1024 ** 3
+MiB = 1024 ** 2
+MEMORY_FRACTION = 0.90
+FIXED_WORKSPACE = 2 * GiB  # CUDA context, NCCL, CUDA graphs, allocator slack
+PREFILL_CHUNK_TOKENS = 8192  # engines' default chunked-prefill size (vLLM max_num_batched_tokens 8192)
+ACTIVATION_BUFFERS = 16  # hidden-sized bf16 buffers live at once per token during a prefill step
+DEFAULT_MAX_MODEL_LEN = 8192  # when neither the spec nor config.json says
+DEFAULT_MAX_CONCURRENCY = 1  # engines check at start-up that one sequence of max length fits
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class KvShape:
+    per_token_per_gpu: int | None  # bytes of KV per token on one GPU (all layers); None: unknown
+    how: str
+
+
+def kv_per_token(ckpt: CheckpointInfo, tp: int) -> KvShape:
+    layers = ckpt.numLayers
+    elem = 1 if ckpt.kvCacheFp8 else 2
+    dtype = "fp8" if ckpt.kvCacheFp8 else "bf16"
+    if not layers:
+        return KvShape(None, "KV cache size unknown (config.json has no num_hidden_layers)")
+    if ckpt.kvLoraRank:
+        per_layer = (ckpt.kvLoraRank + (ckpt.qkRopeHeadDim or 0)) * elem
+        return KvShape(layers * per_layer, f"MLA {layers} layers x ({ckpt.kvLoraRank} + {ckpt.qkRopeHeadDim or 0}) "
+                                           f"x {elem} B ({dtype}), not split by tp")
+    if ckpt.numKeyValueHeads and ckpt.headDim:
+        heads = -(-ckpt.numKeyValueHeads // tp)
+        per_layer = 2 * heads * ckpt.headDim * elem
+        return KvShape(layers * per_layer, f"{layers} layers x 2 x {heads} of {ckpt.numKeyValueHeads} KV heads per GPU "
+                                           f"x {ckpt.headDim} x {elem} B ({dtype})")
+    return KvShape(None, "KV cache size unknown (config.json has neither kv_lora_rank nor num_key_value_heads/head_dim)")
+
+
+@dataclass(frozen=True)
+class Fit:
+    gpus: int  # GPUs per replica (= tp)
+    nodes: int
+    memory: int  # bytes per GPU
+    weights: int  # per GPU
+    kv: int  # per GPU
+    workspace: int
+    tokens: int  # KV tokens sized for
+    kv_how: str
+
+    @property
+    def need(self) -> int:
+        return self.weights + self.kv + self.workspace
+
+    @property
+    def usable(self) -> int:
+        return int(self.memory * MEMORY_FRACTION)
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.usable
+
+    def numbers(self) -> str:
+        return (f"per GPU {gib(self.weights)} weights + {gib(self.kv)} KV cache ({self.tokens} tokens; {self.kv_how})"
+                f" + {gib(self.workspace)} workspace = {gib(self.need)} "
+                f"{'<=' if self.fits else '>'} {gib(self.usable)} usable ({MEMORY_FRACTION:.0%} of {gib(self.memory)})")
+
+
+def max_model_len(ckpt: CheckpointInfo, requested: int | None) -> int:
+    return requested or ckpt.maxPositionEmbeddings or DEFAULT_MAX_MODEL_LEN
+
+
+def estimate(ckpt: CheckpointInfo, memory: int, gpus: int, nodes: int = 1, *, max_len: int | None = None,
+             concurrency: int | None = None) -> Fit:
+    """The memory one GPU of a `gpus`-GPU replica needs (tensor parallel over all of them)."""
+    tokens = max_model_len(ckpt, max_len) * (concurrency or DEFAULT_MAX_CONCURRENCY)
+    kv = kv_per_token(ckpt, gpus)
+    kv_bytes = (kv.per_token_per_gpu or 0) * tokens
+    hidden = ckpt.hiddenSize or 0
+    workspace = FIXED_WORKSPACE + PREFILL_CHUNK_TOKENS * hidden * 2 * ACTIVATION_BUFFERS
+    return Fit(gpus=gpus, nodes=nodes, memory=memory, weights=-(-ckpt.totalBytes // gpus), kv=kv_bytes,
+               workspace=workspace, tokens=tokens, kv_how=kv.how)
+
+
+def memory_bytes(gpu: GpuClass) -> int | None:
+    return gpu.memoryMiB * MiB if gpu.memoryMiB else None
+
+
+def layouts(gpus_per_node: int, max_nodes: int, multiple_of: int = 1) -> list[tuple[int, int]]:
+    """Candidate (GPUs per replica, nodes) in the order sizing tries them: powers of two up to one
+    node's GPUs, then whole nodes (2, 3, ... x GPUs per node). Each is a multiple of `multiple_of`
+    (ep and dp must divide tp)."""
+    out: list[tuple[int, int]] = []
+    n = 1
+    while n <= gpus_per_node:
+        out.append((n, 1))
+        n *= 2
+    if gpus_per_node and (gpus_per_node, 1) not in out:
+        out.append((gpus_per_node, 1))
+    for nodes in range(2, max_nodes + 1):
+        out.append((gpus_per_node * nodes, nodes))
+    return [(g, k) for g, k in out if g % multiple_of == 0]
+
+
+@dataclass(frozen=True)
+class Choice:
+    fit: Fit | None  # the smallest layout that fits, None when none does
+    largest: Fit | None  # the largest layout tried (the numbers of a refusal)
+    reason: str
+
+
+def smallest_fit(ckpt: CheckpointInfo, gpu: GpuClass, gpus_per_node: int, max_nodes: int, *,
+                 max_len: int | None = None, concurrency: int | None = None, multiple_of: int = 1) -> Choice:
+    memory = memory_bytes(gpu)
+    if memory is None:
+        return Choice(None, None, f"GPU memory of {gpu.key()} unknown (no nvidia.com/gpu.memory label)")
+    tried = [estimate(ckpt, memory, g, k, max_len=max_len, concurrency=concurrency)
+             for g, k in layouts(gpus_per_node, max_nodes, multiple_of)]
+    if not tried:
+        return Choice(None, None, f"no layout of {gpus_per_node} GPUs per node is a multiple of {multiple_of}")
+    for i, f in enumerate(tried):
+        if f.fits:
+            where = f"{f.nodes} nodes x {f.gpus // f.nodes} GPUs" if f.nodes > 1 else f"{f.gpus} GPU{'s' if f.gpus > 1 else ''}"
+            prev = tried[i - 1] if i else None
+            smaller = f" (tp={prev.gpus} would need {gib(prev.need)} per GPU)" if prev else ""
+            return Choice(f, tried[-1], f"tp={f.gpus} ({where}) is the smallest layout that fits "
+                                        f"{gib(ckpt.totalBytes)} of weights on {gpu.key()}: {f.numbers()}{smaller}")
+    last = tried[-1]
+    span = f"{last.nodes} nodes x {gpus_per_node} GPUs" if last.nodes > 1 else f"{last.gpus} GPUs"
+    return Choice(None, last, f"does not fit even on {span} (tp={last.gpus}): {gib(ckpt.totalBytes)} of weights, "
+                              f"{last.numbers()}")

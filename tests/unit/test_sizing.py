@@ -1,0 +1,164 @@
+"""Sizing: weights from the safetensors headers + KV cache + workspace against the GPU class's memory,
+the smallest layout that fits when the spec leaves it unset, refusals with the numbers."""
+
+import pytest
+
+from moe_core import sizing
+from moe_core.checkpoint import classify, inspect_dir
+from moe_core.gpu import from_name
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.inventory import build, node_info
+from moe_operator.placement import place
+from moe_operator.render import Owner, render
+from moe_operator.sample_checkpoints import SAMPLES, write_full_size, write_sample
+
+GiB = 1024 ** 3
+
+
+def node(name, product, major, minor, gpus=8, memory_mib=None):
+    labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.compute.major": str(major),
+              "nvidia.com/gpu.compute.minor": str(minor), "nvidia.com/gpu.count": str(gpus), "kubernetes.io/arch": "amd64"}
+    if memory_mib:
+        labels["nvidia.com/gpu.memory"] = str(memory_mib)
+    return {"metadata": {"name": name, "labels": labels},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "capacity": {"nvidia.com/gpu": str(gpus)},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+H200 = ("NVIDIA-H200", 9, 0, 143771)
+L40S = ("NVIDIA-L40S", 8, 9, 46068)
+
+
+def inventory(*pools):
+    """pools: (product tuple, nodes, gpus per node)"""
+    nodes = [node(f"{p[0].lower()}-{i}", p[0], p[1], p[2], gpus, p[3]) for p, n, gpus in pools for i in range(n)]
+    return build([node_info(n) for n in nodes], {})
+
+
+def spec(**kw):
+    base = {"model": {"uri": "file:///models/dsv3"}, "engine": {"name": "sglang"}}
+    base.update(kw)
+    return MoEDeploymentSpec.model_validate(base)
+
+
+@pytest.fixture(scope="module")
+def dsv3_nvfp4(tmp_path_factory):
+    """DeepSeek-V3 NVFP4 with every tensor of the real layout at its real shape (sparse file: no disk used)."""
+    d = write_full_size("deepseek-v3-nvfp4", tmp_path_factory.mktemp("ck") / "dsv3")
+    return inspect_dir(d)
+
+
+def test_full_size_layout_reports_the_real_byte_count(dsv3_nvfp4):
+    cfg = SAMPLES["deepseek-v3-nvfp4"]["config"]
+    h, m, layers = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_hidden_layers"] + 1  # + the MTP layer
+    moe_layers = layers - cfg["first_k_dense_replace"]
+    # routed experts: E2M1 pairs (0.5 B/param) + one F8 scale per 16 + two F32 scalars per projection
+    routed = moe_layers * cfg["n_routed_experts"] * 3 * (h * m // 2 + h * m // 16 + 8)
+    assert dsv3_nvfp4.format == "nvfp4" and dsv3_nvfp4.numLayers == 61
+    assert routed < dsv3_nvfp4.totalBytes < routed * 1.15  # the rest (attention, embeddings, shared) is bf16
+    assert 395e9 < dsv3_nvfp4.totalBytes < 420e9
+    # the header-only sample of the same layout reports its few hundred bytes, not the real size
+    assert inspect_dir(write_sample_tmp()).totalBytes < 10_000
+
+
+def write_sample_tmp():
+    import tempfile
+    return write_sample("deepseek-v3-nvfp4", tempfile.mkdtemp() + "/s")
+
+
+def test_kv_per_token_mla_is_not_split_by_tp_gqa_is_until_the_kv_heads_run_out():
+    mla = classify(SAMPLES["deepseek-v3-nvfp4"]["config"], None, [])
+    assert mla.kvLoraRank == 512 and mla.qkRopeHeadDim == 64 and mla.kvCacheFp8
+    assert sizing.kv_per_token(mla, 1).per_token_per_gpu == 61 * (512 + 64) * 1
+    assert sizing.kv_per_token(mla, 8).per_token_per_gpu == 61 * (512 + 64) * 1
+    qwen = classify({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 94,
+                     "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128}, None, [])
+    assert sizing.kv_per_token(qwen, 1).per_token_per_gpu == 94 * 2 * 4 * 128 * 2
+    assert sizing.kv_per_token(qwen, 2).per_token_per_gpu == 94 * 2 * 2 * 128 * 2
+    assert sizing.kv_per_token(qwen, 8).per_token_per_gpu == 94 * 2 * 1 * 128 * 2  # 4 KV heads replicated over 8 ranks
+    mha = classify({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+                    "num_attention_heads": 32, "num_key_value_heads": 8}, None, [])
+    assert mha.headDim == 128 and any("head_dim" in n for n in mha.notes)  # hidden / heads, said so
+
+
+def test_dsv3_nvfp4_unset_layout_is_sized_onto_h200_with_bytes(dsv3_nvfp4):
+    s = spec()
+    assert not s.layout_given()
+    p = place(s, dsv3_nvfp4, inventory((H200, 2, 8)))
+    assert p.ok, p.rejected
+    d = p.plan.decisions[0]
+    assert (d.key, d.value, d.rule) == ("layout.tp", "4", "Z1")
+    assert "380.8 GiB of weights" in d.reason and "95.2 GiB weights" in d.reason and "tp=2 would need" in d.reason
+    assert p.plan.layout.tp == 4 and p.plan.layout.nodes == 1
+    assert p.spec.gpus_per_node() == 4 and p.spec.parallelism.tp == 4
+    assert p.plan.args[p.plan.args.index("--tp-size") + 1] == "4"
+    objs = render(Owner("dsv3", "ns", "uid"), p.spec, p.plan, p.inventory.gpu_class)
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+
+
+def test_too_small_class_is_refused_with_the_numbers_and_listed_beside_the_chosen_one(dsv3_nvfp4):
+    p = place(spec(engine={"name": "bundled"}), dsv3_nvfp4, inventory((L40S, 1, 8)))
+    assert not p.ok
+    why = p.rejected["sm89/NVIDIA-L40S"]
+    assert why.startswith("[Z1] does not fit even on 8 GPUs (tp=8)") and "47.6 GiB weights" in why
+    assert "> 40.5 GiB usable (90% of 45.0 GiB)" in why and "bundled engine serves one node" in why
+    both = place(spec(), dsv3_nvfp4, inventory((H200, 1, 8), (L40S, 1, 8)))
+    assert both.ok and both.inventory.gpu_class.product == "NVIDIA-H200" and "sm89/NVIDIA-L40S" in both.rejected
+
+
+def test_multi_node_when_one_node_is_not_enough(dsv3_nvfp4):
+    p = place(spec(engine={"name": "vllm"}), dsv3_nvfp4, inventory((L40S, 3, 8)))
+    assert p.ok, p.rejected
+    assert p.plan.layout.model_dump() == {"tp": 16, "gpusPerNode": 8, "nodes": 2}
+    assert p.spec.nodesPerReplica == 2
+    kinds = [o["kind"] for o in render(Owner("dsv3", "ns", "uid"), p.spec, p.plan, p.inventory.gpu_class)]
+    assert "LeaderWorkerSet" in kinds
+
+
+def test_explicit_layout_is_checked_never_changed(dsv3_nvfp4):
+    bad = place(spec(parallelism={"tp": 2}), dsv3_nvfp4, inventory((H200, 1, 8)))
+    assert not bad.ok
+    msg = bad.rejected["sm90/NVIDIA-H200"]
+    assert msg.startswith("[Z2] tp=2 as given does not fit 380.8 GiB") and "190.4 GiB weights" in msg and "> 126.4 GiB" in msg
+    ok = place(spec(gpusPerReplica=8), dsv3_nvfp4, inventory((H200, 1, 8)))
+    assert ok.ok and ok.plan.decisions[0].rule == "user" and ok.plan.layout.tp == 8
+
+
+def test_kv_for_long_context_and_concurrency_counts(dsv3_nvfp4):
+    # 128k tokens x 32 sequences of MLA latent (35 KiB/token, the same on every rank): more GPUs cannot help
+    p = place(spec(engine={"name": "sglang", "maxModelLen": 131072, "maxConcurrency": 32}), dsv3_nvfp4,
+              inventory((H200, 1, 8)))
+    assert not p.ok and "KV cache (4194304 tokens" in p.rejected["sm90/NVIDIA-H200"]
+    p = place(spec(engine={"name": "sglang", "maxModelLen": 131072, "maxConcurrency": 8}), dsv3_nvfp4,
+              inventory((H200, 1, 8)))
+    assert p.ok and p.plan.layout.tp == 8  # 34.3 GiB of KV per GPU pushes it from 4 to 8
+    assert "34.3 GiB KV cache (1048576 tokens" in p.plan.decisions[0].reason
+
+
+def test_ep_must_divide_the_sized_tp(dsv3_nvfp4):
+    p = place(spec(parallelism={"ep": 8}), dsv3_nvfp4, inventory((H200, 1, 8)))
+    assert p.ok and p.plan.layout.tp == 8
+
+
+def test_unknown_memory_or_size_keeps_the_old_default_with_a_warning(dsv3_nvfp4):
+    p = place(spec(), dsv3_nvfp4, inventory((("NVIDIA-H200", 9, 0, None), 1, 8)))
+    assert p.ok and p.plan.layout.tp == 1 and any("[Z0]" in w and "memory unknown" in w for w in p.plan.warnings)
+    explicit = spec(model={"uri": "file:///models/dsv3", "format": "nvfp4", "architecture": "DeepseekV3ForCausalLM"})
+    from moe_operator.inspection import from_explicit_format
+    p = place(explicit, from_explicit_format(explicit), inventory((H200, 1, 8)))
+    assert p.ok and any("checkpoint size unknown" in w for w in p.plan.warnings)
+
+
+def test_crd_accepts_unset_tp_and_keeps_explicit_rules():
+    import moe_operator.crd as crd
+    import json
+    schema = json.dumps(crd.crd())
+    assert "!has(self.parallelism.tp) || self.parallelism.tp % self.parallelism.ep == 0" in schema
+    spec_props = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert "default" not in spec_props["parallelism"]["properties"]["tp"]
+    assert spec_props["engine"]["properties"]["maxModelLen"]["type"] == "integer"
+
+
+def test_gpu_memory_table_matches_cli_names():
+    assert from_name("H200").memoryMiB == 143771 and sizing.memory_bytes(from_name("H200")) == 143771 * 1024 * 1024
