@@ -84,6 +84,15 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
         log.warning("reconcile %s/%s: %s", meta["namespace"], meta["name"], msg)
         return Outcome(status={"conditions": conds, "observedGeneration": meta.get("generation")},
                        events=[("Warning", "Api" + reason, msg)], retry_after=30)
+    except Exception as e:  # noqa: BLE001 - a bug of ours: on the object, not only in the log
+        meta, status = body["metadata"], dict(body.get("status") or {})
+        msg = f"reconcile failed: {type(e).__name__}: {e}"
+        log.exception("reconcile %s/%s failed", meta["namespace"], meta["name"])
+        conds = set_condition(list(status.get("conditions") or []), "Degraded", "True", "ReconcileError", msg[:2000],
+                              meta.get("generation"))
+        ERRORS.labels("ReconcileError").inc()
+        return Outcome(status={"conditions": conds, "observedGeneration": meta.get("generation")},
+                       events=[("Warning", "ReconcileError", msg)], retry_after=30)
 
 
 def _live_gpu_class(live: dict[str, Any] | None) -> str | None:
@@ -171,6 +180,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
         return finish(checkpoint=ckpt.model_dump(), format=ckpt.format, inventoryHash=inv_fp)
     plan, inv = placement.plan, placement.inventory
     spec = placement.spec or spec  # the layout sizing chose (tp, GPUs per node, nodes) when the spec left it unset
+    spec = placement.spec or spec  # the layout sizing chose (tp, GPUs per node, nodes) when the spec left it unset
     gpu = inv.gpu_class
     conds = set_condition(conds, "Planned", "True", "Planned",
                           f"{gpu.key()}: {plan.moe.runnerBackend} (deferred finalize "
@@ -184,6 +194,8 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     optional = sorted({o["kind"] for o in objects if o["kind"] in day2.OPTIONAL_KINDS})
     optional_failed: list[ApplyError] = []
     workload = next(o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    if workload["kind"] != kind:  # sizing chose the other kind than the spec alone says
+        live_workload = kube.get(workload["kind"], ns, name)
     if workload["kind"] != kind:  # sizing chose the other kind than the spec alone says
         live_workload = kube.get(workload["kind"], ns, name)
     stale_kind = "LeaderWorkerSet" if workload["kind"] == "Deployment" else "Deployment"
@@ -245,12 +257,15 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     if desired == 0:
         conds = set_condition(conds, "Available", "True", "ScaledToZero", "replicas: 0", gen)
         conds = set_condition(conds, "Progressing", "False", "ScaledToZero", "replicas: 0", gen)
-    elif ready >= desired:
+    elif ready >= desired and not rolling:
         conds = set_condition(conds, "Available", "True", "ReplicasReady", f"{ready}/{desired} replicas ready", gen)
         conds = set_condition(conds, "Progressing", "False", "Complete",
                               f"{ready}/{desired} replicas ready; rollout policy: {rollout.message}", gen)
     else:
-        conds = set_condition(conds, "Available", "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready", gen)
+        if ready >= desired:  # old pods still serve while the roll runs
+            conds = set_condition(conds, "Available", "True", "ReplicasReady", f"{ready}/{desired} replicas ready", gen)
+        else:
+            conds = set_condition(conds, "Available", "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready", gen)
         if rolling and rollout.spare_sets == 0:  # say why the roll goes as it goes, not just that it waits
             reason = "WaitingForCapacity" if rollout.max_surge > 0 and rollout.max_unavailable == 0 else "RollingOneAtATime"
         else:
