@@ -421,7 +421,9 @@ def _engine_start_checks(b: _Builder, checks: tuple[Check, ...], runner: str, fi
     if len(b.errors) == first_error:
         return
 
-    def planner_ok(c: engine_rules.Case) -> bool:  # the planner's own validate rows for a candidate
+    def planner_ok(c: engine_rules.Case) -> bool:  # a value the spec can hold and the planner's own rows accept
+        if c.runner not in ALL_RUNNERS or c.a2a not in ALL_A2A:
+            return False
         g = f if c.a2a == f.a2a else dataclasses.replace(f, choices=dataclasses.replace(f.choices, a2a_backend=c.a2a))
         return not any(k.verdict == "reject" and k.when(g, c.runner) for k in checks)
 

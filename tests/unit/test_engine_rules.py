@@ -413,3 +413,14 @@ def test_admission_gets_the_engine_refusal_with_alternatives():
         "model": {"uri": "hf://openai/gpt-oss-120b"}, "engine": {"name": "sglang"},
         "moe": {"runnerBackend": "flashinfer_mxfp4"}, "gpu": {"allowedArchitectures": ["sm100"]}})
     assert impossible_everywhere(ok, ck, [gpu("sm100")]) is None
+
+
+def test_a2a_refusal_lists_a2a_values_that_pass_and_the_spec_can_hold():
+    from moe_operator.planner import ALL_A2A
+    p = _plan("vllm", "0.33.0", "B200", "nvfp4", DSV3, "cutlass", "deepep", (8, 8, 1))
+    err = next(e for e in p.errors if e.startswith("[VL-A2A]"))
+    offered = err.split("--all2all-backend values that pass with --moe-backend cutlass: ")[1].rstrip(".").split(", ")
+    assert "deepep_low_latency" in offered and "deepep" not in offered
+    for a2a in offered:
+        assert a2a in ALL_A2A
+        assert not _plan("vllm", "0.33.0", "B200", "nvfp4", DSV3, "cutlass", a2a, (8, 8, 1)).errors, a2a

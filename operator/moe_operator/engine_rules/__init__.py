@@ -196,7 +196,8 @@ def alternatives(case: Case, also_ok: Callable[[Case], bool] | None = None) -> d
 
     Returns {"runner": [...]} (runner values that pass with the case's a2a), {"auto": ["auto"]} when
     the runner left at auto passes, and, when the a2a choice
-    is itself refused or no runner passes with it, {"runner_without_a2a": [...]} (with a2a none).
+    is itself refused or no runner passes with it, {"runner_without_a2a": [...]} (with a2a none), and
+    with an a2a choice {"a2a": [...]}: the other a2a values that pass with the case's runner.
     `also_ok` adds the caller's own checks (the planner's validate rows)."""
     runners, _ = catalogue(case.engine, case.version)
 
@@ -212,6 +213,9 @@ def alternatives(case: Case, also_ok: Callable[[Case], bool] | None = None) -> d
     if case.a2a != "none" and not out["runner"]:
         base = replace(case, a2a="none")
         out["runner_without_a2a"] = [r for r in runners if r not in _NOT_OFFERED and ok(replace(base, runner=r))]
+    if case.a2a != "none":
+        _, a2as = catalogue(case.engine, case.version)
+        out["a2a"] = [a for a in a2as if a not in ("none", case.a2a) and ok(replace(case, a2a=a))]
     return out
 
 
@@ -228,6 +232,9 @@ def describe_alternatives(case: Case, alts: dict[str, list[str]], flag: str) -> 
                      + (f"; without an all-to-all backend: {', '.join(without)}" if without else ""))
     else:
         parts.append(f"no explicit {flag} value passes for {where}; this checkpoint needs another GPU or format")
+    if alts.get("a2a"):
+        a2a_flag = "--moe-a2a-backend" if case.engine == "sglang" else "--all2all-backend"
+        parts.append(f"{a2a_flag} values that pass with {flag} {case.runner}: {', '.join(alts['a2a'])}")
     return "Works instead: " + "; ".join(parts) + (" (or leave it at auto)." if alts.get("auto") else ".")
 
 
