@@ -180,7 +180,6 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
         return finish(checkpoint=ckpt.model_dump(), format=ckpt.format, inventoryHash=inv_fp)
     plan, inv = placement.plan, placement.inventory
     spec = placement.spec or spec  # the layout sizing chose (tp, GPUs per node, nodes) when the spec left it unset
-    spec = placement.spec or spec  # the layout sizing chose (tp, GPUs per node, nodes) when the spec left it unset
     gpu = inv.gpu_class
     conds = set_condition(conds, "Planned", "True", "Planned",
                           f"{gpu.key()}: {plan.moe.runnerBackend} (deferred finalize "
@@ -194,8 +193,6 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     optional = sorted({o["kind"] for o in objects if o["kind"] in day2.OPTIONAL_KINDS})
     optional_failed: list[ApplyError] = []
     workload = next(o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
-    if workload["kind"] != kind:  # sizing chose the other kind than the spec alone says
-        live_workload = kube.get(workload["kind"], ns, name)
     if workload["kind"] != kind:  # sizing chose the other kind than the spec alone says
         live_workload = kube.get(workload["kind"], ns, name)
     stale_kind = "LeaderWorkerSet" if workload["kind"] == "Deployment" else "Deployment"
