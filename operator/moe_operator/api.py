@@ -179,12 +179,14 @@ AUTOSCALING_METRICS = ("queue", "kv")
 
 class AutoscalingSpec(_Model):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
-        ("self.minReplicas <= self.maxReplicas", "autoscaling.minReplicas must not exceed autoscaling.maxReplicas"),
-        ("self.minReplicas > 0 || self.provider == 'keda'",
+        # has() guards: the CRD's default ({}) is checked against these rules before field defaults apply
+        ("!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+         "autoscaling.minReplicas must not exceed autoscaling.maxReplicas"),
+        ("!has(self.minReplicas) || self.minReplicas > 0 || (has(self.provider) && self.provider == 'keda')",
          "autoscaling.minReplicas 0 (scale to zero) needs provider keda (the HPA cannot scale to zero)"),
-        ("self.provider != 'keda' || has(self.prometheusAddress)",
+        ("!has(self.provider) || self.provider != 'keda' || has(self.prometheusAddress)",
          "autoscaling.provider keda reads Prometheus: set autoscaling.prometheusAddress"),
-        ("self.metric != 'kv' || !has(self.target) || self.target <= 100",
+        ("!has(self.metric) || self.metric != 'kv' || !has(self.target) || self.target <= 100",
          "autoscaling.target for metric kv is a percentage of the KV cache (1-100)"),
     ))
     enabled: bool = Field(False, description="render an autoscaler targeting this MoEDeployment's scale subresource")

@@ -1,0 +1,60 @@
+"""CRDs of the optional day-2 integrations, from their released Go modules (as lws_crd.py does for LWS).
+
+- KEDA's ScaledObject (github.com/kedacore/keda/v2): spec.autoscaling.provider keda.
+- The Gateway API Inference Extension's InferencePool (sigs.k8s.io/gateway-api-inference-extension,
+  the v1 API inference.networking.k8s.io): spec.gateway.inferencePool.
+
+Only the CRDs are installed (the local control plane validates what the operator renders); no KEDA
+operator or endpoint picker runs locally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModuleCrd:
+    module: str
+    version: str
+    path: str  # the CRD file inside the module
+    name: str  # metadata.name of the CRD
+
+
+KEDA = ModuleCrd("github.com/kedacore/keda/v2", "v2.17.2", "config/crd/bases/keda.sh_scaledobjects.yaml",
+                 "scaledobjects.keda.sh")
+INFERENCE_POOL = ModuleCrd("sigs.k8s.io/gateway-api-inference-extension", "v1.0.1",
+                           "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml",
+                           "inferencepools.inference.networking.k8s.io")
+ALL = {"keda": KEDA, "inferencepool": INFERENCE_POOL}
+
+
+def crd_file(crd: ModuleCrd) -> Path:
+    """Path of the CRD in the Go module cache (downloaded once through the Go module proxy)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run(["go", "mod", "download", "-json", f"{crd.module}@{crd.version}"], cwd=tmp,
+                           capture_output=True, text=True, env={**os.environ, "GOFLAGS": "-mod=mod"}, timeout=600)
+    info = json.loads(r.stdout or "{}")
+    if r.returncode != 0 or "Dir" not in info:
+        raise RuntimeError(f"cannot fetch {crd.module}@{crd.version} from the Go module proxy: "
+                           f"{info.get('Error') or r.stderr.strip()}")
+    return Path(info["Dir"]) / crd.path
+
+
+def install(kubectl, crd: ModuleCrd) -> None:
+    """Apply the CRD with a `kubectl(*args)` callable and wait until it is established."""
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_file(crd)))
+    deadline = time.monotonic() + 60
+    while True:  # `kubectl wait` fails at once while the new CRD is not yet visible to it
+        r = kubectl("wait", "--for", "condition=established", f"crd/{crd.name}", "--timeout=10s", check=False)
+        if r.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{crd.name} not established: {r.stderr.strip()}")
+        time.sleep(1)
