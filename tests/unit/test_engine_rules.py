@@ -190,6 +190,12 @@ MATRIX = [
      "0.22.1 vllm/config/parallel.py:40-51 has no deepep_v2"),
     ("vllm", "0.33.0", "H200", "fp8", DSV3, "deep_gemm", "deepep_v2", (8, 8, 1), "ok",
      "0.33.0 vllm/config/parallel.py:50 deepep_v2"),
+    ("vllm", "0.33.0", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "deepep_low_latency", (8, 8, 1), "VL-BATCHED",
+     "fused_moe/config.py:1066-1067 batched format; modular_kernel.py:627-628; trtllm_nvfp4_moe.py Standard only"),
+    ("vllm", "0.33.0", "B200", "nvfp4", DSV3, "flashinfer_cutedsl", "deepep_low_latency", (8, 8, 1), "ok",
+     "oracle/nvfp4.py:282-286 cutedsl -> FLASHINFER_CUTEDSL_BATCHED (flashinfer_cutedsl_batched_moe.py:61-62)"),
+    ("vllm", "0.33.0", "H200", "fp8", DSV3, "deep_gemm", "deepep_low_latency", (8, 8, 1), "ok",
+     "oracle/fp8.py:459-461 deep_gemm -> BATCHED_DEEPGEMM"),
     # ---- vLLM 0.22.1 (line numbers of 0.22.1) vs 0.33.0 ----
     ("vllm", "0.22.1", "rtx-pro-6000", "fp8", QWEN3, "deep_gemm", "none", (1, 1, 1), "VL-DEV-DEEP_GEMM",
      "0.22.1 vllm/platforms/cuda.py:557-559 support_deep_gemm: 9.0 or family 100 only"),
@@ -420,7 +426,8 @@ def test_a2a_refusal_lists_a2a_values_that_pass_and_the_spec_can_hold():
     p = _plan("vllm", "0.33.0", "B200", "nvfp4", DSV3, "cutlass", "deepep", (8, 8, 1))
     err = next(e for e in p.errors if e.startswith("[VL-A2A]"))
     offered = err.split("--all2all-backend values that pass with --moe-backend cutlass: ")[1].rstrip(".").split(", ")
-    assert "deepep_low_latency" in offered and "deepep" not in offered
+    assert "deepep_high_throughput" in offered and "deepep" not in offered
+    assert "deepep_low_latency" not in offered  # batched format: CutlassExpertsFp4 is Standard only (VL-BATCHED)
     for a2a in offered:
         assert a2a in ALL_A2A
         assert not _plan("vllm", "0.33.0", "B200", "nvfp4", DSV3, "cutlass", a2a, (8, 8, 1)).errors, a2a

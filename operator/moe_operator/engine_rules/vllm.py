@@ -173,6 +173,17 @@ def _device(name: str, families, file: str, lines: str, function: str, oracles: 
                 _src(file, lines, function, since), same_as=same_as)
 
 
+# Backends whose experts classes all have FusedMoEActivationFormat.Standard (0.33.0): FlashInferExperts
+# (experts/flashinfer_cutlass_moe.py:64), TrtLlm*Experts (trtllm_*_moe.py), MarlinExperts (marlin_moe.py:681),
+# CutlassExpertsFp4 (cutlass_moe.py:701), TritonExperts (triton_moe.py:67), OAITriton*Experts
+# (gpt_oss_triton_kernels_moe.py:1017-1505).
+_STANDARD_ONLY = {
+    "fp8": ("flashinfer_trtllm", "flashinfer_cutlass", "marlin"),
+    "nvfp4": ("flashinfer_trtllm", "flashinfer_cutlass", "cutlass", "marlin"),
+    "mxfp4": ("flashinfer_trtllm", "flashinfer_cutlass", "triton", "triton_unfused"),
+    "unquantized": ("triton", "flashinfer_trtllm", "flashinfer_cutlass"),
+}
+
 _ALL = ("fp8", "nvfp4", "mxfp4", "mxfp8", "unquantized", "wna16")
 
 RULES: tuple[Rule, ...] = (
@@ -245,6 +256,17 @@ RULES: tuple[Rule, ...] = (
          "select with allow_vllm_cutlass=False: vllm/model_executor/layers/quantization/fp8.py:523-528, modelopt.py:501-505)",
          _src(_O + "fp8.py", "467-477", "select_fp8_moe_backend", "0.22.1",
               "vLLM CUTLASS FP8 MoE backend is disabled for this configuration.")),
+    # deepep_low_latency / nixl_ep dispatch in the batched activation format (fused_moe/config.py:1066-1067); an
+    # explicit backend is remapped to its batched variant only for fp8 deep_gemm/triton/cutlass (oracle/fp8.py:459-465),
+    # NVFP4 flashinfer_cutedsl (oracle/nvfp4.py:282-286) and MXFP4 marlin (oracle/mxfp4.py:679-683); humming's
+    # list starts with a batched class. These backends' experts classes are Standard-format only.
+    Rule("VL-BATCHED", "vllm",
+         lambda c: c.a2a in ("deepep_low_latency", "nixl_ep") and _mapped(c)
+         and c.runner in _STANDARD_ONLY.get(_oracle(c) or "", ()),
+         "{fmt} MoE backend '{runner}' does not support the deployment configuration since kernel does not support "
+         "batched activation format (all2all_backend {a2a} dispatches batched)",
+         _src("vllm/model_executor/layers/fused_moe/modular_kernel.py", "627-628", "FusedMoEExperts.is_supported_config",
+              "0.33.0"), flag="both"),
     # experts classes' _supports_quant_scheme
     Rule("VL-QS-FICUTLASS-FP8", "vllm",
          lambda c: _oracle(c) == "fp8" and c.runner == "flashinfer_cutlass" and c.fmt in ("fp8", "dsv4_fp8")
