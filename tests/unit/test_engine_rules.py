@@ -431,3 +431,11 @@ def test_a2a_refusal_lists_a2a_values_that_pass_and_the_spec_can_hold():
     for a2a in offered:
         assert a2a in ALL_A2A
         assert not _plan("vllm", "0.33.0", "B200", "nvfp4", DSV3, "cutlass", a2a, (8, 8, 1)).errors, a2a
+
+
+def test_fused_function_registry_per_release():
+    # ('flashinfer', 'flashinfer_trtllm') is registered from 0.5.19 (moe_runner/flashinfer_trtllm.py:1876 in 0.5.23)
+    case = Case("sglang", "0.5.17", "fp8", DSV3, "sm100", "flashinfer_trtllm", a2a="flashinfer", tp=8, ep=8, dp=8)
+    assert [r.rule.id for r in engine_rules.check(case)] == ["SG-FUSED"]
+    assert not engine_rules.check(Case("sglang", "0.5.19", "fp8", DSV3, "sm100", "flashinfer_trtllm", a2a="flashinfer",
+                                       tp=8, ep=8, dp=8))

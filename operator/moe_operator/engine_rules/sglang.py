@@ -120,6 +120,21 @@ FUSED_FUNCS = frozenset({
     ("flashinfer", "flashinfer_trtllm_routed"), ("none", "hpc_ops"), ("none", "marlin"),
     ("flashinfer_megamoe", "flashinfer_megamoe"),
 })
+# Per release read (the registrations grew): 0.5.17 has no ('flashinfer', 'flashinfer_trtllm') (first in 0.5.19)
+# and no FlashInfer MegaMOE (first in 0.5.21). The fused-only set of MoeRunner.__init__ matches 0.5.23's from
+# 0.5.17 on; 0.5.10 / 0.5.14 built their runners differently, so the row starts at 0.5.17.
+FUSED_FUNCS_BY_RELEASE = {
+    "0.5.17": FUSED_FUNCS - {("flashinfer", "flashinfer_trtllm"), ("flashinfer_megamoe", "flashinfer_megamoe")},
+    "0.5.19": FUSED_FUNCS - {("flashinfer_megamoe", "flashinfer_megamoe")},
+    "0.5.21": FUSED_FUNCS, "0.5.22": FUSED_FUNCS, "0.5.23": FUSED_FUNCS,
+}
+
+
+def _fused_funcs(version: str) -> frozenset:
+    """Registered (a2a, runner) pairs of the nearest release read at or below `version`, with those of the
+    nearest one above for a release not read (a pair either has is accepted)."""
+    lo = _nearest(FUSED_FUNCS_BY_RELEASE, version)
+    return lo if version in FUSED_FUNCS_BY_RELEASE else lo | _nearest(FUSED_FUNCS_BY_RELEASE, version, above=True)
 # Runners with a runner core take the dispatcher's output through a registered pre-permute for
 # its format (base.py PermuteMethodPool.get_pre_permute asserts): triton.py:268 (standard only),
 # triton_kernels.py:161 (standard only), humming.py:839,887,929 (deepep_ll, deepep_normal, standard).
@@ -345,11 +360,11 @@ RULES: tuple[Rule, ...] = (
 
     # ---- layer build: MoeRunner --------------------------------------------------------------
     Rule("SG-FUSED", "sglang",
-         lambda c: c.runner in FUSED_ONLY and c.a2a != "megamoe" and (c.a2a, c.runner) not in FUSED_FUNCS
+         lambda c: c.runner in FUSED_ONLY and c.a2a != "megamoe" and (c.a2a, c.runner) not in _fused_funcs(c.version)
          and not _runner_substituted(c),
          "Runner backend {runner} requires a fused func for a2a backend {a2a}, but none is registered.",
-         _src(_RUN, "166-180", "MoeRunner.__init__ (FusedOpPool.get_fused_func)", "0.5.10",
-              "requires a fused func for a2a backend"), flag="both", same_as=("V2", "V5")),
+         _src(_RUN, "117-180", "MoeRunner.__init__ (fused-only runners, FusedOpPool.get_fused_func)", "0.5.17",
+              "FlashInfer CUTLASS only supports fused path"), flag="both", same_as=("V2", "V5")),
     Rule("SG-PERMUTE", "sglang",
          lambda c: c.runner in _PERMUTE_FORMATS and c.a2a in ("deepep", "deepep_v2", "flashinfer")
          and c.a2a not in _PERMUTE_FORMATS[c.runner],
