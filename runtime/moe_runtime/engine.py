@@ -156,6 +156,7 @@ class Engine:
         if self.metrics:
             self.metrics.queue_depth.set(len(self.waiting))
             self.metrics.running.set(len(self.running))
+            self.metrics.kv_usage.set(1 - len(self.free_slots) / self.max_batch if self.max_batch else 0.0)
 
     def _loop(self) -> None:
         while True:

@@ -7,6 +7,27 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _LAT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+class _Mirror:
+    """One update of a metric and of its vLLM-named twin: autoscalers (the operator's HPA/KEDA on
+    vllm:num_requests_waiting / vllm:kv_cache_usage_perc), gateways (the Gateway API Inference
+    Extension's endpoint picker reads the vLLM names) and existing vLLM dashboards work unchanged."""
+
+    def __init__(self, *metrics) -> None:
+        self._metrics = metrics
+
+    def set(self, value: float) -> None:
+        for m in self._metrics:
+            m.set(value)
+
+    def inc(self, amount: float = 1) -> None:
+        for m in self._metrics:
+            m.inc(amount)
+
+    def observe(self, value: float) -> None:
+        for m in self._metrics:
+            m.observe(value)
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -16,14 +37,35 @@ class Metrics:
         self.errors = Counter("moe_runtime_request_errors", "HTTP requests that ended in an error, by endpoint "
                               "(route template) and OpenAI error type, 500s and errors inside a stream included",
                               ["endpoint", "type"], registry=r)
-        self.prompt_tokens = Counter("moe_runtime_prompt_tokens", "prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("moe_runtime_generation_tokens", "tokens generated", registry=r)
-        self.latency = Histogram("moe_runtime_request_latency_seconds", "request latency (end to end)",
-                                 buckets=_LAT_BUCKETS, registry=r)
-        self.ttft = Histogram("moe_runtime_time_to_first_token_seconds", "time to first token",
-                              buckets=_LAT_BUCKETS, registry=r)
-        self.queue_depth = Gauge("moe_runtime_queue_depth", "requests waiting for a batch slot", registry=r)
-        self.running = Gauge("moe_runtime_running_requests", "requests in the decode batch", registry=r)
+        # Each of these also updates its vLLM-named twin (vllm:..., same meaning and unit as in vLLM).
+        self.prompt_tokens = _Mirror(
+            Counter("moe_runtime_prompt_tokens", "prompt tokens processed", registry=r),
+            Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", registry=r))
+        self.generation_tokens = _Mirror(
+            Counter("moe_runtime_generation_tokens", "tokens generated", registry=r),
+            Counter("vllm:generation_tokens", "Number of generation tokens processed.", registry=r))
+        self.latency = _Mirror(
+            Histogram("moe_runtime_request_latency_seconds", "request latency (end to end)", buckets=_LAT_BUCKETS,
+                      registry=r),
+            Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                      buckets=_LAT_BUCKETS, registry=r))
+        self.ttft = _Mirror(
+            Histogram("moe_runtime_time_to_first_token_seconds", "time to first token", buckets=_LAT_BUCKETS,
+                      registry=r),
+            Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                      buckets=_LAT_BUCKETS, registry=r))
+        self.queue_depth = _Mirror(
+            Gauge("moe_runtime_queue_depth", "requests waiting for a batch slot", registry=r),
+            Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", registry=r))
+        self.running = _Mirror(
+            Gauge("moe_runtime_running_requests", "requests in the decode batch", registry=r),
+            Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", registry=r))
+        # The KV cache is one slot of max_len positions per batch row: use = rows taken / rows. vLLM
+        # renamed gpu_cache_usage_perc to kv_cache_usage_perc (0.10); both are exported (fractions, 0-1).
+        self.kv_usage = _Mirror(
+            Gauge("moe_runtime_kv_cache_usage", "fraction of KV-cache slots held by running requests", registry=r),
+            Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", registry=r),
+            Gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", registry=r))
         self.rejected = Counter("moe_runtime_rejected_requests", "requests refused because the queue was full",
                                 registry=r)
         self.fallbacks = Counter("moe_runtime_backend_fallbacks", "MoE backends that failed the self-test and were "
