@@ -75,6 +75,9 @@ class ModelSource(_Model):
     architecture: str | None = Field(None, max_length=128,
                                      description="config.json architectures[0]; only needed when format is explicit (inspection skipped)")
     tokenSecretRef: SecretKeyRef | None = Field(None, description="Hugging Face token for gated hf:// repositories")
+    revisionPolicy: Literal["pin", "follow"] = Field("pin", description=(
+        "hf:// without @revision: pin resolves the hub's commit at first use and keeps it (status.revision) until "
+        "the spec changes; follow re-resolves it, so a new upload rolls the pods"))
 
 
 class EngineSpec(_Model):
@@ -265,7 +268,6 @@ class MoEDeploymentSpec(_Model):
     nodesPerReplica: int = Field(1, ge=1, le=64, description=(
         "nodes per replica; > 1 renders a LeaderWorkerSet. Left at 1 with no tp/gpusPerReplica, sizing may "
         "span nodes (engines sglang and vllm) when one node's GPUs cannot hold the model"))
-
     parallelism: Parallelism = Field(default_factory=Parallelism)
     moe: MoESpec = Field(default_factory=MoESpec)
     env: list[EnvVar] = Field(default_factory=list, max_length=256, description="user env; always wins over the plan",
@@ -285,7 +287,6 @@ class MoEDeploymentSpec(_Model):
 
     def gpus_per_replica(self) -> int:
         return self.gpusPerReplica or self.parallelism.tp or self.nodesPerReplica
-
 
     def gpus_per_node(self) -> int:
         return self.gpus_per_replica() // self.nodesPerReplica
@@ -323,6 +324,8 @@ class MoEDeploymentStatus(_Model):
     workload: WorkloadRef | None = None
     replicas: int | None = None
     readyReplicas: int | None = None
+    revision: str | None = Field(None, description="the hub commit the model is pinned to (hf://)")
+    revisionUri: str | None = Field(None, description="model.uri the revision was resolved for (a spec change re-resolves)")
     selector: str | None = Field(None, description="label selector of the serving pods (the scale subresource's labelSelectorPath)")
     optionalObjects: list[str] | None = Field(None, description="kinds of the optional objects last rendered "
                                               "(PodDisruptionBudget, autoscaler, InferencePool): pruned when no longer asked for")

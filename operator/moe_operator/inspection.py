@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -128,6 +130,71 @@ def _from_job(pvc_job: Callable[[str], dict[str, Any] | None], uri: str) -> Chec
     if "error" in result:
         raise InspectionFailed("Unreadable", f"{uri}: {result['error']}")
     return CheckpointInfo.model_validate(result)
+
+
+COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+FOLLOW_RESOLVE_SECONDS = 300.0  # revisionPolicy follow: how long a resolved sha is trusted before asking again
+_resolved: dict[str, tuple[float, str]] = {}  # uri -> (monotonic time, sha), for follow
+
+
+def resolve_revision(uri: str, token: str | None) -> str:
+    """The hub's commit sha for hf://org/name[@branch-or-tag] (one model_info call)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import HfHubHTTPError
+
+    parsed = ModelURI.parse(uri)
+    try:
+        sha = HfApi(token=token).model_info(parsed.repo, revision=parsed.revision or None).sha
+    except HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        reason = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(status, "HubError")
+        raise InspectionFailed(reason, f"{uri}: resolving the revision: {e}", retry=status not in (401, 403, 404)) from None
+    except Exception as e:  # network errors
+        raise InspectionFailed("HubError", f"{uri}: resolving the revision: {type(e).__name__}: {e}") from None
+    if not sha or not COMMIT_SHA.match(sha):
+        raise InspectionFailed("HubError", f"{uri}: the hub answered no commit sha ({sha!r})")
+    return sha
+
+
+@dataclass(frozen=True)
+class Pinned:
+    uri: str  # hf://org/name@<sha>: what inspection, the cache and the pods use
+    revision: str  # the sha
+    how: str
+
+
+def pin(spec: MoEDeploymentSpec, status: dict[str, Any], token: Callable[[], str | None] | None = None,
+        now: Callable[[], float] = time.monotonic) -> Pinned | None:
+    """hf:// only (None otherwise): the commit this MoEDeployment serves.
+
+    A sha in the uri is used as is. Else, revisionPolicy pin: the sha in status while status says it
+    was resolved for this very model.uri (a new upload changes nothing; a spec change re-resolves);
+    follow: re-resolved every FOLLOW_RESOLVE_SECONDS, so a new upload rolls the pods. A hub that
+    cannot be reached keeps the pinned sha (the first resolution needs the hub)."""
+    uri = spec.model.uri
+    parsed = ModelURI.parse(uri)
+    if parsed.scheme != "hf":
+        return None
+    base = f"hf://{parsed.repo}"
+    if parsed.revision and COMMIT_SHA.match(parsed.revision):
+        return Pinned(uri, parsed.revision, "commit sha in model.uri")
+    known = status.get("revision") if status.get("revisionUri") == uri else None
+    if known and spec.model.revisionPolicy == "pin":
+        return Pinned(f"{base}@{known}", known, f"pinned at first use ({parsed.revision or 'main'})")
+    cached = _resolved.get(uri)
+    if cached and spec.model.revisionPolicy == "follow" and now() - cached[0] < FOLLOW_RESOLVE_SECONDS:
+        return Pinned(f"{base}@{cached[1]}", cached[1], f"following {parsed.revision or 'main'}")
+    try:
+        sha = resolve_revision(uri, token() if token else None)
+    except InspectionFailed:
+        if known:  # follow, hub down: keep serving what was pinned
+            log.warning("%s: hub unreachable, keeping revision %s", uri, known)
+            return Pinned(f"{base}@{known}", known, "hub unreachable: kept the pinned revision")
+        raise
+    _resolved[uri] = (now(), sha)
+    how = f"following {parsed.revision or 'main'}" if spec.model.revisionPolicy == "follow" else \
+        f"resolved {parsed.revision or 'main'} at first use"
+    return Pinned(f"{base}@{sha}", sha, how)
 
 
 def forget(uri: str) -> None:

@@ -22,7 +22,7 @@ from . import day2
 from .api import Condition, MoEDeploymentSpec, MoEDeploymentStatus, WorkloadRef
 from .drift import differences
 from .images import RUNTIME_REPOSITORY, runtime_image
-from .inspection import InspectionFailed, InspectionPending, inspect_spec
+from .inspection import InspectionFailed, InspectionPending, inspect_spec, pin
 from .inventory import ClassInventory, fingerprint
 from .kube import ApplyError, Kube, _api_message
 from .metrics import DECISIONS, ERRORS
@@ -146,6 +146,10 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
         return kube.inspection_job(ns, Owner(name, ns, meta["uid"]), uri, image)
 
     try:
+        # hf:// is served at one hub commit: the spec from here on names it (inspection cache, pods)
+        if (pinned := pin(spec, status, hf_token)) is not None:
+            out.status.update(revision=pinned.revision, revisionUri=spec.model.uri)
+            spec = spec.model_copy(update={"model": spec.model.model_copy(update={"uri": pinned.uri})})
         ckpt = inspect_spec(spec, local_models_dir=cfg.local_models_dir, hf_token=hf_token,
                             pvc_job=job if cfg.inspect_in_cluster else None)
     except InspectionPending as e:

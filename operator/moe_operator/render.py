@@ -64,6 +64,8 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
         volume, mount, path = uri.volume()
         return ModelLocation(path, [volume], [mount], [], [], [])
     repo, revision = uri.repo, uri.revision
+    # the pinned hub commit (status.revision) in the environment too, for engines and tools that read it
+    token_env = token_env + ([{"name": "HF_REVISION", "value": revision}] if revision else [])
     cache = {"name": "hf-cache", "emptyDir": {}}
     if engine == "bundled":
         # The bundled runtime serves a local directory: fetch it first (weights included) in an init container.
