@@ -39,3 +39,28 @@ def runtime_image(gpu: GpuClass, repository: str = RUNTIME_REPOSITORY, version: 
     if gpu.arch == "arm64":
         parts.append("arm64")
     return f"{repository}:{'-'.join(parts)}"
+
+
+# --- engine images (sglang, vLLM) per CPU architecture -------------------------------------------
+# What the projects publish, read from their release pipelines:
+# - vLLM (.buildkite/scripts, the release-image publishing script): vllm/vllm-openai:v<ver> is a
+#   multi-arch manifest of v<ver>-x86_64 and v<ver>-aarch64 (CUDA 12.9), and v<ver>-cu130 one of
+#   v<ver>-x86_64-cu130 and v<ver>-aarch64-cu130. The per-arch tags are pushed too, so an arm64
+#   node gets the aarch64 tag by name (what runs is what the pod spec says).
+# - sglang (.github/workflows/release-docker.yml, _docker-build-and-publish.yml): lmsysorg/sglang:
+#   v<ver> is a multi-arch manifest of an amd64 image and an arm64 one built with GRACE_BLACKWELL=1
+#   (GB200/GB300). Newer releases push the per-arch images by digest only (no per-arch tag), so
+#   the manifest tag is the only arm64 reference that exists for every release.
+# ROCm keeps the references it had (amd64 only). A custom spec.engine.image always wins.
+ENGINE_REPOSITORIES = {"sglang": "lmsysorg/sglang", "vllm": "vllm/vllm-openai"}
+ARM64_TAG_SUFFIX = {"sglang": "", "vllm": "-aarch64"}  # "": the multi-arch manifest tag serves arm64
+
+
+def engine_image(engine: str, version: str, gpu: GpuClass) -> str:
+    """Default image of engine sglang or vllm for a GPU class (its CPU arch, ROCm or CUDA)."""
+    base = f"{ENGINE_REPOSITORIES[engine]}:v{version}"
+    if gpu.is_rocm:
+        return base + "-rocm"
+    if gpu.arch == "arm64":
+        return base + ARM64_TAG_SUFFIX[engine]
+    return base

@@ -19,6 +19,7 @@ import yaml
 from . import day2
 from .api import MoEDeploymentSpec
 from moe_core.gpu import GpuClass
+from . import images
 from .images import RUNTIME_REPOSITORY, runtime_image
 from .model_uri import ModelURI
 from .security import container_security, pod_security
@@ -81,10 +82,8 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
 def engine_image(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, runtime_repository: str) -> str:
     if spec.engine.image:
         return spec.engine.image
-    if spec.engine.name == "sglang":
-        return f"lmsysorg/sglang:v{plan.engine.version}" + ("-rocm" if gpu.is_rocm else "")
-    if spec.engine.name == "vllm":
-        return f"vllm/vllm-openai:v{plan.engine.version}" + ("-rocm" if gpu.is_rocm else "")
+    if spec.engine.name in ("sglang", "vllm"):
+        return images.engine_image(spec.engine.name, plan.engine.version, gpu)  # per CPU arch (images.py)
     return runtime_image(gpu, runtime_repository)
 
 

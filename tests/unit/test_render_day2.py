@@ -141,3 +141,17 @@ def test_inference_pool_selects_exactly_the_serving_pods(ckpt):
     assert objs["InferencePool"]["spec"]["endpointPickerRef"]["name"] == "epp"
     # a LeaderWorkerSet's workers serve no HTTP: only leaders are in the pool
     assert day2.serving_selector("m", True)["moe.serving.dev/role"] == "leader"
+
+
+def test_engine_images_follow_the_cpu_arch():
+    from moe_core.gpu import from_name
+
+    from moe_operator.images import engine_image
+
+    gb200 = from_name("sm100").model_copy(update={"arch": "arm64", "product": "NVIDIA-GB200"})
+    h200 = from_name("sm90")
+    assert gb200.arch == "arm64" and h200.arch == "amd64"
+    assert engine_image("vllm", "0.33.0", gb200) == "vllm/vllm-openai:v0.33.0-aarch64"
+    assert engine_image("vllm", "0.33.0", h200) == "vllm/vllm-openai:v0.33.0"
+    # sglang's version tag is the multi-arch manifest (its arm64 image is the Grace-Blackwell build)
+    assert engine_image("sglang", "0.5.23", gb200) == engine_image("sglang", "0.5.23", h200) == "lmsysorg/sglang:v0.5.23"
