@@ -32,6 +32,7 @@ class Hub:
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.fail_after: dict[str, int] = {}  # path -> bytes to send before dropping the connection (once)
+        self.throttle: float | None = None  # bytes per second for file bodies (None: as fast as it goes)
         self._server: ThreadingHTTPServer | None = None
         self._n = 0
 
@@ -96,6 +97,16 @@ class Hub:
                 h.connection.shutdown(2)
             except OSError:
                 pass
+            return
+        if self.throttle and len(body) > 65536:
+            import time
+            for i in range(0, len(body), 65536):
+                try:
+                    h.wfile.write(body[i:i + 65536])
+                    h.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(65536 / self.throttle)
             return
         h.wfile.write(body)
 

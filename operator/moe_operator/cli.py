@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dev-cluster": ("moe_operator.devcluster.cli", "local control plane with simulated GPU nodes (up|down|status)"),
     "run": ("moe_operator.run_cli", "run the operator (kopf) against the configured cluster"),
     "demo": ("moe_operator.demo", "end-to-end local demo: control plane, operator, samples, one runtime"),
+    "download-model": ("moe_operator.download_cli", "fill a model cache directory with one hub commit (the cache Job)"),
 }
 
 

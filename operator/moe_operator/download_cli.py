@@ -1,0 +1,171 @@
+"""`moe-operator download-model`: fill a model cache directory with one hub commit (the model cache
+Job runs it on the cache PVC).
+
+The commit's file list from the hub (huggingface_hub list_repo_tree), then each file through the hub's
+resolve URL into --dir, resumable across runs (a file cut off midway continues from its .part with a
+Range request), only the files the engines read (--allow, default ALLOW_PATTERNS), the token from
+HF_TOKEN (the Job sets it from model.tokenSecretRef). Progress is
+one JSON line per --interval seconds on stdout ({"bytesDone", "bytesTotal", "files"}; the operator
+reads the last one from the pod's log). When every file is there at the size the hub lists, it
+writes the ready marker (READY_MARKER, JSON with the revision; pods' init check greps it) and the
+same JSON to --termination-log. A marker of the same revision already there: nothing to do.
+
+Exit statuses: 0 ready; 1 the download failed (the cause is the last line and the termination
+message); 3 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+READY_MARKER = ".moe-ready"
+# What sglang / vLLM / the bundled runtime read: configs, tokenizers, chat templates, weights
+# (safetensors only), remote code. Not *.bin/*.pth/*.gguf duplicates or original/ folders.
+ALLOW_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja", "*.py")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repo", required=True, help="org/name on the hub (HF_ENDPOINT for a mirror)")
+    p.add_argument("--revision", required=True, help="the commit sha (status.revision)")
+    p.add_argument("--dir", required=True, help="the cache directory (the PVC's mount)")
+    p.add_argument("--allow", action="append", default=None, help=f"glob of files to fetch (default {' '.join(ALLOW_PATTERNS)})")
+    p.add_argument("--termination-log", default=None, help="write the final JSON here too (/dev/termination-log)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between progress lines")
+
+
+def wanted(path: str, patterns) -> bool:
+    return not path.startswith("original/") and any(fnmatch.fnmatch(path, pat) for pat in patterns)
+
+
+PARTIAL = ".partial"  # <dir>/.partial/<file>.part: what a killed run had fetched, continued by the next
+
+
+def bytes_on_disk(root: Path, files: dict[str, int]) -> int:
+    """Finished files count their size, partial ones what is written so far."""
+    done = 0
+    for rel, size in files.items():
+        p, part = root / rel, root / PARTIAL / (rel + ".part")
+        if p.is_file():
+            done += min(p.stat().st_size, size)
+        elif part.is_file():
+            done += min(part.stat().st_size, size)
+    return done
+
+
+def fetch_file(repo: str, revision: str, rel: str, size: int, root: Path, attempts: int = 5) -> None:
+    """One file of the commit through the hub's resolve URL (huggingface_hub's URL, headers with
+    HF_TOKEN, session), appended to its .part from where it stopped (Range), renamed when whole.
+    huggingface_hub >= 2 downloads every run into a fresh temporary file (no resume across
+    processes), so a Job restarted after a node loss would start a 700 GB model over; this does not."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    dest, part = root / rel, root / PARTIAL / (rel + ".part")
+    if dest.is_file() and dest.stat().st_size == size:
+        return
+    part.parent.mkdir(parents=True, exist_ok=True)
+    url = hf_hub_url(repo, rel, revision=revision)
+    for attempt in range(attempts):
+        have = part.stat().st_size if part.is_file() else 0
+        if have > size:
+            part.unlink()
+            have = 0
+        if have < size:
+            headers = build_hf_headers()
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            try:
+                with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as r:
+                    hf_raise_for_status(r)
+                    mode = "ab" if have and r.status_code == 206 else "wb"  # 200: the server ignored Range
+                    with part.open(mode) as f:
+                        for chunk in r.iter_bytes(1 << 20):
+                            f.write(chunk)
+            except Exception as e:  # noqa: BLE001 - network trouble: continue from what arrived
+                if attempt == attempts - 1 or getattr(getattr(e, "response", None), "status_code", 500) in (401, 403, 404):
+                    raise
+                time.sleep(min(2 ** attempt, 30))
+                continue
+        if part.stat().st_size == size:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(part, dest)
+            return
+    raise OSError(f"{rel}: {part.stat().st_size if part.is_file() else 0} of {size} bytes after {attempts} attempts")
+
+
+def read_marker(root: Path) -> dict | None:
+    try:
+        return json.loads((root / READY_MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _finish(args, result: dict, code: int) -> int:
+    line = json.dumps(result, sort_keys=True)
+    print(line, flush=True)
+    if args.termination_log:
+        try:
+            Path(args.termination_log).write_text(line)
+        except OSError as e:
+            print(f"cannot write {args.termination_log}: {e}", file=sys.stderr)
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    root = Path(args.dir)
+    patterns = tuple(args.allow or ALLOW_PATTERNS)
+    marker = read_marker(root)
+    if marker and marker.get("revision") == args.revision:
+        return _finish(args, {**marker, "ready": True, "already": True}, 0)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tree = [f for f in HfApi().list_repo_tree(args.repo, revision=args.revision, recursive=True)
+                if isinstance(f, RepoFile) and wanted(f.path, patterns)]
+    except Exception as e:  # noqa: BLE001 - the cause goes to the operator's condition
+        return _finish(args, {"error": f"listing {args.repo}@{args.revision}: {type(e).__name__}: {e}"}, 1)
+    files = {f.path: int(f.size or 0) for f in tree}
+    total = sum(files.values())
+    if not any(wanted(p, ("*.safetensors",)) for p in files):
+        return _finish(args, {"error": f"{args.repo}@{args.revision} has no *.safetensors files among {len(files)} "
+                                       f"matching {' '.join(patterns)}"}, 1)
+    failure: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            for rel in sorted(files, key=lambda r: files[r]):  # small files (configs) first
+                fetch_file(args.repo, args.revision, rel, files[rel], root)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            failure.append(e)
+
+    t = threading.Thread(target=fetch, daemon=True)
+    t.start()
+    while True:
+        t.join(args.interval)
+        print(json.dumps({"bytesDone": bytes_on_disk(root, files), "bytesTotal": total, "files": len(files)}), flush=True)
+        if not t.is_alive():
+            break
+    if failure:
+        e = failure[0]
+        return _finish(args, {"error": f"download of {args.repo}@{args.revision} failed: {type(e).__name__}: {e}",
+                              "bytesDone": bytes_on_disk(root, files), "bytesTotal": total}, 1)
+    short = {rel: (root / rel).stat().st_size if (root / rel).is_file() else None
+             for rel, size in files.items() if not (root / rel).is_file() or (root / rel).stat().st_size != size}
+    if short:
+        return _finish(args, {"error": f"incomplete download: {len(short)} files missing or of the wrong size "
+                                       f"({', '.join(sorted(short)[:5])})", "bytesTotal": total}, 1)
+    result = {"repo": args.repo, "revision": args.revision, "bytesDone": total, "bytesTotal": total,
+              "files": len(files), "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    tmp = root / (READY_MARKER + ".tmp")
+    tmp.write_text(json.dumps(result, sort_keys=True))
+    os.replace(tmp, root / READY_MARKER)  # atomic: a reader sees no marker or a whole one
+    return _finish(args, {**result, "ready": True}, 0)

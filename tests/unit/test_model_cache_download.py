@@ -1,0 +1,109 @@
+"""`moe-operator download-model` as a real process against a local HTTP server speaking the hub API:
+only the files engines read, progress lines, the ready marker, a resumed download after a kill -9,
+gated repos with the token from the environment, failures with the cause."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hub_server import Hub  # noqa: E402
+
+from moe_operator.download_cli import READY_MARKER  # noqa: E402
+
+EXE = str(Path(sys.executable).parent / "moe-operator")
+WEIGHTS = os.urandom(3 * 1024 * 1024 + 17)
+
+
+def files(extra=None):
+    f = {"config.json": json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}).encode(),
+         "tokenizer.json": b'{"version": "1.0"}', "model-00001-of-00001.safetensors": WEIGHTS,
+         "pytorch_model.bin": b"x" * 1000, "original/consolidated.pth": b"y" * 1000}
+    f.update(extra or {})
+    return f
+
+
+@pytest.fixture
+def hub():
+    h = Hub()
+    h.start()
+    yield h
+    h.stop()
+
+
+def env(hub, tmp_path, **kw):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    e.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(tmp_path / "hf-home"), **kw)
+    return e
+
+
+def start(hub, tmp_path, repo, sha, **kw):
+    cmd = [EXE, "download-model", "--repo", repo, "--revision", sha, "--dir", str(tmp_path / "cache"),
+           "--interval", "0.2", "--termination-log", str(tmp_path / "term")]
+    return subprocess.Popen(cmd, env=env(hub, tmp_path, **kw), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_downloads_only_what_engines_read_reports_progress_and_marks_ready(hub, tmp_path):
+    sha = hub.upload("org/m", files())
+    p = start(hub, tmp_path, "org/m", sha)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    cache = tmp_path / "cache"
+    assert (cache / "model-00001-of-00001.safetensors").read_bytes() == WEIGHTS
+    assert (cache / "tokenizer.json").is_file() and not (cache / "pytorch_model.bin").exists()
+    assert not (cache / "original").exists()
+    lines = [json.loads(x) for x in out.splitlines()]
+    total = len(WEIGHTS) + len(files()["config.json"]) + len(files()["tokenizer.json"])
+    assert all(x["bytesTotal"] == total for x in lines if "bytesTotal" in x)
+    final = json.loads((tmp_path / "term").read_text())
+    assert final["ready"] and final["revision"] == sha and final["bytesDone"] == total
+    assert json.loads((cache / READY_MARKER).read_text())["revision"] == sha
+    # a second run (a re-created Job) finds the marker and downloads nothing
+    before = len(hub.requests)
+    p = start(hub, tmp_path, "org/m", sha)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0 and json.loads(out.splitlines()[-1])["already"] and len(hub.requests) == before
+
+
+def test_a_killed_download_resumes_with_a_range_request(hub, tmp_path):
+    sha = hub.upload("org/m", files())
+    hub.throttle = 1024 * 1024  # ~3 s for the weights
+    p = start(hub, tmp_path, "org/m", sha)
+    done = 0
+    deadline = time.time() + 60
+    while done < 256 * 1024 and time.time() < deadline:
+        line = p.stdout.readline()
+        if line.startswith("{"):
+            done = json.loads(line).get("bytesDone", 0)
+    assert done >= 256 * 1024, "no progress reported"
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    assert not (tmp_path / "cache" / READY_MARKER).exists()
+    hub.throttle = None
+    p = start(hub, tmp_path, "org/m", sha)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert (tmp_path / "cache" / "model-00001-of-00001.safetensors").read_bytes() == WEIGHTS
+    ranges = [r for m, path, r in hub.requests if m == "GET" and path.endswith(".safetensors") and r]
+    assert ranges and int(ranges[-1].split("=")[1].split("-")[0]) > 0  # continued, not restarted
+
+
+def test_gated_repo_needs_the_token_and_failures_say_why(hub, tmp_path):
+    sha = hub.upload("org/gated", files(), token="sekret")
+    p = start(hub, tmp_path, "org/gated", sha)
+    p.communicate(timeout=60)
+    assert p.returncode == 1
+    assert "org/gated" in json.loads((tmp_path / "term").read_text())["error"]
+    p = start(hub, tmp_path, "org/gated", sha, HF_TOKEN="sekret")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    no_weights = hub.upload("org/empty", {"config.json": b"{}"})
+    p = start(hub, tmp_path, "org/empty", no_weights)
+    p.communicate(timeout=60)
+    assert p.returncode == 1 and "no *.safetensors" in json.loads((tmp_path / "term").read_text())["error"]
