@@ -241,3 +241,18 @@ def test_keda_scaled_object_is_accepted_by_its_crd(kubectl, namespace, operator,
     assert t["type"] == "prometheus" and t["metadata"]["threshold"] == "0.8"
     assert "sglang:token_usage" in t["metadata"]["query"]
     wait_cond(kubectl, namespace, "keda", "Degraded", "False", "Applied", log=operator.log_tail)
+
+
+def test_multi_node_rollout_settings_are_accepted_by_the_leaderworkerset_crd(kubectl, namespace, operator):
+    """No LWS controller runs locally: the LWS CRD validates the rolloutStrategy the operator renders."""
+    apply(kubectl, sample(namespace, "deepseek-v3-fp8-multinode.yaml", "multi", replicas=2))
+    lws = wait_for(lambda: get_json(kubectl, "leaderworkersets.leaderworkerset.x-k8s.io", "multi", "-n", namespace),
+                   60, "LeaderWorkerSet", operator.log_tail)
+    assert lws["spec"]["rolloutStrategy"]["type"] == "RollingUpdate"
+    cfg = lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
+    assert cfg["maxSurge"] + cfg["maxUnavailable"] >= 1
+    pdb = wait_for(lambda: get_json(kubectl, "pdb", "multi", "-n", namespace), 30, "PodDisruptionBudget",
+                   operator.log_tail)
+    assert pdb["spec"]["maxUnavailable"] == 1  # one pod down = one group down; the next must wait
+    st = moed(kubectl, namespace, "multi")["status"]
+    assert st["selector"].endswith("moe.serving.dev/role=leader")
