@@ -113,8 +113,8 @@ def test_rendered_pods_run_without_root_token_or_privileges(kubectl, namespace, 
 def test_token_secret_must_be_marked_for_model_use(kubectl, namespace, operator):
     kubectl("-n", namespace, "create", "secret", "generic", "db-password", "--from-literal=token=hunter2")
     doc = sample(namespace, "deepseek-v3-nvfp4-b200.yaml", "tok")
-    # an hf:// model (the token reaches the pod), format given so nothing is fetched from the hub
-    doc["spec"]["model"] = {"uri": "hf://nvidia/DeepSeek-V3-0324-FP4", "format": "nvfp4",
+    # an hf:// model (the token reaches the pod); format and a commit sha given, so the hub is not asked
+    doc["spec"]["model"] = {"uri": "hf://nvidia/DeepSeek-V3-0324-FP4@" + "0" * 40, "format": "nvfp4",
                             "architecture": "DeepseekV3ForCausalLM", "tokenSecretRef": {"name": "db-password"}}
     apply(kubectl, doc)
     c = planned_condition(kubectl, namespace, "tok", "False", "PolicyViolation", log=operator.log_tail)
