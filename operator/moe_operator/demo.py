@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     op = subprocess.Popen([sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", kubeconfig,
                            "--standalone", "--metrics-port", "0", "--liveness", "",
                            "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints"),
-                           "--allow-host-path", "/models"],  # the samples' file:///models/...
+                           # the samples' file:///models/... and the tiny checkpoint the demo writes
+                           "--allow-host-path", "/models", "--allow-host-path", str(demo_cache())],
                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                           env={**env, "MOE_RESYNC_SECONDS": "3", "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
@@ -175,8 +176,12 @@ def _table(objs: dict, pods: list) -> str:
     return "\n".join(lines)
 
 
+def demo_cache() -> Path:
+    return Path(os.environ.get("MOE_CACHE_DIR", Path.home() / ".cache" / "moe-operator")) / "demo"
+
+
 def _runtime(k, op, kubeconfig: str) -> int:
-    cache = Path(os.environ.get("MOE_CACHE_DIR", Path.home() / ".cache" / "moe-operator")) / "demo"
+    cache = demo_cache()
     ckpt = cache / "tiny-deepseek-v3-nvfp4"
     runtime = shutil.which("moe-runtime") or str(Path(sys.executable).parent / "moe-runtime")
     if not (ckpt / "config.json").is_file():
