@@ -19,6 +19,7 @@ log = logging.getLogger("moe_operator.kube")
 
 _API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "ConfigMap": "v1",
                  "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1", "Job": "batch/v1",
+                 "PersistentVolumeClaim": "v1",  # model caches (model_cache.py)
                  # day-2 objects (day2.py); the last two are optional CRDs (KEDA, Gateway API Inference Extension)
                  "PodDisruptionBudget": "policy/v1", "HorizontalPodAutoscaler": "autoscaling/v2",
                  "ScaledObject": "keda.sh/v1alpha1", "InferencePool": "inference.networking.k8s.io/v1"}
@@ -133,15 +134,18 @@ class Kube:
         patch = {"webhooks": [{"name": w.name, "clientConfig": {"caBundle": bundle}} for w in vwc.webhooks or []]}
         api.patch_validating_webhook_configuration(name, patch)
 
-    def secret_labels(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The Secret's labels (None: no such Secret); its data is not kept."""
+    def _secret(self, namespace: str, name: str):
         try:
-            s = self.core.read_namespaced_secret(name, namespace)
+            return self.core.read_namespaced_secret(name, namespace)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
-        return dict(s.metadata.labels or {})
+
+    def secret_labels(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The Secret's labels (None: no such Secret); its data is not kept."""
+        s = self._secret(namespace, name)
+        return None if s is None else dict(s.metadata.labels or {})
 
     def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about a MoEDeployment, posted directly (works from any task, unlike
@@ -163,13 +167,9 @@ class Kube:
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
         import base64
-        try:
-            s = self.core.read_namespaced_secret(name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        raw = (s.data or {}).get(key)
+
+        s = self._secret(namespace, name)
+        raw = (s.data or {}).get(key) if s is not None else None
         return base64.b64decode(raw).decode() if raw else None
 
     # --- inspection Job (pvc://, and file:// paths only nodes can see) -----------------------
@@ -209,6 +209,49 @@ class Kube:
                     except json.JSONDecodeError:
                         return {"error": term.message.strip()[-2000:]}
         return {"error": f"inspection Job {name} finished without a termination message"}
+
+
+    # --- model caches (model_cache.py) ---------------------------------------------------------
+
+    def merge_patch_metadata(self, kind: str, namespace: str, name: str, metadata: dict[str, Any]) -> None:
+        """JSON merge patch of labels/annotations (None removes a key): several MoEDeployments mark
+        one shared cache PVC without taking each other's marks away, as an apply would."""
+        try:
+            self._resource(kind).patch(body={"metadata": metadata}, name=name, namespace=namespace,
+                                       content_type="application/merge-patch+json", field_manager=FIELD_MANAGER)
+        except ApiException as e:
+            raise ApplyError("ApplyFailed", f"patch {kind}/{name}: {_api_message(e)}") from None
+
+    def list_labeled(self, kind: str, namespace: str | None, selector: str) -> list[dict[str, Any]]:
+        """Objects of `kind` with these labels in one namespace (None: every namespace)."""
+        return [o.to_dict() for o in self._resource(kind).get(namespace=namespace, label_selector=selector).items]
+
+    def _job_pods(self, namespace: str, job: str):
+        return self.core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
+
+    def job_termination_message(self, namespace: str, job: str) -> dict[str, Any] | None:
+        """The JSON its pod's container left as termination message (current or last state)."""
+        for pod in self._job_pods(namespace, job):
+            for cs in pod.status.container_statuses or []:
+                for state in (cs.state, cs.last_state):
+                    term = state.terminated if state else None
+                    if term and term.message:
+                        try:
+                            return json.loads(term.message.strip().splitlines()[-1])
+                        except (json.JSONDecodeError, IndexError):
+                            return {"error": term.message.strip()[-2000:]}
+        return None
+
+    def job_log_tail(self, namespace: str, job: str) -> str:
+        """The last lines of a running Job pod's log (its progress lines); '' when there is none."""
+        for pod in self._job_pods(namespace, job):
+            if (pod.status.phase or "") != "Running":
+                continue
+            try:
+                return self.core.read_namespaced_pod_log(pod.metadata.name, namespace, tail_lines=5) or ""
+            except ApiException:
+                return ""
+        return ""
 
 
 def _api_message(e: ApiException) -> str:
