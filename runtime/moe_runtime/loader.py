@@ -22,9 +22,10 @@ from moe_core.runtime import BUNDLED
 from moe_kernels.experts import ExpertWeights, dequantize
 from moe_kernels.formats import Fp8BlockTensor, MxFp4Tensor, NvFp4Tensor
 
+from .config_keys import normalize as normalize_config
 from .errors import RuntimeFailure
 from .log import log as _log
-from .model_spec import arch_of, is_fp8_linear, is_moe_layer, is_routed_expert_weight, num_experts, tensor_specs
+from .model_spec import arch_of, fused_expert_layers, is_fp8_linear, is_moe_layer, is_routed_expert_weight, num_experts, tensor_specs
 
 _TORCH_DTYPE = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "U8": torch.uint8,
                 "F8_E4M3": torch.float8_e4m3fn}
@@ -52,6 +53,7 @@ def validate_checkpoint(path: str | Path) -> Validated:
         raise RuntimeFailure(f"cannot load checkpoint: {e}") from None
     config = json.loads((root / "config.json").read_text())
     arch = arch_of(config)
+    config = normalize_config(config, arch)  # every spelling transformers has written (config_keys)
     if info.format not in BUNDLED.checkpoint_formats:
         raise RuntimeFailure(
             f"{root}: unsupported checkpoint format {info.format!r} ({info.formatSource}); the bundled runtime "
@@ -71,7 +73,7 @@ def validate_checkpoint(path: str | Path) -> Validated:
     packed = {"fp8": "F8_E4M3", "nvfp4": "U8", "mxfp4": "U8"}.get(expert_format)
     quantized = {n for n, m in headers.items() if m.dtype == packed and is_fp8_linear(n)
                  and not is_routed_expert_weight(n)} if packed else None
-    specs = tensor_specs(config, expert_format, quantized)
+    specs = tensor_specs(config, expert_format, quantized, fused_expert_layers(config, headers))
     missing = [n for n, s in specs.items() if n not in headers and not s.optional]
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
@@ -167,6 +169,9 @@ def _stack_experts(t: dict[str, torch.Tensor], prefix: str, E: int, fmt: str, lo
     def w2(suffix: str) -> torch.Tensor:
         return torch.stack([get(e, "down_proj", suffix) for e in range(E)])
 
+    if fmt == "bf16" and f"{prefix}experts.gate_up_proj" in t:  # fused layout (model_spec.fused_expert_layers)
+        return {"w13_weight": t.pop(f"{prefix}experts.gate_up_proj").to(torch.bfloat16).contiguous(),
+                "w2_weight": t.pop(f"{prefix}experts.down_proj").to(torch.bfloat16).contiguous()}
     if fmt == "bf16":
         return {"w13_weight": w13("weight").to(torch.bfloat16), "w2_weight": w2("weight").to(torch.bfloat16)}
     if fmt == "mxfp4":
@@ -218,17 +223,25 @@ class LoadedCheckpoint:
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.bfloat16,
-                    log: Callable[..., None] = _log, validated: Validated | None = None) -> LoadedCheckpoint:
+                    log: Callable[..., None] = _log, validated: Validated | None = None,
+                    shard=None) -> LoadedCheckpoint:
+    """`shard` (a moe_runtime.parallel.ShardPlan): read only this rank's slices (tensor/expert parallel)."""
     v = validated or validate_checkpoint(path)
     if v.ignored:
         log("load_ignored", f"{len(v.ignored)} tensors not used by the model (e.g. {v.ignored[0]})")
-    raw, secs = read_tensors(v, device, log)
+    if shard is not None:
+        from .parallel import read_sharded
+
+        raw, secs = read_sharded(v, device, log, shard, shard.lay.rank)
+    else:
+        raw, secs = read_tensors(v, device, log)
     log("load_done", f"{v.nbytes / 1e9:.3f} GB in {secs:.2f}s", gb_per_s=round(v.nbytes / max(secs, 1e-9) / 1e9, 3))
     cfg = v.config
     experts: dict[int, Any] = {}
     for i in range(cfg["num_hidden_layers"]):
         if is_moe_layer(cfg, i):
-            stacked = _stack_experts(raw, f"model.layers.{i}.mlp.", num_experts(cfg), v.expert_format, log)
+            E = shard.local_experts if shard is not None else num_experts(cfg)
+            stacked = _stack_experts(raw, f"model.layers.{i}.mlp.", E, v.expert_format, log)
             experts[i] = ExpertWeights.from_quantized(v.expert_format, **stacked)
     dense: dict[str, torch.Tensor] = {}
     for n in [n for n in raw if n.endswith(".weight")]:

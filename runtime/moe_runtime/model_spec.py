@@ -29,7 +29,9 @@ def arch_of(cfg: dict[str, Any]) -> str:
 
 
 def num_experts(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
+    """Routed experts under any spelling (config_keys.ALIASES: n_routed_experts / num_experts /
+    num_local_experts)."""
+    return int(cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
 
 
 def is_moe_layer(cfg: dict[str, Any], i: int) -> bool:
@@ -122,7 +124,18 @@ class Spec:
         return f"shape {list(self.shape)} dtype {'/'.join(self.dtypes)}"
 
 
-def tensor_specs(cfg: dict[str, Any], expert_format: str, quantized_linears: set[str] | None = None) -> dict[str, Spec]:
+def fused_expert_layers(cfg: dict[str, Any], names) -> set[int]:
+    """MoE layers whose routed experts are stored fused, as transformers >= 5 holds them in memory
+    (Qwen3MoeExperts / DeepseekV3NaiveMoe: `experts.gate_up_proj` [E, 2I, H] with gate rows first,
+    `experts.down_proj` [E, H, I]) rather than per expert (`experts.{e}.gate_proj.weight`, what
+    save_pretrained writes back through its conversion mapping and what the hub has)."""
+    names = set(names)
+    return {i for i in range(cfg["num_hidden_layers"])
+            if is_moe_layer(cfg, i) and f"model.layers.{i}.mlp.experts.gate_up_proj" in names}
+
+
+def tensor_specs(cfg: dict[str, Any], expert_format: str, quantized_linears: set[str] | None = None,
+                 fused_layers: set[int] = frozenset()) -> dict[str, Spec]:
     """Expected tensors. Routed experts must be in `expert_format`. `quantized_linears`: other
     decoder linears that the headers show quantized in the same scheme (F8 for fp8, U8 for
     nvfp4/mxfp4); real checkpoints differ in which of those they quantize (DeepSeek-V3 FP8: all,
@@ -152,4 +165,14 @@ def tensor_specs(cfg: dict[str, Any], expert_format: str, quantized_linears: set
                 specs[stem + "weight_scale_inv"] = Spec((math.ceil(out / 128), math.ceil(inp / 128)), ("F32", "BF16"))
             else:
                 specs[name] = Spec(shape, FLOAT_DTYPES)
+    for i in fused_layers:
+        if expert_format != "bf16":
+            raise RuntimeFailure(f"model.layers.{i}.mlp.experts.gate_up_proj: fused routed experts are read in bf16 "
+                                 f"checkpoints only, this one has {expert_format} experts")
+        m = f"model.layers.{i}.mlp."
+        for n in [n for n in specs if n.startswith(m + "experts.")]:
+            del specs[n]
+        E, inter, H = num_experts(cfg), cfg["moe_intermediate_size"], cfg["hidden_size"]
+        specs[m + "experts.gate_up_proj"] = Spec((E, 2 * inter, H), FLOAT_DTYPES)
+        specs[m + "experts.down_proj"] = Spec((E, H, inter), FLOAT_DTYPES)
     return specs

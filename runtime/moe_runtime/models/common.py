@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config_keys import rope_dict
 from ..errors import RuntimeFailure
 from ..model_spec import is_moe_layer
 
@@ -74,9 +75,9 @@ def rope_parameters(cfg: dict[str, Any], dim: int) -> tuple[torch.Tensor, float,
     Supports the default rope and YaRN (DeepSeek-V3's `rope_scaling: {type: yarn, factor, ...}`, with
     its mscale/mscale_all_dim softmax correction). Other scaling types are rejected clearly rather than
     served with silently wrong positions."""
-    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    base = float(rs.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
-    kind = rs.get("rope_type") or rs.get("type") or "default"
+    rs = rope_dict(cfg, "")  # both spellings (rope_parameters / rope_theta + rope_scaling): config_keys
+    base = rs["rope_theta"]
+    kind = rs["rope_type"]
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if kind == "default":
         return inv_freq, 1.0, 1.0
