@@ -78,6 +78,9 @@ class ModelSource(_Model):
     revisionPolicy: Literal["pin", "follow"] = Field("pin", description=(
         "hf:// without @revision: pin resolves the hub's commit at first use and keeps it (status.revision) until "
         "the spec changes; follow re-resolves it, so a new upload rolls the pods"))
+    cache: ModelCache = Field(default_factory=lambda: ModelCache(), description=(
+        "hf:// only: download the model once into a PVC per (model, revision) shared by every MoEDeployment "
+        "of the namespace, mounted read-only"))
 
 
 class EngineSpec(_Model):
@@ -147,6 +150,15 @@ LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, max_length=316)]
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
 _QUANTITIES = ("self.all(k, isQuantity(self[k]))", "resource values must be Kubernetes quantities (e.g. 500m, 64Gi)")
+
+
+class ModelCache(_Model):
+    enabled: bool = Field(False, description="download into a shared PVC instead of every pod's emptyDir")
+    storageClassName: str | None = Field(None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                                         description="StorageClass of the PVC (default: the cluster's default class)")
+    size: Quantity | None = Field(None, description="PVC size (default: the checkpoint's bytes + 10%, at least 1Gi)")
+    accessMode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
+        "ReadWriteMany", description="ReadWriteMany lets replicas on several nodes share it; ReadWriteOnce keeps them on one node")
 
 
 class Resources(_Model):
@@ -310,6 +322,14 @@ class WorkloadRef(_Model):
     name: str
 
 
+class ModelCacheStatus(_Model):
+    claimName: str
+    state: Literal["Pending", "Downloading", "Ready", "Failed"]
+    bytesDone: int | None = None
+    bytesTotal: int | None = None
+    message: str = Field("", max_length=4096)
+
+
 class MoEDeploymentStatus(_Model):
     observedGeneration: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -326,6 +346,7 @@ class MoEDeploymentStatus(_Model):
     readyReplicas: int | None = None
     revision: str | None = Field(None, description="the hub commit the model is pinned to (hf://)")
     revisionUri: str | None = Field(None, description="model.uri the revision was resolved for (a spec change re-resolves)")
+    modelCache: ModelCacheStatus | None = None
     selector: str | None = Field(None, description="label selector of the serving pods (the scale subresource's labelSelectorPath)")
     optionalObjects: list[str] | None = Field(None, description="kinds of the optional objects last rendered "
                                               "(PodDisruptionBudget, autoscaler, InferencePool): pruned when no longer asked for")

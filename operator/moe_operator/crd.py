@@ -80,6 +80,8 @@ PRINTER_COLUMNS = [
     {"name": "GPU", "type": "string", "jsonPath": ".status.gpuClass"},
     {"name": "Backend", "type": "string", "jsonPath": ".status.runnerBackend"},
     {"name": "Deferred", "type": "boolean", "jsonPath": ".status.deferredFinalize", "priority": 1},
+    {"name": "Revision", "type": "string", "jsonPath": ".status.revision", "priority": 1},
+    {"name": "Cache", "type": "string", "jsonPath": ".status.modelCache.state"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

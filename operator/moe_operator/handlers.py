@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from . import API_GROUP, API_VERSION, PLURAL
-from . import webhook
+from . import model_cache, webhook
 from .inventory import NodeInfo, build, fingerprint, node_info, pod_gpu_requests
 from .kube import Kube
 from .metrics import GPU_CLASSES, RECONCILES
@@ -175,6 +175,13 @@ async def sweep(st: State, logger: Any) -> int:
         except Exception as e:  # noqa: BLE001 - the next object and the next tick go on
             failed += 1
             logger.warning("resync of %s/%s failed: %s: %s", meta["namespace"], meta["name"], type(e).__name__, e)
+    try:  # model caches whose last user is gone: released, deleted after the grace period
+        for claim in await asyncio.to_thread(model_cache.sweep, st.kube, items, st.cfg.namespaces,
+                                             st.cfg.model_cache_grace_seconds):
+            logger.info("deleted model cache %s (unused for %ss)", claim, st.cfg.model_cache_grace_seconds)
+    except Exception as e:  # noqa: BLE001 - the next tick retries
+        failed += 1
+        logger.warning("model cache sweep failed: %s: %s", type(e).__name__, e)
     return failed
 
 

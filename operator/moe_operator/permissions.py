@@ -22,9 +22,12 @@ NAMESPACED: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("", "services"): (frozenset({"get", "create", "patch"}), "owned Service: drift GET, apply"),
     ("", "configmaps"): (frozenset({"get", "create", "patch"}), "owned plan ConfigMap: drift GET, apply"),
     ("batch", "jobs"): (frozenset({"get", "create", "patch", "delete"}),
-                        "inspection Job: Kube.inspection_job GETs, applies, deletes once read"),
-    ("", "pods"): (frozenset({"list", "watch"}), "kopf index of GPU requests; the inspection Job's pod status"),
-    ("", "persistentvolumeclaims"): (frozenset({"get"}), "pvc:// models: the claim must exist before a Job runs"),
+                        "inspection Job: Kube.inspection_job GETs, applies, deletes once read; model cache fill Job"),
+    ("", "pods"): (frozenset({"list", "watch"}), "kopf index of GPU requests; the inspection and cache Jobs' pod status"),
+    ("", "pods/log"): (frozenset({"get"}), "model cache: the download Job's progress lines (Kube.job_log_tail)"),
+    ("", "persistentvolumeclaims"): (frozenset({"get", "list", "create", "patch", "delete"}),
+                                     "pvc:// models: the claim must exist before a Job runs; model caches: apply, "
+                                     "user labels (merge patch), list and delete unused ones"),
     ("", "secrets"): (frozenset({"get"}), "model.tokenSecretRef: its label, and the token for hf:// inspection"),
     ("", "events"): (frozenset({"create"}), "Kube.post_event, and kopf's own posting of handler logs"),
     # day-2 objects (day2.py): drift GET, apply, delete when the spec stops asking for them

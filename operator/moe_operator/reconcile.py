@@ -23,6 +23,7 @@ from .api import Condition, MoEDeploymentSpec, MoEDeploymentStatus, WorkloadRef
 from .drift import differences
 from .images import RUNTIME_REPOSITORY, runtime_image
 from .inspection import InspectionFailed, InspectionPending, inspect_spec, pin
+from . import model_cache
 from .inventory import ClassInventory, fingerprint
 from .kube import ApplyError, Kube, _api_message
 from .metrics import DECISIONS, ERRORS
@@ -46,6 +47,7 @@ class Config:
     admission_configuration: str | None = None  # the chart's ValidatingWebhookConfiguration (None: kopf makes one)
     policy: Policy = field(default_factory=Policy)
     engine_cache_root: str | None = None  # host directory for per-namespace engine caches (None: emptyDir)
+    model_cache_grace_seconds: float = 3600.0  # an unused model cache PVC is deleted after this long
 
 
 @dataclass
@@ -188,6 +190,29 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     conds = set_condition(conds, "Planned", "True", "Planned",
                           f"{gpu.key()}: {plan.moe.runnerBackend} (deferred finalize "
                           f"{'on' if plan.moe.deferredFinalize else 'off'}); " + " ".join(plan.reasons[:3]), gen)
+
+    # 2b. model cache: one PVC per (model, revision) in the namespace; the workload waits for it
+    if model_cache.enabled(spec):
+        image = runtime_image(from_name("sm90"), cfg.runtime_repository)  # amd64; the Job is pinned to amd64
+        old_claim = (status.get("modelCache") or {}).get("claimName")
+        cache = model_cache.ensure(kube, ns, name, spec, ckpt, image)
+        if old_claim and old_claim != cache.claimName:  # the revision moved (follow, or a new uri)
+            model_cache.release(kube, ns, name, keep=cache.claimName)
+        out.status["modelCache"] = cache.model_dump(exclude_none=True)
+        progress = (f"{cache.bytesDone or 0}/{cache.bytesTotal} bytes" if cache.bytesTotal else "size unknown")
+        conds = set_condition(conds, "ModelCacheReady", "True" if cache.state == "Ready" else "False", cache.state,
+                              f"{cache.claimName}: {progress}; {cache.message}", gen)
+        if cache.state != "Ready":
+            conds = set_condition(conds, "Available", "False", "WaitingForModelCache",
+                                  f"pods start once model cache {cache.claimName} is Ready ({progress})", gen)
+            if cache.state == "Failed":
+                out.events.append(("Warning", "ModelCacheFailed", cache.message))
+            out.retry_after = 10 if cache.state != "Failed" else 60
+            return finish(checkpoint=ckpt.model_dump(), format=ckpt.format, gpuClass=gpu.key(),
+                          runnerBackend=plan.moe.runnerBackend, plan=plan.model_dump(), inventoryHash=inv_fp)
+    elif status.get("modelCache"):  # the cache was turned off
+        model_cache.release(kube, ns, name)
+        out.status["modelCache"] = None
 
     # 3. render, compare with the live objects, apply what differs
     spare = day2.spare_gpu_sets(inv.free_per_node, spec.gpus_per_node(), spec.nodesPerReplica)

@@ -20,6 +20,7 @@ from . import day2
 from .api import MoEDeploymentSpec
 from moe_core.gpu import GpuClass
 from . import images
+from . import model_cache
 from .images import RUNTIME_REPOSITORY, runtime_image
 from .model_uri import ModelURI
 from .security import container_security, pod_security
@@ -67,6 +68,13 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
     repo, revision = uri.repo, uri.revision
     # the pinned hub commit (status.revision) in the environment too, for engines and tools that read it
     token_env = token_env + ([{"name": "HF_REVISION", "value": revision}] if revision else [])
+    if model_cache.enabled(spec) and revision:
+        # the shared cache PVC of (model, revision), read-only; the engine reads the local copy (no
+        # token, no hub) and serves it under the hub name
+        parts = model_cache.pod_parts(spec, image)
+        served = [] if engine == "bundled" else ["--served-model-name", repo]
+        return ModelLocation(model_cache.MOUNT, [parts.volume], [parts.mount], [parts.init_container],
+                             [{"name": "HF_REVISION", "value": revision}, {"name": "HF_HUB_OFFLINE", "value": "1"}], served)
     cache = {"name": "hf-cache", "emptyDir": {}}
     if engine == "bundled":
         # The bundled runtime serves a local directory: fetch it first (weights included) in an init container.

@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"do not require the label {TOKEN_SECRET_LABEL}=true on Secrets named by model.tokenSecretRef")
     p.add_argument("--engine-cache-host-path", default=None, metavar="DIR",
                    help="keep engine autotune caches on the node under DIR/<namespace>/ (default: per pod, emptyDir)")
+    p.add_argument("--model-cache-grace", type=float, default=3600.0, metavar="SECONDS",
+                   help="delete a model cache PVC this long after its last MoEDeployment went (default 3600)")
     p.add_argument("--kubeconfig", default=None)
 
 
@@ -80,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
                                     allowed_registries=tuple(args.allow_image_registry),
                                     require_token_label=not args.no_token_secret_label)
     handlers.CONFIG.engine_cache_root = args.engine_cache_host_path
+    handlers.CONFIG.model_cache_grace_seconds = args.model_cache_grace
     if args.admission:
         handlers.enable_admission()
     if args.metrics_port:

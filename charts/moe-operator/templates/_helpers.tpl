@@ -95,9 +95,14 @@ table in operator/moe_operator/permissions.py (tests/unit/test_chart.py compares
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
+# model cache: the download Job's progress lines
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+# pvc:// models (the claim must exist); model caches (apply, user labels, delete unused ones)
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 {{- if .Values.rbac.secrets.enabled }}
 # spec.model.tokenSecretRef (the Secret's label, and the token for hf:// inspection)
 - apiGroups: [""]

@@ -1,0 +1,238 @@
+"""Model cache: one PVC per (hf:// model, pinned revision) and namespace, filled once by a Job running
+`moe-operator download-model`, mounted read-only by every replica of every MoEDeployment of that
+model. Rendering is pure (pvc(), fill_job(), pod_parts()); `ensure()` is the I/O step reconcile calls.
+
+The PVC is not owned by any MoEDeployment (it outlives each of them): users mark it with a label
+`user.moe.serving.dev/<name>`; `collect()` deletes a cache no MoEDeployment uses any more once it
+has been unused for the grace period (annotation unused-since).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from moe_core.checkpoint import CheckpointInfo
+
+from .api import ModelCacheStatus, MoEDeploymentSpec
+from .download_cli import READY_MARKER
+from .model_uri import ModelURI
+from .security import container_security, pod_security
+
+MOUNT = "/models/cache"
+VOLUME = "model-cache"
+CACHE_LABEL = "moe.serving.dev/model-cache"
+USER_PREFIX = "user.moe.serving.dev/"
+A_MODEL, A_REVISION = "moe.serving.dev/model", "moe.serving.dev/revision"
+A_READY, A_UNUSED = "moe.serving.dev/cache-ready", "moe.serving.dev/unused-since"
+GiB = 1024 ** 3
+
+
+def enabled(spec: MoEDeploymentSpec) -> bool:
+    return spec.model.cache.enabled and spec.model.uri.startswith("hf://")
+
+
+def claim_name(repo: str, revision: str) -> str:
+    return "moe-model-" + hashlib.sha256(f"{repo}@{revision}".encode()).hexdigest()[:16]
+
+
+def size(spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None) -> str:
+    """spec.model.cache.size, else the checkpoint's bytes + 10% (configs, tokenizer), at least 1Gi."""
+    if spec.model.cache.size:
+        return spec.model.cache.size
+    total = ckpt.totalBytes if ckpt else 0
+    return f"{max(1, math.ceil(total * 1.1 / GiB))}Gi"
+
+
+def pvc(namespace: str, spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None) -> dict[str, Any]:
+    uri = ModelURI.parse(spec.model.uri)
+    c = spec.model.cache
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim_name(uri.repo, uri.revision), "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "moe-operator", CACHE_LABEL: "true"},
+                     "annotations": {A_MODEL: uri.repo, A_REVISION: uri.revision}},
+        "spec": {"accessModes": [c.accessMode], "resources": {"requests": {"storage": size(spec, ckpt)}}},
+    }
+    if c.storageClassName:
+        body["spec"]["storageClassName"] = c.storageClassName
+    return body
+
+
+def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str) -> dict[str, Any]:
+    """The Job that downloads the pinned commit into the cache PVC. Locked down like the engine pods;
+    the token only as a secretKeyRef; amd64 nodes (its image is the amd64 one)."""
+    uri = ModelURI.parse(spec.model.uri)
+    claim = claim_name(uri.repo, uri.revision)
+    env = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}, {"name": "HOME", "value": "/tmp"}]
+    if spec.model.tokenSecretRef:
+        ref = spec.model.tokenSecretRef
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": claim + "-fill", "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "moe-operator", "moe.serving.dev/role": "model-cache",
+                                CACHE_LABEL: "true"},
+                     "annotations": {A_MODEL: uri.repo, A_REVISION: uri.revision}},
+        "spec": {"backoffLimit": 6, "template": {
+            "metadata": {"labels": {"moe.serving.dev/role": "model-cache"}},
+            "spec": {
+                "restartPolicy": "OnFailure",  # a restart continues the download (.part files)
+                "automountServiceAccountToken": False,
+                "enableServiceLinks": False,
+                "nodeSelector": {"kubernetes.io/arch": "amd64"},
+                "securityContext": pod_security("bundled"),
+                "containers": [{
+                    "name": "download", "image": image,
+                    "command": ["moe-operator", "download-model", "--repo", uri.repo, "--revision", uri.revision,
+                                "--dir", MOUNT, "--termination-log", "/dev/termination-log"],
+                    "env": env,
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "securityContext": container_security(),
+                    "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+                    "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}, {"name": "tmp", "mountPath": "/tmp"}]}],
+                "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}},
+                            {"name": "tmp", "emptyDir": {}}]}}},
+    }
+
+
+@dataclass(frozen=True)
+class PodParts:
+    volume: dict[str, Any]
+    mount: dict[str, Any]
+    init_container: dict[str, Any]
+
+
+def pod_parts(spec: MoEDeploymentSpec, image: str) -> PodParts:
+    """What an engine pod needs to read the cache: the PVC read-only, and an init container that
+    refuses to start the engine until the ready marker of this very revision is there."""
+    uri = ModelURI.parse(spec.model.uri)
+    claim = claim_name(uri.repo, uri.revision)
+    check = {"name": "model-cache-ready", "image": image,
+             "command": ["sh", "-c", f"grep -q '\"revision\": \"{uri.revision}\"' {MOUNT}/{READY_MARKER} || "
+                                     f"{{ echo 'model cache {claim} has no ready marker for {uri.revision}' >&2; exit 1; }}"],
+             "securityContext": container_security(),
+             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+             "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT, "readOnly": True}]}
+    return PodParts({"name": VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
+                    {"name": VOLUME, "mountPath": MOUNT, "readOnly": True}, check)
+
+
+# ---------------------------------------------------------------------------------------------
+# I/O: what reconcile calls
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _progress_from_log(text: str) -> tuple[int | None, int | None]:
+    for line in reversed((text or "").strip().splitlines()):
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(d, dict) and "bytesTotal" in d:
+            return d.get("bytesDone"), d.get("bytesTotal")
+    return None, None
+
+
+def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None,
+           image: str) -> ModelCacheStatus:
+    """Create the PVC and its fill Job when missing, mark `user`, and say where the cache stands."""
+    claim_obj = pvc(namespace, spec, ckpt)
+    claim = claim_obj["metadata"]["name"]
+    live = kube.get("PersistentVolumeClaim", namespace, claim)
+    if live is None:
+        kube.apply(claim_obj)
+        live = kube.get("PersistentVolumeClaim", namespace, claim) or claim_obj
+    meta = live.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    if labels.get(USER_PREFIX + user) != "true" or A_UNUSED in annotations:
+        kube.merge_patch_metadata("PersistentVolumeClaim", namespace, claim,
+                                  {"labels": {USER_PREFIX + user: "true"}, "annotations": {A_UNUSED: None}})
+    revision = ModelURI.parse(spec.model.uri).revision
+    if annotations.get(A_READY):
+        ready = json.loads(annotations[A_READY])
+        return ModelCacheStatus(claimName=claim, state="Ready", bytesDone=ready.get("bytesDone"),
+                                bytesTotal=ready.get("bytesTotal"), message=f"filled with {revision}")
+    job_name = claim + "-fill"
+    job = kube.get("Job", namespace, job_name)
+    if job is None:
+        kube.apply(fill_job(namespace, spec, image))
+        return ModelCacheStatus(claimName=claim, state="Pending", bytesTotal=ckpt.totalBytes if ckpt else None,
+                                message=f"download Job {job_name} created")
+    st = job.get("status") or {}
+    conds = {c.get("type"): c for c in st.get("conditions") or [] if c.get("status") == "True"}
+    if st.get("succeeded") or "Complete" in conds:
+        result = kube.job_termination_message(namespace, job_name) or {}
+        total = result.get("bytesTotal", ckpt.totalBytes if ckpt else None)
+        marker = {"revision": revision, "bytesDone": result.get("bytesDone", total), "bytesTotal": total, "at": _now()}
+        kube.merge_patch_metadata("PersistentVolumeClaim", namespace, claim, {"annotations": {A_READY: json.dumps(marker)}})
+        return ModelCacheStatus(claimName=claim, state="Ready", bytesDone=marker["bytesDone"], bytesTotal=total,
+                                message=f"filled with {revision}")
+    if st.get("failed") and "Failed" in conds:
+        result = kube.job_termination_message(namespace, job_name) or {}
+        return ModelCacheStatus(claimName=claim, state="Failed", message=str(result.get("error") or conds["Failed"].get(
+            "message") or "download Job failed")[:4000])
+    done, total = _progress_from_log(kube.job_log_tail(namespace, job_name))
+    return ModelCacheStatus(claimName=claim, state="Downloading", bytesDone=done,
+                            bytesTotal=total or (ckpt.totalBytes if ckpt else None),
+                            message=f"download Job {job_name} running")
+
+
+def release(kube, namespace: str, user: str, keep: str | None = None) -> None:
+    """A MoEDeployment stopped using caches (deleted, or its model changed): drop its user label
+    (except on `keep`); a cache left without users gets unused-since (collect() deletes it after
+    the grace period)."""
+    for c in kube.list_labeled("PersistentVolumeClaim", namespace, f"{CACHE_LABEL}=true,{USER_PREFIX}{user}=true"):
+        if c["metadata"]["name"] == keep:
+            continue
+        labels = c["metadata"].get("labels") or {}
+        others = [k for k in labels if k.startswith(USER_PREFIX) and k != USER_PREFIX + user]
+        patch: dict[str, Any] = {"labels": {USER_PREFIX + user: None}}
+        if not others:
+            patch["annotations"] = {A_UNUSED: _now()}
+        kube.merge_patch_metadata("PersistentVolumeClaim", namespace, c["metadata"]["name"], patch)
+
+
+def collect(kube, namespace: str, grace_seconds: float, now: dt.datetime | None = None) -> list[str]:
+    """Delete the caches (PVC and fill Job) unused for longer than the grace period; returns their names."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    gone = []
+    for c in kube.list_labeled("PersistentVolumeClaim", namespace, f"{CACHE_LABEL}=true"):
+        meta = c["metadata"]
+        since = (meta.get("annotations") or {}).get(A_UNUSED)
+        if not since or any(k.startswith(USER_PREFIX) for k in (meta.get("labels") or {})):
+            continue
+        t = dt.datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+        if (now - t).total_seconds() >= grace_seconds:
+            kube.delete("Job", namespace, meta["name"] + "-fill")
+            kube.delete("PersistentVolumeClaim", namespace, meta["name"])
+            gone.append(meta["name"])
+    return gone
+
+
+def sweep(kube, moeds: list[dict[str, Any]], namespaces: list[str], grace_seconds: float) -> list[str]:
+    """The resync's pass over the caches: users that no longer exist are released (there is no
+    finalizer to see a MoEDeployment go), then unused caches past the grace period are deleted."""
+    live: dict[str, set[str]] = {}
+    for m in moeds:
+        if not (m["metadata"].get("deletionTimestamp")):
+            live.setdefault(m["metadata"]["namespace"], set()).add(m["metadata"]["name"])
+    claims = [c for ns in namespaces for c in kube.list_labeled("PersistentVolumeClaim", ns, f"{CACHE_LABEL}=true")] \
+        if namespaces else kube.list_labeled("PersistentVolumeClaim", None, f"{CACHE_LABEL}=true")
+    for c in claims:
+        meta = c["metadata"]
+        ns, labels = meta["namespace"], meta.get("labels") or {}
+        users = {k[len(USER_PREFIX):] for k in labels if k.startswith(USER_PREFIX)}
+        for gone in sorted(users - live.get(ns, set())):
+            release(kube, ns, gone)
+    deleted = []
+    for ns in sorted({c["metadata"]["namespace"] for c in claims}):
+        deleted += collect(kube, ns, grace_seconds)
+    return deleted
