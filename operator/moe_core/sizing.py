@@ -148,6 +148,7 @@ def smallest_fit(ckpt: CheckpointInfo, gpu: GpuClass, gpus_per_node: int, max_no
             return Choice(f, tried[-1], f"tp={f.gpus} ({where}) is the smallest layout that fits "
                                         f"{gib(ckpt.totalBytes)} of weights on {gpu.key()}: {f.numbers()}{smaller}")
     last = tried[-1]
-    span = f"{last.nodes} nodes x {gpus_per_node} GPUs" if last.nodes > 1 else f"{last.gpus} GPUs"
+    span = f"{last.nodes} nodes x {gpus_per_node} GPUs" if last.nodes > 1 else \
+        f"{last.gpus} GPU{'s' if last.gpus > 1 else ''}"
     return Choice(None, last, f"does not fit even on {span} (tp={last.gpus}): {gib(ckpt.totalBytes)} of weights, "
                               f"{last.numbers()}")

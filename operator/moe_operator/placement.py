@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from moe_core import sizing
 from moe_core.checkpoint import CheckpointInfo
 from moe_core.plan import Decision, Plan, PlanLayout
+from moe_core.runtime import BUNDLED
 
 from .api import MoEDeploymentSpec
 from .inventory import ClassInventory
@@ -86,11 +87,15 @@ def size_layout(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, inv: ClassInvento
             return (f"[Z1] does not fit on {spec.nodesPerReplica} nodes x {per_node} GPUs: "
                     f"{sizing.gib(ckpt.totalBytes)} of weights, {fit.numbers()}")
         return Layout(fit.gpus, fit.nodes, "Z1", f"tp={fit.gpus} ({spec.nodesPerReplica} nodes x {per_node} GPUs): {fit.numbers()}")
-    max_nodes = 1 if spec.engine.name == "bundled" else max(len(inv.nodes), 1)
+    max_nodes = max(len(inv.nodes), 1)
+    more = " (one node of this class; engines sglang and vllm span nodes when there are more)" if max_nodes == 1 else ""
+    if spec.engine.name == "bundled":  # what the bundled runtime runs in one replica (moe_core.runtime)
+        per_node_avail = min(per_node_avail, BUNDLED.max_tp)
+        max_nodes = min(max_nodes, BUNDLED.max_nodes)
+        more = (f" (the bundled runtime serves at most {BUNDLED.max_tp} GPU{'s' if BUNDLED.max_tp > 1 else ''} and "
+                f"{BUNDLED.max_nodes} node per replica; engines sglang and vllm shard across GPUs and nodes)")
     choice = sizing.smallest_fit(ckpt, g, per_node_avail, max_nodes, multiple_of=multiple, **knobs)
     if choice.fit is None:
-        more = "" if max_nodes > 1 or spec.engine.name != "bundled" else \
-            " (the bundled engine serves one node per replica; engines sglang and vllm can span nodes)"
         return f"[Z1] {choice.reason}{more}"
     return Layout(choice.fit.gpus, choice.fit.nodes, "Z1", choice.reason)
 

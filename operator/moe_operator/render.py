@@ -7,6 +7,7 @@ Engines `bundled`, `sglang` and `vllm` render their own image, command and flags
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -97,6 +98,10 @@ def engine_image(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, runtime_rep
 
 def engine_command(spec: MoEDeploymentSpec, plan: Plan, loc: ModelLocation, role: str) -> tuple[list[str], list[str]]:
     nodes = spec.nodesPerReplica
+    max_len = spec.engine.maxModelLen  # what sizing sized the KV cache for: the engine must not take more
+    if max_len:
+        flag = "--context-length" if spec.engine.name == "sglang" else "--max-model-len"
+        loc = dataclasses.replace(loc, extra_args=[*loc.extra_args, flag, str(max_len)])
     if spec.engine.name == "sglang":
         args = ["--model-path", loc.path, "--host", "0.0.0.0", "--port", str(PORT), *loc.extra_args, *plan.args]
         if nodes > 1:
@@ -112,7 +117,7 @@ def engine_command(spec: MoEDeploymentSpec, plan: Plan, loc: ModelLocation, role
                 args.append("--headless")
         return ["vllm", "serve"], args
     return ["moe-runtime", "serve"], ["--model", loc.path, "--plan", f"{PLAN_DIR}/plan.json", "--host", "0.0.0.0",
-                                      "--port", str(PORT), *plan.args]
+                                      "--port", str(PORT), *loc.extra_args, *plan.args]
 
 
 def inputs_hash(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, image: str) -> str:

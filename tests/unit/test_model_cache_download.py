@@ -107,3 +107,18 @@ def test_gated_repo_needs_the_token_and_failures_say_why(hub, tmp_path):
     p = start(hub, tmp_path, "org/empty", no_weights)
     p.communicate(timeout=60)
     assert p.returncode == 1 and "no *.safetensors" in json.loads((tmp_path / "term").read_text())["error"]
+
+
+def test_the_operator_reads_the_programs_progress_lines(hub, tmp_path):
+    from moe_operator.model_cache import _progress_from_log
+    sha = hub.upload("org/m", files())
+    hub.throttle = 2 * 1024 * 1024
+    p = start(hub, tmp_path, "org/m", sha)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    lines = out.splitlines()
+    mid = next(i for i, x in enumerate(lines) if 0 < json.loads(x).get("bytesDone", 0) < json.loads(x)["bytesTotal"])
+    done, total = _progress_from_log("\n".join(["some log noise", *lines[:mid + 1]]))
+    assert 0 < done < total == json.loads(lines[-1])["bytesTotal"]
+    assert _progress_from_log("\n".join(lines)) == (total, total)
+    assert _progress_from_log("no json here") == (None, None)

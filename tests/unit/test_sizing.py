@@ -98,11 +98,16 @@ def test_dsv3_nvfp4_unset_layout_is_sized_onto_h200_with_bytes(dsv3_nvfp4):
 
 
 def test_too_small_class_is_refused_with_the_numbers_and_listed_beside_the_chosen_one(dsv3_nvfp4):
-    p = place(spec(engine={"name": "bundled"}), dsv3_nvfp4, inventory((L40S, 1, 8)))
+    p = place(spec(engine={"name": "vllm"}), dsv3_nvfp4, inventory((L40S, 1, 8)))
     assert not p.ok
     why = p.rejected["sm89/NVIDIA-L40S"]
     assert why.startswith("[Z1] does not fit even on 8 GPUs (tp=8)") and "47.6 GiB weights" in why
-    assert "> 40.5 GiB usable (90% of 45.0 GiB)" in why and "bundled engine serves one node" in why
+    assert "> 40.5 GiB usable (90% of 45.0 GiB)" in why and "one node of this class" in why
+    # the bundled runtime's replica is what moe_core.runtime says it runs (one GPU today)
+    from moe_core.runtime import BUNDLED
+    b = place(spec(engine={"name": "bundled"}), dsv3_nvfp4, inventory((H200, 1, 8)))
+    why = b.rejected["sm90/NVIDIA-H200"]
+    assert not b.ok and f"tp={BUNDLED.max_tp}" in why and "the bundled runtime serves at most" in why
     both = place(spec(), dsv3_nvfp4, inventory((H200, 1, 8), (L40S, 1, 8)))
     assert both.ok and both.inventory.gpu_class.product == "NVIDIA-H200" and "sm89/NVIDIA-L40S" in both.rejected
 
@@ -162,3 +167,19 @@ def test_crd_accepts_unset_tp_and_keeps_explicit_rules():
 
 def test_gpu_memory_table_matches_cli_names():
     assert from_name("H200").memoryMiB == 143771 and sizing.memory_bytes(from_name("H200")) == 143771 * 1024 * 1024
+
+
+@pytest.mark.parametrize("engine,flag", [("sglang", "--context-length"), ("vllm", "--max-model-len"),
+                                         ("bundled", "--max-model-len")])
+def test_the_engine_gets_the_max_model_len_sizing_used(dsv3_nvfp4, engine, flag, tmp_path):
+    s = spec(engine={"name": engine, "maxModelLen": 65536})
+    ck = dsv3_nvfp4 if engine != "bundled" else inspect_dir(write_sample("deepseek-v3-nvfp4", tmp_path / "s"))
+    p = place(s, ck, inventory((H200, 1, 8)))
+    assert p.ok, p.rejected
+    assert "65536 tokens" in p.plan.decisions[0].reason
+    dep = next(o for o in render(Owner("d", "ns", "u"), p.spec, p.plan, p.inventory.gpu_class) if o["kind"] == "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index(flag) + 1] == "65536"
+    unset = next(o for o in render(Owner("d", "ns", "u"), spec(engine={"name": engine}), p.plan, p.inventory.gpu_class)
+                 if o["kind"] == "Deployment")
+    assert flag not in unset["spec"]["template"]["spec"]["containers"][0]["args"]
