@@ -158,6 +158,24 @@ def place(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, classes: dict[str, Clas
     return Placement(inv, p, rejected, sized)
 
 
+def sized_for_cli(ckpt: CheckpointInfo, gpu, engine: str, kw: dict, gpus_per_node: int, nodes: int,
+                  max_len: int | None, concurrency: int | None):
+    """`moe-operator plan`: the layout on `nodes` nodes of `gpus_per_node` GPUs of this class (the
+    same size_layout the operator runs). Returns (tp or None, a function that records it in the plan)."""
+    from .inventory import ClassInventory
+
+    spec = MoEDeploymentSpec.model_validate({
+        "model": {"uri": "file:///cli"}, "engine": {"name": engine, "maxModelLen": max_len, "maxConcurrency": concurrency},
+        "parallelism": {k: v for k, v in (("tp", kw.get("tp")), ("ep", kw.get("ep", 1)), ("dp", kw.get("dp", 1))) if v}})
+    g = gpu.model_copy(update={"count": gpus_per_node})
+    inv = ClassInventory(g, nodes=[f"node-{i}" for i in range(nodes)], total_gpus=gpus_per_node * nodes,
+                         free_gpus=gpus_per_node * nodes, free_per_node={f"node-{i}": gpus_per_node for i in range(nodes)})
+    layout = size_layout(spec, ckpt, inv)
+    if isinstance(layout, str):
+        return None, lambda p: p.errors.append(layout)
+    return layout.gpus, lambda p: _record_layout(p, layout, spec)
+
+
 def impossible_everywhere(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, families: list) -> str | None:
     """Admission: an explicit backend that the planner rejects on every allowed GPU class.
 

@@ -37,6 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"explicit spec value; keys: {', '.join(SETTABLE)}")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="user environment variable (always wins)")
+    p.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                   help="GPUs per node of the class, for sizing (default: 8)")
+    p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the class, for sizing (default 1)")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
+                   help="engine.maxModelLen the KV cache is sized for (default config.json max_position_embeddings)")
+    p.add_argument("--max-concurrency", type=int, default=None, metavar="N", help="engine.maxConcurrency (default 1)")
     p.add_argument("-o", "--output", default="table", choices=["table", "json", "yaml"])
 
 
@@ -139,11 +145,18 @@ def run(args: argparse.Namespace) -> int:
     except (InspectionError, GpuClassError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    # the layout: parallelism.tp as given (checked against the GPU memory), else the smallest that fits
+    from .placement import sized_for_cli
+    layout, record = sized_for_cli(ckpt, gpu, args.engine, kw, args.gpus_per_node or gpu.count or 8, args.nodes,
+                                   args.max_model_len, args.max_concurrency)
+    if isinstance(layout, int):
+        kw["tp"] = layout
     try:
         result = plan(ckpt, gpu, Choices(env=env, **kw), engine=args.engine, engine_version=args.engine_version)
     except ValueError as e:  # e.g. an unparsable --engine-version
         print(f"error: {e}", file=sys.stderr)
         return 1
+    record(result)
     result.warnings.extend(env_conflicts(args.engine, typed, env, gpu.family))
     data = result.model_dump()
     if args.output == "json":

@@ -183,3 +183,27 @@ def test_the_engine_gets_the_max_model_len_sizing_used(dsv3_nvfp4, engine, flag,
     unset = next(o for o in render(Owner("d", "ns", "u"), spec(engine={"name": engine}), p.plan, p.inventory.gpu_class)
                  if o["kind"] == "Deployment")
     assert flag not in unset["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_plan_cli_sizes_the_layout_and_refuses_with_the_numbers(tmp_path_factory):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = str(Path(sys.executable).parent / "moe-operator")
+    d = write_full_size("deepseek-v3-nvfp4", tmp_path_factory.mktemp("cli") / "dsv3")
+    r = subprocess.run([exe, "plan", "--checkpoint", str(d), "--gpu", "H200", "--engine", "sglang", "-o", "json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["layout"] == {"tp": 4, "gpusPerNode": 4, "nodes": 1} and "--tp-size" in p["args"]
+    assert p["decisions"][0]["key"] == "layout.tp" and "380.8 GiB of weights" in p["decisions"][0]["reason"]
+    r = subprocess.run([exe, "plan", "--checkpoint", str(d), "--gpu", "L40S", "--engine", "vllm"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "ERROR   [Z1] does not fit even on 8 GPUs (tp=8)" in r.stdout and "> 40.5 GiB" in r.stdout
+    r = subprocess.run([exe, "plan", "--checkpoint", str(d), "--gpu", "L40S", "--engine", "vllm", "--nodes", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "tp=16 (2 nodes x 8 GPUs)" in r.stdout
+    r = subprocess.run([exe, "plan", "--checkpoint", str(d), "--gpu", "H200", "--engine", "sglang",
+                        "--set", "parallelism.tp=2"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "[Z2] tp=2 as given does not fit" in r.stdout
