@@ -292,6 +292,9 @@ class MoEDeploymentSpec(_Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="how a plan or spec change rolls, and the disruption budget")
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    planPolicy: Literal["pin", "follow"] = Field("pin", description=(
+        "pin: a plan change the spec did not cause (new rule tables after an operator upgrade, a driver rule) "
+        "is held, with the pending diff in status.pendingPlan, until the spec changes; follow: applied at once"))
 
     def layout_given(self) -> bool:
         """Whether the user chose the GPUs per replica (else placement sizes it)."""
@@ -330,6 +333,11 @@ class ModelCacheStatus(_Model):
     message: str = Field("", max_length=4096)
 
 
+class PendingPlan(_Model):
+    diff: list[str] = Field(default_factory=list, description="what the new plan would change in the pods")
+    message: str = Field("", max_length=4096)
+
+
 class MoEDeploymentStatus(_Model):
     observedGeneration: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -350,6 +358,8 @@ class MoEDeploymentStatus(_Model):
     selector: str | None = Field(None, description="label selector of the serving pods (the scale subresource's labelSelectorPath)")
     optionalObjects: list[str] | None = Field(None, description="kinds of the optional objects last rendered "
                                               "(PodDisruptionBudget, autoscaler, InferencePool): pruned when no longer asked for")
+    planGeneration: int | None = Field(None, description="metadata.generation of the spec status.plan was made for")
+    pendingPlan: PendingPlan | None = Field(None, description="a plan change held by spec.planPolicy pin")
 
 
 class MoEDeployment(_Model):

@@ -17,6 +17,9 @@ from typing import Any
 import jinja2
 import yaml
 
+from moe_core.plan import Plan
+from pydantic import ValidationError
+
 from .api import MoEDeploymentSpec
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -159,3 +162,42 @@ def objects(name: str, namespace: str, labels: dict[str, str], pod_selector: dic
     out = [pod_disruption_budget(name, namespace, labels, pod_selector, spec), autoscaler(name, namespace, labels, spec),
            inference_pool(name, namespace, labels, serving, port, spec)]
     return [o for o in out if o is not None]
+
+
+# --- plan policy: pin holds plan changes the spec did not cause ----------------------------------
+# The parts of a plan that change the pods (layout follows the spec and the sizing, not the rules).
+PLAN_DECISIONS = ("engine", "moe", "env", "args")
+
+
+def plan_diff(old: dict[str, Any], new: Plan) -> list[str]:
+    """What would change in the pods, one line per field: 'moe.runnerBackend: a -> b'."""
+    now = new.model_dump(mode="json")
+    out = []
+    for key in PLAN_DECISIONS:
+        o, n = old.get(key), now.get(key)
+        if isinstance(n, dict) or isinstance(o, dict):
+            o, n = o or {}, n or {}
+            for k in sorted(set(o) | set(n)):
+                if o.get(k) != n.get(k):
+                    out.append(f"{key}.{k}: {o.get(k)!r} -> {n.get(k)!r}")
+        elif (o or []) != (n or []):
+            out.append(f"{key}: {' '.join(o or []) or '(none)'} -> {' '.join(n or []) or '(none)'}")
+    return out
+
+
+def held_plan(spec: MoEDeploymentSpec, status: dict[str, Any], new: Plan, gpu_class: str,
+              generation: int | None) -> tuple[Plan, list[str]]:
+    """Under planPolicy pin, the plan status records for this very generation of the spec stays
+    while the GPU class is the same: a new plan then comes from the operator (new rule tables after
+    an upgrade, a driver rule), not from the user, and waits until the spec changes. Returns the
+    plan to render and the pending diff (empty: nothing held)."""
+    old = status.get("plan")
+    if spec.planPolicy != "pin" or not old or generation is None or status.get("planGeneration") != generation \
+            or status.get("gpuClass") != gpu_class:
+        return new, []
+    try:
+        running = Plan.model_validate(old)
+    except ValidationError:  # a plan an older operator wrote in another shape: nothing to hold
+        return new, []
+    diff = plan_diff(old, new)
+    return (running, diff) if diff else (new, [])

@@ -187,6 +187,15 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     plan, inv = placement.plan, placement.inventory
     spec = placement.spec or spec  # the layout sizing chose (tp, GPUs per node, nodes) when the spec left it unset
     gpu = inv.gpu_class
+    plan, pending = day2.held_plan(spec, status, plan, gpu.key(), gen)  # spec.planPolicy pin
+    if pending:
+        msg = ("a plan change the spec did not cause (new rule tables or a driver rule) is held by spec.planPolicy "
+               "pin; change the spec (e.g. planPolicy: follow) to accept it: " + "; ".join(pending))
+        if (status.get("pendingPlan") or {}).get("diff") != pending:
+            out.events.append(("Normal", "PlanHeld", msg))
+        conds = set_condition(conds, "PlanPending", "True", "HeldByPlanPolicy", msg, gen)
+    else:
+        conds = set_condition(conds, "PlanPending", "False", "UpToDate", "the pods run the current plan", gen)
     conds = set_condition(conds, "Planned", "True", "Planned",
                           f"{gpu.key()}: {plan.moe.runnerBackend} (deferred finalize "
                           f"{'on' if plan.moe.deferredFinalize else 'off'}); " + " ".join(plan.reasons[:3]), gen)
@@ -305,7 +314,9 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
                   workload=WorkloadRef(apiVersion=workload["apiVersion"], kind=workload["kind"], name=name).model_dump(),
                   replicas=spec.replicas, readyReplicas=ready,
                   selector=day2.selector_string(day2.serving_selector(name, spec.nodesPerReplica > 1)),
-                  optionalObjects=optional)
+                  optionalObjects=optional,
+                  planGeneration=status.get("planGeneration") if pending else gen,
+                  pendingPlan={"diff": pending, "message": "held by spec.planPolicy pin"} if pending else None)
 
 
 def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:

@@ -256,3 +256,47 @@ def test_multi_node_rollout_settings_are_accepted_by_the_leaderworkerset_crd(kub
     assert pdb["spec"]["maxUnavailable"] == 1  # one pod down = one group down; the next must wait
     st = moed(kubectl, namespace, "multi")["status"]
     assert st["selector"].endswith("moe.serving.dev/role=leader")
+
+
+def test_plan_policy_pin_holds_a_plan_the_spec_did_not_cause(kubectl, namespace, operator):
+    """An upgraded operator finds in status the plan the previous one made (simulated by writing
+    it there: the same plan with one more engine flag); under pin the pods keep it, status shows
+    the diff, and a spec change accepts the new plan."""
+    name = "pinned"
+    apply(kubectl, sample(namespace, "deepseek-v4-fp4-h200.yaml", name, replicas=0))
+    obj = wait_for(lambda: (o := moed(kubectl, namespace, name)) and o.get("status", {}).get("planGeneration")
+                   == o["metadata"]["generation"] and o, 60, "plan made for this generation", operator.log_tail)
+    assert condition(obj, "PlanPending")["status"] == "False"
+    current_args = obj["status"]["plan"]["args"]
+    older = [*current_args, "--enable-older-rule"]
+    wait_for(lambda: deployment(kubectl, namespace, name), 30, "Deployment", operator.log_tail)
+
+    def held():
+        # a reconcile already running when the status is written may write its own plan over it:
+        # write it again until the operator has read it (an upgraded operator finds it in place)
+        o = moed(kubectl, namespace, name)
+        c = condition(o, "PlanPending")
+        if c and c["status"] == "True":
+            return c
+        if o["status"]["plan"]["args"] != older:
+            kubectl("patch", "moed", name, "-n", namespace, "--subresource=status", "--type=merge", "-p",
+                    json.dumps({"status": {"plan": {"args": older}}}))
+        return None
+    c = wait_for(held, 60, "PlanPending=True HeldByPlanPolicy", operator.log_tail)
+    assert c["reason"] == "HeldByPlanPolicy"
+    assert "--enable-older-rule" in c["message"]
+    st = moed(kubectl, namespace, name)["status"]
+    assert st["pendingPlan"]["diff"] == [f"args: {' '.join(older)} -> {' '.join(current_args)}"]
+    assert st["plan"]["args"] == older  # status says what the pods run
+    dep = wait_for(lambda: (d := deployment(kubectl, namespace, name))
+                   and "--enable-older-rule" in d["spec"]["template"]["spec"]["containers"][0]["args"] and d,
+                   30, "the workload keeps the held plan", operator.log_tail)
+    assert dep["spec"]["replicas"] == 0
+
+    # the user accepts: any spec change (here the policy itself) applies the new plan
+    kubectl("patch", "moed", name, "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {"planPolicy": "follow"}}))
+    wait_cond(kubectl, namespace, name, "PlanPending", "False", "UpToDate", log=operator.log_tail)
+    wait_for(lambda: "--enable-older-rule" not in deployment(kubectl, namespace, name)["spec"]["template"]["spec"]
+             ["containers"][0]["args"], 30, "the new plan rolled out", operator.log_tail)
+    st = moed(kubectl, namespace, name)["status"]
+    assert "pendingPlan" not in st and st["plan"]["args"] == current_args

@@ -155,3 +155,23 @@ def test_engine_images_follow_the_cpu_arch():
     assert engine_image("vllm", "0.33.0", h200) == "vllm/vllm-openai:v0.33.0"
     # sglang's version tag is the multi-arch manifest (its arm64 image is the Grace-Blackwell build)
     assert engine_image("sglang", "0.5.23", gb200) == engine_image("sglang", "0.5.23", h200) == "lmsysorg/sglang:v0.5.23"
+
+
+def test_plan_policy_pin_holds_a_plan_change_the_spec_did_not_cause(ckpt):
+    s = spec(gpu={"product": "NVIDIA-H200"})
+    assert s.planPolicy == "pin"
+    classes = build([node_info(node("h200-0", "NVIDIA-H200", 9, 0))], {})
+    new = place(s, ckpt, classes).plan
+    older = new.model_copy(update={"args": [*new.args, "--old-rule"], "env": {**new.env, "OLD": "1"}})
+    status = {"plan": older.model_dump(mode="json"), "planGeneration": 3, "gpuClass": "sm90/NVIDIA-H200"}
+    plan, diff = day2.held_plan(s, status, new, "sm90/NVIDIA-H200", 3)
+    assert plan == older
+    assert "env.OLD: '1' -> None" in diff and any(d.startswith("args: ") and "--old-rule ->" in d for d in diff), diff
+    # a spec change (new generation), another GPU class, follow, or no recorded plan: the new plan goes
+    assert day2.held_plan(s, status, new, "sm90/NVIDIA-H200", 4) == (new, [])
+    assert day2.held_plan(s, status, new, "sm100/NVIDIA-B200", 3) == (new, [])
+    assert day2.held_plan(spec(planPolicy="follow"), status, new, "sm90/NVIDIA-H200", 3) == (new, [])
+    assert day2.held_plan(s, {**status, "planGeneration": None}, new, "sm90/NVIDIA-H200", 3) == (new, [])
+    # the same decisions (prose may differ): nothing pending
+    same = new.model_copy(update={"reasons": ["reworded"]})
+    assert day2.held_plan(s, {**status, "plan": same.model_dump(mode="json")}, new, "sm90/NVIDIA-H200", 3) == (new, [])
