@@ -234,6 +234,10 @@ class InferencePoolSpec(_Model):
                           "MoEDeployment's serving pods, for InferencePool-aware gateways")
     endpointPicker: EndpointPickerRef | None = Field(None, description="the pool's endpoint picker; default the Service "
                                                      "<name>-epp, port 9002")
+    poolName: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", description=(
+        "one pool for several MoEDeployments of one model (e.g. an H200 and a B200 fleet): each labels its serving "
+        "pods moe.serving.dev/inference-pool=<poolName>, and the MoEDeployment named <poolName> renders the pool "
+        "selecting that label; default: a pool of this MoEDeployment alone"))
 
 
 class GatewaySpec(_Model):

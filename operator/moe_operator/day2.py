@@ -45,6 +45,7 @@ ENGINE_METRICS = {
 }
 DEFAULT_TARGET = {"queue": 4, "kv": 80}
 EPP_PORT = 9002
+POOL_LABEL = "moe.serving.dev/inference-pool"  # serving pods of every MoEDeployment sharing a pool
 
 
 @dataclass(frozen=True)
@@ -144,11 +145,21 @@ def autoscaler(name: str, namespace: str, labels: dict[str, str], spec: MoEDeplo
                  threshold=threshold)
 
 
+def pool_pod_labels(spec: MoEDeploymentSpec, role: str) -> dict[str, str]:
+    """The shared pool's label, on the pods that serve HTTP (not a LeaderWorkerSet's workers)."""
+    p = spec.gateway.inferencePool
+    return {POOL_LABEL: p.poolName} if p.enabled and p.poolName and role != "worker" else {}
+
+
 def inference_pool(name: str, namespace: str, labels: dict[str, str], selector: dict[str, str], port: int,
                    spec: MoEDeploymentSpec) -> dict[str, Any] | None:
     p = spec.gateway.inferencePool
     if not p.enabled:
         return None
+    if p.poolName:  # shared: the MoEDeployment named like the pool renders it; the others only join
+        if p.poolName != name:
+            return None
+        selector = {POOL_LABEL: p.poolName}
     epp = p.endpointPicker
     return _load("inferencepool.yaml.j2", name=name, namespace=namespace, labels=labels, selector=selector, port=port,
                  epp_name=epp.name if epp else f"{name}-epp", epp_port=epp.port if epp else EPP_PORT,

@@ -208,7 +208,8 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
     def pod(role: str) -> str:
         command, args = engine_command(spec, plan, loc, role)
         return _env.get_template("_pod.yaml.j2").render(
-            labels=_yaml_block({**labels, "moe.serving.dev/role": role}), inputs_hash=h, plan=plan,
+            labels=_yaml_block({**labels, "moe.serving.dev/role": role, **day2.pool_pod_labels(spec, role)}),
+            inputs_hash=h, plan=plan,
             affinity=_affinity(gpu), node_selector=spec.nodeSelector, tolerations=_tolerations(spec, gpu),
             init_containers=loc.init_containers, image=image, command=command, args=args, env=env, port=PORT,
             resources=_resources(spec, gpu), ready_path="/ready" if spec.engine.name == "bundled" else "/health",

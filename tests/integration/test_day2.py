@@ -300,3 +300,32 @@ def test_plan_policy_pin_holds_a_plan_the_spec_did_not_cause(kubectl, namespace,
              ["containers"][0]["args"], 30, "the new plan rolled out", operator.log_tail)
     st = moed(kubectl, namespace, name)["status"]
     assert "pendingPlan" not in st and st["plan"]["args"] == current_args
+
+
+def test_one_inference_pool_spans_two_moedeployments_on_different_gpu_classes(kubectl, namespace, operator):
+    from moe_operator import optional_crds
+
+    if kubectl("get", "crd", optional_crds.INFERENCE_POOL.name, check=False).returncode != 0:
+        optional_crds.install(kubectl, optional_crds.INFERENCE_POOL)
+    shared = {"gateway": {"inferencePool": {"enabled": True, "poolName": "fleet"}}}
+    apply(kubectl, sample(namespace, "gpt-oss-mxfp4-h100.yaml", "fleet", replicas=1, **shared))
+    apply(kubectl, sample(namespace, "gpt-oss-mxfp4-h100.yaml", "fleet-h200", replicas=1, **shared,
+                          gpu={"allowedArchitectures": ["sm90"], "product": "NVIDIA-H200"}))
+    apply(kubectl, sample(namespace, "gpt-oss-mxfp4-h100.yaml", "outsider", replicas=1))
+    pool = wait_for(lambda: get_json(kubectl, "inferencepools.inference.networking.k8s.io", "fleet", "-n", namespace),
+                    60, "InferencePool fleet", operator.log_tail)
+    assert get_json(kubectl, "inferencepools.inference.networking.k8s.io", "fleet-h200", "-n", namespace) is None
+    sel = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
+
+    def three_running():
+        pods = [p for p in get_json(kubectl, "pods", "-n", namespace)["items"]
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+        return pods if len(pods) == 3 else None
+    pods = wait_for(three_running, 90, "3 running pods", operator.log_tail)
+    selected = {p["metadata"]["labels"]["moe.serving.dev/deployment"]
+                for p in get_json(kubectl, "pods", "-n", namespace, "-l", sel)["items"]}
+    assert selected == {"fleet", "fleet-h200"}, selected
+    products = {p["metadata"]["labels"]["moe.serving.dev/deployment"]: p["spec"]["nodeName"] for p in pods}
+    assert products["fleet"] != products["fleet-h200"]
+    classes = {moed(kubectl, namespace, n)["status"]["gpuClass"] for n in ("fleet", "fleet-h200")}
+    assert classes == {"sm90/NVIDIA-H100-80GB-HBM3", "sm90/NVIDIA-H200"}, classes

@@ -175,3 +175,19 @@ def test_plan_policy_pin_holds_a_plan_change_the_spec_did_not_cause(ckpt):
     # the same decisions (prose may differ): nothing pending
     same = new.model_copy(update={"reasons": ["reworded"]})
     assert day2.held_plan(s, {**status, "plan": same.model_dump(mode="json")}, new, "sm90/NVIDIA-H200", 3) == (new, [])
+
+
+def test_one_inference_pool_spans_moedeployments_that_share_its_name(ckpt):
+    shared = {"inferencePool": {"enabled": True, "poolName": "m"}}
+    objs, _ = rendered(ckpt, gateway=shared)  # rendered() names the MoEDeployment "m": it owns the pool
+    pool = objs["InferencePool"]
+    assert pool["spec"]["selector"]["matchLabels"] == {day2.POOL_LABEL: "m"}
+    assert objs["Deployment"]["spec"]["template"]["metadata"]["labels"][day2.POOL_LABEL] == "m"
+    joined, _ = rendered(ckpt, gateway={"inferencePool": {"enabled": True, "poolName": "other"}})
+    assert "InferencePool" not in joined  # it joins the pool another MoEDeployment renders
+    assert joined["Deployment"]["spec"]["template"]["metadata"]["labels"][day2.POOL_LABEL] == "other"
+    # workers of a LeaderWorkerSet serve no HTTP: not in the pool
+    s = spec(gateway=shared, nodesPerReplica=2, parallelism={"tp": 16})
+    assert day2.pool_pod_labels(s, "worker") == {} and day2.pool_pod_labels(s, "leader") == {day2.POOL_LABEL: "m"}
+    plain, _ = rendered(ckpt)
+    assert day2.POOL_LABEL not in plain["Deployment"]["spec"]["template"]["metadata"]["labels"]
