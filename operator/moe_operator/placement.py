@@ -189,5 +189,5 @@ def impossible_everywhere(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, familie
         p = plan(ckpt, g, choices, engine=engine, engine_version=spec.engine.version)
         if not p.errors:
             return None
-        messages.append(f"{g.key()}: {p.errors[0]}")
+        messages.append(f"{g.key()}: {' '.join(p.errors)}")
     return "; ".join(messages) if messages else None

@@ -82,8 +82,8 @@ def verdict(spec_dict: dict[str, Any], cfg: Any) -> str | None:
     problems = cfg.policy.problems(spec)
     if problems:
         return "refused by the cluster's policy: " + "; ".join(problems)
-    if spec.moe.runnerBackend == "auto" and spec.moe.deferredFinalize != "on":
-        return None
+    if spec.moe.runnerBackend == "auto" and spec.moe.a2aBackend == "none" and spec.moe.deferredFinalize != "on":
+        return None  # nothing explicit to judge: auto falls back where it must
     try:
         ckpt = inspect_spec(spec, local_models_dir=cfg.local_models_dir)
     except (InspectionFailed, InspectionPending):

@@ -206,3 +206,27 @@ def test_map_keys_the_schema_cannot_bound_are_checked_by_the_model_and_the_webho
     spec(nodeSelector={"topology.kubernetes.io/zone": "a"}, resources={"limits": {"memory": "64Gi", "cpu": "500m"}})
     msg = verdict({"model": {"uri": "hf://org/name"}, "nodeSelector": {"bad key!": "x"}}, Config())
     assert msg and msg.startswith("invalid spec: nodeSelector")
+
+
+def test_webhook_judges_an_explicit_a2a_under_an_auto_runner(tmp_path):
+    from moe_operator.policy import Policy
+    from moe_operator.reconcile import Config
+    from moe_operator.sample_checkpoints import write_sample
+    from moe_operator.webhook import verdict
+
+    write_sample("deepseek-v3-nvfp4", tmp_path / "deepseek-v3-nvfp4")
+    cfg = Config(local_models_dir=str(tmp_path), policy=Policy(allowed_host_paths=("/models",)))
+    base = {"model": {"uri": "file:///models/deepseek-v3-nvfp4"}, "engine": {"name": "sglang"},
+            "parallelism": {"tp": 8, "ep": 8}, "gpu": {"allowedArchitectures": ["sm80"]}}
+    assert verdict(base, cfg) is None
+    msg = verdict({**base, "moe": {"a2aBackend": "deepep"}}, cfg)   # the planner refuses it on sm80
+    from moe_operator.placement import choices_from_spec, plan
+    from moe_core.checkpoint import inspect_dir
+    from moe_core.gpu import from_name
+    from moe_operator.api import MoEDeploymentSpec
+
+    s = MoEDeploymentSpec.model_validate({**base, "moe": {"a2aBackend": "deepep"}})
+    p = plan(inspect_dir(tmp_path / "deepseek-v3-nvfp4"), from_name("sm80"), choices_from_spec(s), engine="sglang",
+             engine_version=None)
+    assert p.errors and msg and "impossible on every allowed GPU class" in msg   # admission says what the planner says
+    assert all(e in msg for e in p.errors)   # every error of the class, not only the first
