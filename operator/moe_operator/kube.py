@@ -53,9 +53,18 @@ class Kube:
 
         return DynamicClient(self.api_client)
 
+    # An optional CRD found missing is not looked up again for this long: every miss makes the
+    # dynamic client re-read the whole discovery document, once per reconcile of every object.
+    MISSING_CRD_RECHECK_SECONDS = 15.0
+
     def _resource(self, kind: str):
+        import time
+
         from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
+        missing = self.__dict__.setdefault("_missing_until", {})
+        if kind in OPTIONAL_CRDS and missing.get(kind, 0.0) > time.monotonic():
+            raise ApplyError(*OPTIONAL_CRDS[kind])
         try:
             return self.dynamic.resources.get(api_version=_API_VERSIONS[kind], kind=kind)
         except ResourceNotFoundError:
@@ -63,6 +72,7 @@ class Kube:
                 raise ApplyError("LeaderWorkerSetMissing", "multi-node replicas need the LeaderWorkerSet CRD "
                                  "(leaderworkerset.x-k8s.io/v1); install LWS (kubernetes-sigs/lws) first") from None
             if kind in OPTIONAL_CRDS:
+                missing[kind] = time.monotonic() + self.MISSING_CRD_RECHECK_SECONDS
                 raise ApplyError(*OPTIONAL_CRDS[kind]) from None
             raise
 
