@@ -3,6 +3,8 @@
 - KEDA's ScaledObject (github.com/kedacore/keda/v2): spec.autoscaling.provider keda.
 - The Gateway API Inference Extension's InferencePool (sigs.k8s.io/gateway-api-inference-extension,
   the v1 API inference.networking.k8s.io): spec.gateway.inferencePool.
+- prometheus-operator's PodMonitor (github.com/prometheus-operator/prometheus-operator): the chart's
+  podMonitor.enabled.
 
 Only the CRDs are installed (the local control plane validates what the operator renders); no KEDA
 operator or endpoint picker runs locally.
@@ -32,7 +34,11 @@ KEDA = ModuleCrd("github.com/kedacore/keda/v2", "v2.17.2", "config/crd/bases/ked
 INFERENCE_POOL = ModuleCrd("sigs.k8s.io/gateway-api-inference-extension", "v1.0.1",
                            "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml",
                            "inferencepools.inference.networking.k8s.io")
-ALL = {"keda": KEDA, "inferencepool": INFERENCE_POOL}
+# The chart's optional PodMonitor (values podMonitor.enabled) scrapes the inference pods.
+POD_MONITOR = ModuleCrd("github.com/prometheus-operator/prometheus-operator", "v0.85.0",
+                        "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
+                        "podmonitors.monitoring.coreos.com")
+ALL = {"keda": KEDA, "inferencepool": INFERENCE_POOL, "podmonitor": POD_MONITOR}
 
 
 def crd_file(crd: ModuleCrd) -> Path:

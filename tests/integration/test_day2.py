@@ -329,3 +329,25 @@ def test_one_inference_pool_spans_two_moedeployments_on_different_gpu_classes(ku
     assert products["fleet"] != products["fleet-h200"]
     classes = {moed(kubectl, namespace, n)["status"]["gpuClass"] for n in ("fleet", "fleet-h200")}
     assert classes == {"sm90/NVIDIA-H100-80GB-HBM3", "sm90/NVIDIA-H200"}, classes
+
+
+def test_chart_pod_monitor_is_valid_and_selects_the_serving_pods(dev_cluster, kubectl, namespace, operator):
+    from moe_operator import optional_crds
+
+    from .operator_fixture import ROOT
+
+    optional_crds.install(kubectl, optional_crds.POD_MONITOR)
+    rendered = dev_cluster.helm("template", "moe-pm", str(ROOT / "charts" / "moe-operator"), "-n", namespace,
+                                "--show-only", "templates/podmonitor.yaml", "--set", "podMonitor.enabled=true").stdout
+    kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)  # the released CRD validates it
+    import yaml as _yaml
+    pm = _yaml.safe_load(rendered)
+    sel = pm["spec"]["selector"]
+    selector = ",".join([f"{k}={v}" for k, v in sel["matchLabels"].items()]
+                        + [f"{e['key']} notin ({','.join(e['values'])})" for e in sel["matchExpressions"]])
+    apply(kubectl, sample(namespace, "gpt-oss-mxfp4-h100.yaml", "scraped", replicas=1))
+    pods = wait_for(lambda: get_json(kubectl, "pods", "-n", namespace, "-l", selector)["items"], 60,
+                    "the PodMonitor's selector finds the inference pod", operator.log_tail)
+    assert {p["metadata"]["labels"]["moe.serving.dev/deployment"] for p in pods} == {"scraped"}
+    port = {p["name"]: p["containerPort"] for p in pods[0]["spec"]["containers"][0]["ports"]}
+    assert "http" in port  # podMetricsEndpoints[].port names this port
