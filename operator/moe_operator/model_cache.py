@@ -33,7 +33,20 @@ GiB = 1024 ** 3
 
 
 def enabled(spec: MoEDeploymentSpec) -> bool:
-    return spec.model.cache.enabled and spec.model.uri.startswith("hf://")
+    return spec.model.cache.enabled is True and spec.model.uri.startswith("hf://")
+
+
+def with_defaults(spec: MoEDeploymentSpec, default_enabled: bool, default_class: str | None) -> MoEDeploymentSpec:
+    """The cluster-wide defaults (operator flags, chart values modelCache.*) for what the spec leaves unset."""
+    c = spec.model.cache
+    update = {}
+    if c.enabled is None:
+        update["enabled"] = default_enabled
+    if c.storageClassName is None and default_class:
+        update["storageClassName"] = default_class
+    if not update:
+        return spec
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"cache": c.model_copy(update=update)})})
 
 
 def claim_name(repo: str, revision: str) -> str:

@@ -48,6 +48,8 @@ class Config:
     policy: Policy = field(default_factory=Policy)
     engine_cache_root: str | None = None  # host directory for per-namespace engine caches (None: emptyDir)
     model_cache_grace_seconds: float = 3600.0  # an unused model cache PVC is deleted after this long
+    model_cache_enabled: bool = False  # spec.model.cache.enabled when the spec leaves it unset
+    model_cache_storage_class: str | None = None  # spec.model.cache.storageClassName when unset
 
 
 @dataclass
@@ -201,6 +203,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
                           f"{'on' if plan.moe.deferredFinalize else 'off'}); " + " ".join(plan.reasons[:3]), gen)
 
     # 2b. model cache: one PVC per (model, revision) in the namespace; the workload waits for it
+    spec = model_cache.with_defaults(spec, cfg.model_cache_enabled, cfg.model_cache_storage_class)
     if model_cache.enabled(spec):
         image = runtime_image(from_name("sm90"), cfg.runtime_repository)  # amd64; the Job is pinned to amd64
         old_claim = (status.get("modelCache") or {}).get("claimName")

@@ -41,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep engine autotune caches on the node under DIR/<namespace>/ (default: per pod, emptyDir)")
     p.add_argument("--model-cache-grace", type=float, default=3600.0, metavar="SECONDS",
                    help="delete a model cache PVC this long after its last MoEDeployment went (default 3600)")
+    p.add_argument("--model-cache-default", choices=["on", "off"], default="off",
+                   help="spec.model.cache.enabled for MoEDeployments that leave it unset (default off)")
+    p.add_argument("--model-cache-storage-class", default=None, metavar="CLASS",
+                   help="StorageClass of model cache PVCs whose spec names none (default: the cluster's default)")
     p.add_argument("--kubeconfig", default=None)
 
 
@@ -83,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
                                     require_token_label=not args.no_token_secret_label)
     handlers.CONFIG.engine_cache_root = args.engine_cache_host_path
     handlers.CONFIG.model_cache_grace_seconds = args.model_cache_grace
+    handlers.CONFIG.model_cache_enabled = args.model_cache_default == "on"
+    handlers.CONFIG.model_cache_storage_class = args.model_cache_storage_class or None
     if args.admission:
         handlers.enable_admission()
     if args.metrics_port:

@@ -1,0 +1,63 @@
+"""Model cache rendering (pure): the PVC per (model, revision), the locked-down fill Job, the pod
+parts, the cluster-wide defaults."""
+
+from moe_core.checkpoint import CheckpointInfo
+from moe_operator import model_cache
+from moe_operator.api import MoEDeploymentSpec
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def spec(cache=None, uri=f"hf://org/dsv3@{SHA}", token=False):
+    m = {"uri": uri}
+    if cache is not None:
+        m["cache"] = cache
+    if token:
+        m["tokenSecretRef"] = {"name": "hf", "key": "tok"}
+    return MoEDeploymentSpec.model_validate({"model": m, "engine": {"name": "sglang"}})
+
+
+def test_one_claim_per_model_and_revision_sized_from_the_checkpoint():
+    s = spec({"enabled": True})
+    ck = CheckpointInfo(architecture="DeepseekV3ForCausalLM", format="nvfp4", formatSource="t", totalBytes=408_867_154_944)
+    pvc = model_cache.pvc("ns", s, ck)
+    assert pvc["metadata"]["name"] == model_cache.claim_name("org/dsv3", SHA)
+    assert model_cache.claim_name("org/dsv3", SHA) != model_cache.claim_name("org/dsv3", "f" * 40)
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "419Gi"  # 380.8 GiB + 10%, rounded up
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and "storageClassName" not in pvc["spec"]
+    assert pvc["metadata"]["annotations"] == {"moe.serving.dev/model": "org/dsv3", "moe.serving.dev/revision": SHA}
+    assert "ownerReferences" not in pvc["metadata"]  # shared: it outlives each MoEDeployment
+    sized = model_cache.pvc("ns", spec({"enabled": True, "size": "2Ti", "storageClassName": "fast",
+                                        "accessMode": "ReadWriteOnce"}), ck)
+    assert sized["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "2Ti"}},
+                             "storageClassName": "fast"}
+
+
+def test_fill_job_is_locked_down_and_takes_the_token_by_reference():
+    job = model_cache.fill_job("ns", spec({"enabled": True}, token=True), "img:1")
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+    assert c["command"] == ["moe-operator", "download-model", "--repo", "org/dsv3", "--revision", SHA,
+                            "--dir", model_cache.MOUNT, "--termination-log", "/dev/termination-log"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "tok"}}} in c["env"]
+    assert pod["restartPolicy"] == "OnFailure"  # a restart continues the .part files
+
+
+def test_pods_mount_it_read_only_behind_the_ready_check():
+    parts = model_cache.pod_parts(spec({"enabled": True}), "img:1")
+    assert parts.volume["persistentVolumeClaim"]["readOnly"] is True and parts.mount["readOnly"] is True
+    assert SHA in parts.init_container["command"][-1] and parts.init_container["volumeMounts"][0]["readOnly"]
+
+
+def test_cluster_defaults_fill_only_what_the_spec_leaves_unset():
+    unset = spec()
+    assert unset.model.cache.enabled is None and not model_cache.enabled(unset)
+    on = model_cache.with_defaults(unset, True, "fast")
+    assert model_cache.enabled(on) and on.model.cache.storageClassName == "fast"
+    off = model_cache.with_defaults(spec({"enabled": False}), True, "fast")
+    assert not model_cache.enabled(off) and off.model.cache.storageClassName == "fast"
+    mine = model_cache.with_defaults(spec({"enabled": True, "storageClassName": "mine"}), False, "fast")
+    assert model_cache.enabled(mine) and mine.model.cache.storageClassName == "mine"
+    assert not model_cache.enabled(model_cache.with_defaults(spec(uri="pvc://models/x"), True, None))  # hf:// only
