@@ -64,7 +64,7 @@ def finalize_exact(gemm2_out: torch.Tensor, expert_weights: torch.Tensor, expand
     perm = expanded_idx_to_permuted_idx.view(t, k).long()
     w = expert_weights.float() * (1.0 if routed_scale is None else float(routed_scale))
     acc = torch.zeros(t, h, dtype=torch.float32, device=gemm2_out.device)
-    for j in range(k):  # slot order, like the kernel
+    for j in range(k if gemm2_out.shape[0] else 0):  # slot order, like the kernel (no rows: no pair on this rank)
         valid = perm[:, j] >= 0
         rows = gemm2_out[perm[:, j].clamp(min=0), :h].float()
         acc += torch.where(valid[:, None], rows * w[:, j:j + 1], torch.zeros((), device=acc.device))

@@ -89,7 +89,26 @@ def _parser() -> argparse.ArgumentParser:
                    help="largest request body accepted (413 above)")
     s.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay captured CUDA graphs for decode steps on GPU (default on)")
+    s.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (a power of two, 1..256)")
+    s.add_argument("--kv-blocks", type=int, default=None,
+                   help="KV-cache blocks (default: from --gpu-memory-utilization on GPU, --kv-cache-mib on CPU)")
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory for weights + KV cache, measured after the weights load (0-1]")
+    s.add_argument("--kv-cache-mib", type=int, default=None,
+                   help="KV-cache budget in MiB (CPU default: 2 x --max-batch sequences of the context length)")
+    s.add_argument("--max-prefill-tokens", type=int, default=2048,
+                   help="tokens per engine step (decode rows + prefill chunks): a longer prompt is prefilled in chunks")
+    s.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV blocks of a prompt prefix computed before (default on)")
     s.add_argument("--skip-selftest", action="store_true", help="do not self-test the MoE backend (tests only)")
+    s.add_argument("--tp", type=int, default=1, help="tensor parallel size (attention, dense layers, vocab)")
+    s.add_argument("--ep", type=int, default=1, help="expert parallel size (routed experts split E/ep); "
+                   "one process per rank, max(tp, ep) ranks")
+    s.add_argument("--dist-port", type=int, default=29500,
+                   help="rendezvous port on rank 0's host (LWS_LEADER_ADDRESS multi-node; 0: any free port, one node)")
+    s.add_argument("--dist-init-timeout", type=float, default=600.0, help="seconds for every rank to join")
+    s.add_argument("--dist-timeout", type=float, default=300.0,
+                   help="seconds a collective may wait before the group goes down")
     return p
 
 
@@ -125,6 +144,10 @@ def _run(args: argparse.Namespace) -> int:
         from . import server
 
         server.configure(server.ServerOptions(api_key=args.api_key, max_body_bytes=args.max_body_bytes))
+        if max(args.tp, args.ep) > 1:
+            from .serve import serve_parallel
+
+            return serve_parallel(args)
         from .serve import serve
 
         return serve(args)

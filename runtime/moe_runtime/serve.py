@@ -82,11 +82,13 @@ def prepare(args) -> dict[str, Any]:
             "dtype": dtype}
 
 
-def load(prep: dict[str, Any]):
-    """Stage 3: the weights (progress in the log), routed experts stacked into ExpertWeights."""
+def load(prep: dict[str, Any], shard=None):
+    """Stage 3: the weights (progress in the log), routed experts stacked into ExpertWeights; with
+    `shard` (parallel.ShardPlan) only this rank's slices."""
     from .loader import load_checkpoint
 
-    return load_checkpoint(prep["validated"].root, prep["device"], prep["dtype"], validated=prep["validated"])
+    return load_checkpoint(prep["validated"].root, prep["device"], prep["dtype"], validated=prep["validated"],
+                           shard=shard)
 
 
 def select_backend(res, device: str, metrics, skip: bool = False) -> tuple[str, bool]:
@@ -139,10 +141,67 @@ def build(ck, backend: str, deferred: bool, dtype):
     return model
 
 
-def serve(args) -> int:
+def _shard_plan(prep, layout):
+    from .parallel import ShardPlan
+
+    v = prep["validated"]
+    plan = ShardPlan(v.config, v.expert_format, layout)
+    if (problems := plan.problems()):
+        raise RuntimeFailure(f"{v.root}: cannot shard {v.arch} over --tp {layout.tp} --ep {layout.ep}: "
+                             + "; ".join(problems))
+    return plan
+
+
+def _join(args, prep, rank):
+    """This process's place in the group (moe_runtime.parallel); the device becomes cuda:<local rank>."""
+    from . import parallel
+
+    lay, local_rank, device, rdv = rank
+    prep["device"] = device
+    return parallel.init(lay, local_rank, device, rdv.addr, rdv.port, args.dist_init_timeout, args.dist_timeout)
+
+
+def serve_parallel(args) -> int:
+    """`serve --tp N --ep M` (world max(N, M) > 1): refuse what cannot work here, then one process per
+    local rank (parallel.launch); global rank 0 serves HTTP, the others follow its engine steps."""
+    from . import parallel
+
+    prep = prepare(args)  # headers and plan only; refused before anything is spawned
+    _shard_plan(prep, parallel.Layout(args.tp, args.ep))
+    log("decision", f"tensor parallel {args.tp}, expert parallel {args.ep}: {max(args.tp, args.ep)} ranks "
+        f"({'NCCL' if str(prep['device']).startswith('cuda') else 'gloo'})", tp=args.tp, ep=args.ep)
+    return parallel.launch(args, prep["device"], _rank_main)
+
+
+def _rank_main(args, lay, local_rank, device, rdv) -> int:
+    if lay.rank == 0:
+        return serve(args, rank=(lay, local_rank, device, rdv))
+    return follow(args, (lay, local_rank, device, rdv))
+
+
+def follow(args, rank) -> int:
+    """A rank other than 0: load its shard, self-test, build, then run rank 0's model calls."""
+    from . import parallel
+    from .metrics import Metrics
+
+    prep = prepare(args)
+    group = _join(args, prep, rank)
+    ck = load(prep, _shard_plan(prep, rank[0]))
+    backend, deferred = select_backend(prep["resolution"], prep["device"], Metrics(), args.skip_selftest)
+    model = build(ck, backend, deferred, prep["dtype"])
+    log("ready", f"rank {rank[0].rank}: following rank 0", rank=rank[0].rank, backend=backend)
+    try:
+        return parallel.follow(model, group)
+    finally:
+        parallel.shutdown()
+
+
+def serve(args, rank=None) -> int:
+    """`rank` (layout, local rank, device, rendezvous): global rank 0 of a tensor/expert-parallel group."""
     import uvicorn
 
     from .engine import Engine
+    from .flags import engine_options
     from .metrics import Metrics
     from .server import ServerState, create_app
     from .tokenizer import Tokenizer
@@ -165,6 +224,7 @@ def serve(args) -> int:
     max_len = args.max_model_len or min(int(v.config.get("max_position_embeddings", 2048)), 2048)
     app = create_app(state)
     failure: list[RuntimeFailure] = []
+    leader: list[Any] = [None]
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # SIGTERM/SIGINT: drain first, then let uvicorn stop
@@ -189,15 +249,21 @@ def serve(args) -> int:
 
     def startup():
         try:
-            ck = load(prep)
+            group = _join(args, prep, rank) if rank is not None else None
+            ck = load(prep, _shard_plan(prep, rank[0]) if rank is not None else None)
             backend, deferred = select_backend(prep["resolution"], prep["device"], metrics, args.skip_selftest)
             log("decision", f"MoE backend {backend}, deferred finalize {'on' if deferred else 'off'}",
                 backend=backend, deferred_finalize=deferred)
             model = build(ck, backend, deferred, prep["dtype"])
+            if group is not None:
+                from .parallel import LeaderModel
+
+                model = leader[0] = LeaderModel(model, group)  # every engine step reaches the other ranks
             metrics.load_seconds.set(ck.seconds)
             metrics.load_bytes.set(ck.nbytes)
+            # CUDA graphs would capture the collectives without rank 0's broadcast of each step
             engine = Engine(model, prep["device"], args.max_batch, args.max_queue, max_len,
-                            state.tokenizer.stop_ids, metrics, cuda_graphs=args.cuda_graphs)
+                            state.tokenizer.stop_ids, metrics, **engine_options(args), cuda_graphs=args.cuda_graphs and rank is None)
             engine.start()
             state.engine = engine
             metrics.backend.labels(backend, prep["resolution"].expert_format, prep["family"], str(deferred).lower()).set(1)
@@ -217,6 +283,11 @@ def serve(args) -> int:
     server.run()
     if state.engine is not None:
         state.engine.stop()
+    if leader[0] is not None:
+        from . import parallel
+
+        leader[0].stop()
+        parallel.shutdown()
     if failure:
         raise failure[0]
     return 0

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config_keys import rope_dict
+from .. import parallel
 from ..errors import RuntimeFailure
 from ..model_spec import is_moe_layer
 
@@ -52,11 +53,14 @@ class Linear(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """Dense MLP / shared expert: down(silu(gate(x)) * up(x))."""
+    """Dense MLP / shared expert: down(silu(gate(x)) * up(x)). `reduce` ("world"): the weights are this
+    rank's intermediate slice and down's output is all-reduced (parallel.RowParallelLinear); None: the
+    caller reduces (the shared expert, inside the MoE block's one all-reduce)."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, reduce: str | None = None):
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = Linear(gate), Linear(up), Linear(down)
+        self.gate_proj, self.up_proj = Linear(gate), Linear(up)
+        self.down_proj = parallel.RowParallelLinear(down, reduce) if reduce else Linear(down)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -193,7 +197,7 @@ class CausalLM(nn.Module):
         (the last column) or `last_index` [B] (each row's own last real token: right-padded prefill).
         `kv_len` fixes how many cache positions are attended (CUDA graphs: no host sync, static shapes);
         by default the longest position in the batch."""
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = parallel.embed(input_ids, self.embed_tokens)  # vocab-parallel under tensor parallelism
         kv_len = kv_len or int(positions.max()) + 1
         cos_sin = self.rope.cos_sin(positions, x.dtype)
         for layer in self.layers:
@@ -202,7 +206,7 @@ class CausalLM(nn.Module):
             x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
         elif last_only:
             x = x[:, -1:]
-        return self.lm_head(self.norm(x)).float()
+        return parallel.gather_vocab(self.lm_head(self.norm(x))).float()
 
 
 def build_layers(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_attn: Callable[[str], nn.Module],
@@ -215,7 +219,8 @@ def build_layers(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_att
         if is_moe_layer(cfg, i):
             mlp = make_moe(i, p + "mlp.")
         else:
-            mlp = SwiGLU(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"), w(p + "mlp.down_proj.weight"))
+            mlp = SwiGLU(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"), w(p + "mlp.down_proj.weight"),
+                         reduce="world")
         layers.append(DecoderLayer(make_attn(p), mlp, w(p + "input_layernorm.weight"),
                                    w(p + "post_attention_layernorm.weight"), eps))
     return layers

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import parallel
 from ..errors import RuntimeFailure
 from .common import (CausalLM, Linear, RMSNorm, Rope, SwiGLU, build_layers, causal_slot_mask, masked_softmax_attention,
                      rope_parameters)
@@ -24,9 +25,10 @@ from .moe import MoEBlock, RoutingConfig
 class MLAttention(nn.Module):
     def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], p: str, rope: Rope, softmax_mult: float):
         super().__init__()
-        self.nh = cfg["num_attention_heads"]
         self.nope, self.rope_dim = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
         self.v_dim, self.kv_lora = cfg["v_head_dim"], cfg["kv_lora_rank"]
+        # heads on this rank, from the (possibly tensor-parallel) slice the loader gave
+        self.nh = w(p + "kv_b_proj.weight").shape[0] // (self.nope + self.v_dim)
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.q_lora = bool(cfg.get("q_lora_rank"))
         if self.q_lora:
@@ -40,7 +42,7 @@ class MLAttention(nn.Module):
         kv_b = w(p + "kv_b_proj.weight").view(self.nh, self.nope + self.v_dim, self.kv_lora)
         self.w_uk = nn.Parameter(kv_b[:, : self.nope].contiguous(), requires_grad=False)  # [h, nope, c]
         self.w_uv = nn.Parameter(kv_b[:, self.nope:].contiguous(), requires_grad=False)  # [h, v, c]
-        self.o_proj = Linear(w(p + "o_proj.weight"))
+        self.o_proj = parallel.RowParallelLinear(w(p + "o_proj.weight"), "attn")
         self.rope = rope
         self.scale = (self.nope + self.rope_dim) ** -0.5 * softmax_mult
         self.cache_ckv: torch.Tensor | None = None

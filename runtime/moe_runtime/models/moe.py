@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from moe_kernels.routing import grouped_topk, softmax_topk
 
+from .. import parallel
+
 
 @dataclass(frozen=True)
 class RoutingConfig:
@@ -47,14 +49,17 @@ class MoEBlock(nn.Module):
         return softmax_topk(logits, r.top_k, r.renormalize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, H] -> [T, H] in x's dtype."""
+        """x [T, H] -> [T, H] in x's dtype. Under expert/tensor parallelism (moe_runtime.parallel) this
+        rank's experts see only the pairs routed to them (other ids -1) and the routed + shared partial
+        sums are all-reduced once over the world."""
         weights, ids = self.route(x)
+        ids = parallel.localize_expert_ids(ids, self.experts)
         scale = self.routing.routed_scale
         if self.deferred:
             d = self.experts.forward(x, weights, ids, routed_scale=scale, defer_finalize=True)
             shared = self.shared(x) if self.shared is not None else None
-            return d.finalize(shared).to(x.dtype)
+            return parallel.all_reduce_world(d.finalize(shared).to(x.dtype))
         y = self.experts.forward(x, weights, ids, routed_scale=scale).to(x.dtype)
         if self.shared is not None:
             y = y + self.shared(x)
-        return y
+        return parallel.all_reduce_world(y)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import parallel
 from .common import CausalLM, Linear, RMSNorm, Rope, build_layers, causal_slot_mask, rope_parameters
 from .moe import MoEBlock, RoutingConfig
 
@@ -16,11 +17,13 @@ from .moe import MoEBlock, RoutingConfig
 class GQAttention(nn.Module):
     def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], p: str, rope: Rope):
         super().__init__()
-        self.nh, self.nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        self.hd = cfg.get("head_dim") or cfg["hidden_size"] // self.nh
+        self.hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.q_proj, self.k_proj = Linear(w(p + "q_proj.weight")), Linear(w(p + "k_proj.weight"))
-        self.v_proj, self.o_proj = Linear(w(p + "v_proj.weight")), Linear(w(p + "o_proj.weight"))
+        self.v_proj = Linear(w(p + "v_proj.weight"))
+        self.o_proj = parallel.RowParallelLinear(w(p + "o_proj.weight"), "attn")
+        # heads on this rank, from the (possibly tensor-parallel) slices the loader gave
+        self.nh, self.nkv = self.q_proj.weight.shape[0] // self.hd, self.k_proj.weight.shape[0] // self.hd
         self.q_norm, self.k_norm = RMSNorm(w(p + "q_norm.weight"), eps), RMSNorm(w(p + "k_norm.weight"), eps)
         self.rope = rope
         self.k_cache: torch.Tensor | None = None
