@@ -224,7 +224,7 @@ class Serve:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "moe_runtime.cli", "serve", "--model", str(model),
                                       "--port", str(self.port), "--host", "127.0.0.1", "--device", "cpu",
-                                      "--skip-selftest", "--dist-port", "0", *extra],
+                                      "--skip-selftest", "--dist-port", "0", "--served-model-name", "m", *extra],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout=120):
