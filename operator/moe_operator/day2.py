@@ -55,11 +55,32 @@ class Rollout:
     spare_sets: int  # free GPU sets (one replica's worth) of the planned class
     gpu_class: str
     message: str  # why these numbers, for the Progressing condition while a roll runs
+    kept: bool = False  # the numbers a running roll started with (free capacity changes under it)
+
+    def progress_reason(self) -> str:
+        """Progressing's reason while a roll runs."""
+        if self.kept:  # what the roll started with, whatever frees up under it
+            return "RollingOut" if self.max_surge > 0 else "RollingOneAtATime"
+        if self.spare_sets > 0:
+            return "RollingOut"
+        return "WaitingForCapacity" if self.max_surge > 0 and self.max_unavailable == 0 else "RollingOneAtATime"
 
 
-def rollout_policy(spec: MoEDeploymentSpec, gpu_class: str, spare_sets: int) -> Rollout:
-    """maxSurge/maxUnavailable: the user's where set, else from the spare GPU sets of the class."""
+def rollout_policy(spec: MoEDeploymentSpec, gpu_class: str, spare_sets: int,
+                   running: tuple[int, int] | None = None) -> Rollout:
+    """maxSurge/maxUnavailable: the user's where set, else from the spare GPU sets of the class.
+
+    `running`: (maxSurge, maxUnavailable) of a roll in progress. Its defaults are kept until it
+    completes: a surge pod takes the spare GPU set, and switching that roll to maxUnavailable 1
+    would take down a replica the surge was there to keep."""
     r = spec.rollout
+    if running is not None and (r.maxSurge is None or r.maxUnavailable is None):
+        surge = r.maxSurge if r.maxSurge is not None else running[0]
+        unavailable = r.maxUnavailable if r.maxUnavailable is not None else running[1]
+        if surge + unavailable > 0:
+            return Rollout(surge, unavailable, spare_sets, gpu_class,
+                           f"roll in progress with maxSurge {surge}, maxUnavailable {unavailable} (kept from its start)",
+                           kept=True)
     spare = spare_sets > 0
     surge = r.maxSurge if r.maxSurge is not None else (1 if spare else 0)
     unavailable = r.maxUnavailable if r.maxUnavailable is not None else (0 if spare else 1)
@@ -79,6 +100,22 @@ def rollout_policy(spec: MoEDeploymentSpec, gpu_class: str, spare_sets: int) -> 
     else:
         msg = f"replacing replicas in place ({numbers}, set by spec.rollout)"
     return Rollout(surge, unavailable, spare_sets, gpu_class, msg)
+
+
+def running_roll(live: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(maxSurge, maxUnavailable) of the live Deployment or LeaderWorkerSet while it rolls, else None."""
+    if not live:
+        return None
+    spec, st = live.get("spec") or {}, live.get("status") or {}
+    cfg = ((spec.get("strategy") or {}).get("rollingUpdate")
+           or ((spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration")))
+    if not cfg or not all(isinstance(cfg.get(k), int) for k in ("maxSurge", "maxUnavailable")):
+        return None
+    want = int(spec.get("replicas") or 0)
+    updated = int(st.get("updatedReplicas") or 0)
+    rolling = (st.get("observedGeneration") or 0) < (live.get("metadata") or {}).get("generation", 0) \
+        or updated < want or int(st.get("replicas") or 0) > updated
+    return (cfg["maxSurge"], cfg["maxUnavailable"]) if rolling else None
 
 
 def spare_gpu_sets(free_per_node: dict[str, int], gpus_per_node: int, nodes_per_replica: int) -> int:

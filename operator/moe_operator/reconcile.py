@@ -228,7 +228,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
 
     # 3. render, compare with the live objects, apply what differs
     spare = day2.spare_gpu_sets(inv.free_per_node, spec.gpus_per_node(), spec.nodesPerReplica)
-    rollout = day2.rollout_policy(spec, gpu.key(), spare)
+    rollout = day2.rollout_policy(spec, gpu.key(), spare, running=day2.running_roll(live_workload))
     objects = render(Owner(name, ns, meta["uid"]), spec, plan, gpu, cfg.runtime_repository, cfg.engine_cache_root,
                      rollout=rollout)
     optional = sorted({o["kind"] for o in objects if o["kind"] in day2.OPTIONAL_KINDS})
@@ -304,10 +304,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
             conds = set_condition(conds, "Available", "True", "ReplicasReady", f"{ready}/{desired} replicas ready", gen)
         else:
             conds = set_condition(conds, "Available", "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready", gen)
-        if rolling and rollout.spare_sets == 0:  # say why the roll goes as it goes, not just that it waits
-            reason = "WaitingForCapacity" if rollout.max_surge > 0 and rollout.max_unavailable == 0 else "RollingOneAtATime"
-        else:
-            reason = "RollingOut"
+        reason = rollout.progress_reason() if rolling else "RollingOut"  # why the roll goes as it goes
         conds = set_condition(conds, "Progressing", "True", reason,
                               f"{ready}/{desired} replicas ready, {wst.get('updatedReplicas', 0)} updated; "
                               + rollout.message, gen)

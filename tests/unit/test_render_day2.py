@@ -191,3 +191,26 @@ def test_one_inference_pool_spans_moedeployments_that_share_its_name(ckpt):
     assert day2.pool_pod_labels(s, "worker") == {} and day2.pool_pod_labels(s, "leader") == {day2.POOL_LABEL: "m"}
     plain, _ = rendered(ckpt)
     assert day2.POOL_LABEL not in plain["Deployment"]["spec"]["template"]["metadata"]["labels"]
+
+
+def test_a_running_roll_keeps_the_numbers_it_started_with():
+    live = {"metadata": {"generation": 2},
+            "spec": {"replicas": 2, "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
+            "status": {"observedGeneration": 2, "replicas": 3, "updatedReplicas": 1}}
+    assert day2.running_roll(live) == (1, 0)
+    # the surge pod took the spare GPU set: spare 0 now, but the roll keeps surging (no replica down)
+    r = day2.rollout_policy(spec(), "sm90/X", 0, running=day2.running_roll(live))
+    assert (r.max_surge, r.max_unavailable, r.kept) == (1, 0, True) and r.progress_reason() == "RollingOut"
+    done = {**live, "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2}}
+    assert day2.running_roll(done) is None
+    r = day2.rollout_policy(spec(), "sm90/X", 0, running=day2.running_roll(done))
+    assert (r.max_surge, r.max_unavailable) == (0, 1) and r.progress_reason() == "RollingOneAtATime"
+    # explicit numbers always win, and an explicit surge on a full class says it waits
+    r = day2.rollout_policy(spec(rollout={"maxSurge": 1, "maxUnavailable": 0}), "sm90/X", 0, running=(0, 1))
+    assert not r.kept and r.progress_reason() == "WaitingForCapacity"
+    lws = {"metadata": {"generation": 3}, "spec": {"replicas": 2, "rolloutStrategy": {
+        "rollingUpdateConfiguration": {"maxSurge": 0, "maxUnavailable": 1}}}, "status": {"observedGeneration": 2}}
+    assert day2.running_roll(lws) == (0, 1)
+    # a kept one-at-a-time roll stays so while replaced pods free their GPUs
+    r = day2.rollout_policy(spec(), "sm90/X", 1, running=(0, 1))
+    assert r.kept and r.progress_reason() == "RollingOneAtATime"
