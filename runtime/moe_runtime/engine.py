@@ -1,9 +1,17 @@
-"""Scheduler: continuous batching over one decode loop, in a background thread.
+"""Scheduler: continuous batching with chunked prefill over a paged KV cache, in a background thread.
 
 - Requests wait in a bounded queue (`max_queue`); a full queue raises QueueFull (HTTP 429).
-- Each step: admit waiting requests into free KV-cache slots and prefill them together (right-padded,
-  which yields their first tokens), then one batched decode step for every running sequence
-  (B = running, S = 1).
+- Admission (oldest first, at most `max_batch` running): the prompt's blocks are allocated at once
+  (kv_cache.BlockManager), reusing the cached blocks of a shared prefix, whose tokens are then not
+  computed again. A prompt that does not fit in the free blocks waits (never an OOM).
+- Each step: one batched decode forward for every sequence with one token left to compute
+  (B = decoding, S = 1), then prefill chunks of the others within the step's token budget
+  (`max_prefill_tokens` minus the decode rows), batched into one right-padded forward; a long prompt
+  takes several steps while the running sequences keep decoding. A chunk that completes a prompt
+  yields its first token.
+- A decode that needs a new block when none is free preempts the most recently admitted sequence
+  (its blocks are freed, it goes back to the head of the queue and is recomputed from its prompt and
+  the tokens it already produced, with the prefix cache's help).
 - Tokens go back to the asyncio side through `loop.call_soon_threadsafe` onto a per-request queue.
 - `drain()` stops admissions from the HTTP side and returns once nothing is queued or running.
 torch releases the GIL inside kernels, so the HTTP event loop stays responsive while decoding.
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import threading
 import time
 from collections import deque
@@ -22,6 +31,8 @@ from typing import Any
 import torch
 
 from . import sampling
+from .errors import RuntimeFailure
+from .kv_cache import BlockManager, OutOfBlocks, SeqBlocks
 from .log import log
 
 
@@ -58,14 +69,17 @@ class Request:
     out: asyncio.Queue
     id: int = 0
     created: float = field(default_factory=time.time)
-    slot: int = -1
-    position: int = 0
+    blocks: SeqBlocks | None = None  # its KV blocks while admitted
+    computed: int = 0  # leading tokens (prompt + generated) whose KV is in the cache
     generated: list[int] = field(default_factory=list)
-    last_token: int = 0
     cancelled: bool = False
     first_token_at: float | None = None
     generator: torch.Generator | None = None
     done: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.generated
 
     def emit(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, item)
@@ -79,28 +93,70 @@ class Finished:
     error: str | None = None
 
 
+def plan_kv_blocks(model, device: str, block_size: int, max_batch: int, max_len: int, kv_blocks: int | None = None,
+                   kv_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9) -> tuple[int, str]:
+    """(number of KV blocks, how it was chosen). Explicit `kv_blocks` wins; else a byte budget:
+    on CUDA, measured after the weights are loaded: `gpu_memory_utilization` x total memory minus what
+    is already in use (weights, other processes), the rest of the GPU being the headroom for
+    activations; on CPU `kv_memory_bytes` (default: enough for 2 x max_batch sequences of max_len)."""
+    per_block = model.kv_bytes_per_block(block_size)
+    if kv_blocks:
+        return kv_blocks, f"--kv-blocks {kv_blocks}"
+    if str(device).startswith("cuda") and kv_memory_bytes is None:
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        budget = int(gpu_memory_utilization * total) - (total - free)
+        how = (f"--gpu-memory-utilization {gpu_memory_utilization}: {budget / 2**30:.2f} GiB of {total / 2**30:.1f} GiB "
+               f"({free / 2**30:.1f} GiB free after weights)")
+    else:
+        per_seq = math.ceil(max_len / block_size)
+        budget = kv_memory_bytes if kv_memory_bytes is not None else 2 * max_batch * per_seq * per_block
+        how = f"KV memory budget {budget / 2**20:.1f} MiB"
+    return max(budget // per_block, 0), how
+
+
 class Engine:
     def __init__(self, model, device: str, max_batch: int, max_queue: int, max_len: int, stop_ids: set[int],
-                 metrics=None, max_prefill_tokens: int = 8192, cuda_graphs: bool = False):
+                 metrics=None, max_prefill_tokens: int = 2048, cuda_graphs: bool = False, block_size: int = 16,
+                 kv_blocks: int | None = None, kv_memory_bytes: int | None = None,
+                 gpu_memory_utilization: float = 0.9, prefix_caching: bool = True):
         self.model, self.device = model, device
         self.max_prefill_tokens = max_prefill_tokens
         self.max_batch, self.max_queue, self.max_len = max_batch, max_queue, max_len
         self.stop_ids = stop_ids
         self.metrics = metrics
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.free_slots = list(range(max_batch))
+        self.running: list[Request] = []  # admission order
         self.cv = threading.Condition()
         self.draining = False
         self.stopped = False
         self._ids = itertools.count(1)
         self.thread: threading.Thread | None = None
-        model.allocate_cache(max_batch + 1, max_len)  # + a scratch slot for CUDA-graph padding rows
+        self.prefill_computed = 0  # prompt tokens computed (prefix-cache hits are not)
+        self.steps: deque[tuple[int, int]] = deque(maxlen=4096)  # (decode rows, prefill tokens) per step
+        self.block_size = block_size
+        n, how = plan_kv_blocks(model, device, block_size, max_batch, max_len, kv_blocks, kv_memory_bytes,
+                                gpu_memory_utilization)
+        per_seq = math.ceil(max_len / block_size)
+        if n < per_seq:
+            raise RuntimeFailure(f"KV cache too small: {how} gives {n} blocks of {block_size} tokens "
+                                 f"({n * block_size} tokens), one sequence of --max-model-len {max_len} needs {per_seq}")
+        self.kv = BlockManager(n, block_size, prefix_caching)
+        self.scratch_block = n  # one block no sequence owns: CUDA-graph padding rows write there
+        self.table_width = per_seq
+        model.allocate_kv(n + 1, block_size)
+        nbytes = (n + 1) * model.kv_bytes_per_block(block_size)
+        log("kv_cache", f"{n} blocks x {block_size} tokens = {n * block_size} tokens, {nbytes / 2**20:.1f} MiB ({how}); "
+            f"prefix caching {'on' if prefix_caching else 'off'}", blocks=n, block_size=block_size,
+            tokens=n * block_size, bytes=nbytes)
+        if metrics:
+            metrics.kv_blocks.set(n)
+            metrics.kv_block_size.set(block_size)
+            metrics.kv_bytes.set(nbytes)
         self.decoder = None
         if cuda_graphs and str(device).startswith("cuda"):
             from .cuda_graphs import GraphDecoder
 
-            self.decoder = GraphDecoder(model, max_batch, max_len, scratch_slot=max_batch, device=device)
+            self.decoder = GraphDecoder(model, max_batch, max_len, self.table_width, self.scratch_block, device=device)
 
     # ------------------------------------------------------------------ called from the HTTP side
     def submit(self, req: Request) -> Request:
@@ -153,10 +209,12 @@ class Engine:
 
     # ------------------------------------------------------------------ the engine thread
     def _gauges(self) -> None:
-        if self.metrics:
-            self.metrics.queue_depth.set(len(self.waiting))
-            self.metrics.running.set(len(self.running))
-            self.metrics.kv_usage.set(1 - len(self.free_slots) / self.max_batch if self.max_batch else 0.0)
+        m = self.metrics
+        if m:
+            m.queue_depth.set(len(self.waiting))
+            m.running.set(len(self.running))
+            m.kv_usage.set(self.kv.usage)
+            m.prefix_hit_rate.set(self.kv.hit_rate)
 
     def _loop(self) -> None:
         while True:
@@ -165,87 +223,147 @@ class Engine:
                     self.cv.wait()
                 if self.stopped:
                     return
-                admit = []
-                while self.waiting and self.free_slots:
-                    r = self.waiting.popleft()
-                    r.slot = self.free_slots.pop()
-                    admit.append(r)
-                self._gauges()
             try:
-                # prefill in groups of at most `max_prefill_tokens` padded tokens
-                group: list[Request] = []
-                for r in sorted(admit, key=lambda r: len(r.prompt_ids)):
-                    if group and (len(group) + 1) * len(r.prompt_ids) > self.max_prefill_tokens:
-                        self._prefill(group)
-                        group = []
-                    group.append(r)
-                if group:
-                    self._prefill(group)
-                if self.running:
-                    self._decode_step()
+                self.step()
             except Exception as e:  # a failing step must not kill the server: fail those requests
                 log("engine_error", f"{type(e).__name__}: {e}")
-                for r in list(self.running) + admit:
+                for r in list(self.running):
                     self._finish(r, "error", error=f"{type(e).__name__}: {e}")
             with self.cv:
                 self._gauges()
                 self.cv.notify_all()
 
+    def step(self) -> None:
+        """One scheduler iteration: admit, decode the decoding rows, prefill chunks within the budget."""
+        with self.cv:
+            self._admit()
+        for r in [r for r in self.running if r.cancelled]:
+            self._finish(r, "cancelled")
+        decode = self._reserve_decode([r for r in self.running if len(r.tokens) - r.computed == 1])
+        if decode:
+            self._decode_step(decode)
+        budget = max(self.max_prefill_tokens - len(decode), self.block_size)
+        chunks = []
+        for r in self.running:
+            left = len(r.tokens) - r.computed
+            if left > 1 and r not in decode and budget > 0:
+                n = min(left, budget)
+                chunks.append((r, n))
+                budget -= n
+        if chunks:
+            self._prefill(chunks)
+        self.steps.append((len(decode), sum(n for _, n in chunks)))
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_batch:
+            r = self.waiting[0]
+            if r.cancelled:
+                self.waiting.popleft()
+                self._finish(r, "cancelled")
+                continue
+            if not self.kv.can_allocate(r.tokens):
+                break  # waits for blocks to free up (finishing sequences), oldest first
+            self.waiting.popleft()
+            q0, h0 = self.kv.queried_tokens, self.kv.hit_tokens
+            r.blocks, r.computed = self.kv.allocate(r.tokens)
+            if self.metrics:
+                self.metrics.prefix_queries.inc(self.kv.queried_tokens - q0)
+                self.metrics.prefix_hits.inc(self.kv.hit_tokens - h0)
+                if not r.generated:
+                    self.metrics.prompt_tokens.inc(len(r.prompt_ids))
+            self.running.append(r)
+        self._gauges()
+
+    def _preempt(self, r: Request) -> None:
+        self.kv.free_seq(r.blocks)
+        r.blocks, r.computed = None, 0
+        self.running.remove(r)
+        with self.cv:
+            self.waiting.appendleft(r)
+        if self.metrics:
+            self.metrics.preemptions.inc()
+        log("preempt", f"request {r.id}: out of KV blocks, recomputed later ({len(r.tokens)} tokens)", request=r.id)
+
+    def _reserve_decode(self, rows: list[Request]) -> list[Request]:
+        """Each decoding row's block for its next token; the newest sequences are preempted for it."""
+        out = []
+        for r in rows:
+            while r.blocks is not None:
+                try:
+                    self.kv.ensure(r.blocks, r.computed + 1)
+                    out.append(r)
+                    break
+                except OutOfBlocks:
+                    victim = self.running[-1]
+                    if victim in out:  # only rows already served remain: this one waits
+                        victim = r
+                    self._preempt(victim)
+                    if victim in out:
+                        out.remove(victim)
+        return out
+
+    def _tables(self, reqs: list[Request]) -> torch.Tensor:
+        bt = torch.full((len(reqs), self.table_width), self.scratch_block, dtype=torch.long)
+        for i, r in enumerate(reqs):
+            bt[i, : len(r.blocks.table)] = torch.tensor(r.blocks.table)
+        return bt
+
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[tuple[int, Any]]:
         """logits fp32 [B, V] -> (next token, logprobs or None) per request (greedy at temperature 0)."""
         return sampling.sample(logits, reqs, self.stop_ids)
 
-    def _prefill(self, reqs: list[Request]) -> None:
-        """One forward for all newly admitted prompts, right-padded to the longest.
+    def _prefill(self, chunks: list[tuple[Request, int]]) -> None:
+        """One right-padded forward over every row's next chunk of tokens (positions computed..+n).
 
-        Padding is harmless: a padded position p of a row is never attended by that row's real
-        tokens (causal mask), and decoding writes the row's token p into cache[slot, p] before any
-        query attends to it."""
-        for r in [r for r in reqs if r.cancelled]:
-            self._finish(r, "cancelled")
-        reqs = [r for r in reqs if not r.cancelled]
-        if not reqs:
-            return
-        n = max(len(r.prompt_ids) for r in reqs)
-        ids = torch.zeros(len(reqs), n, dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, : len(r.prompt_ids)] = torch.tensor(r.prompt_ids)
-        pos = torch.arange(n).expand(len(reqs), n)
-        last = torch.tensor([len(r.prompt_ids) - 1 for r in reqs])
-        slots = torch.tensor([r.slot for r in reqs])
+        Padding is harmless: a padded token sits at a position after its row's real tokens, so it
+        is written either into the row's own last (private, partly filled) block, at a slot decoding
+        overwrites before any query attends to it, or into the scratch block; no real token attends
+        to it (causal mask)."""
+        n = max(k for _, k in chunks)
+        reqs = [r for r, _ in chunks]
+        ids = torch.zeros(len(chunks), n, dtype=torch.long)
+        pos = torch.zeros(len(chunks), n, dtype=torch.long)
+        for i, (r, k) in enumerate(chunks):
+            ids[i, :k] = torch.tensor(r.tokens[r.computed:r.computed + k])
+            pos[i] = torch.arange(r.computed, r.computed + n).clamp(max=self.max_len - 1)
+        last = torch.tensor([k - 1 for _, k in chunks])
+        kv_len = max(r.computed + k for r, k in chunks)
         d = self.device
-        # kv_len from the host: no device->host sync to find the longest position
-        logits = self.model(ids.to(d), pos.to(d), slots.to(d), last_index=last.to(d), kv_len=n)[:, -1]
-        for r in reqs:
-            r.position = len(r.prompt_ids)
+        logits = self.model(ids.to(d), pos.to(d), self._tables(reqs).to(d), last_index=last.to(d), kv_len=kv_len)[:, -1]
+        done = []
+        for i, (r, k) in enumerate(chunks):
+            r.computed += k
+            self.prefill_computed += k
             if self.metrics:
-                self.metrics.prompt_tokens.inc(len(r.prompt_ids))
-            self.running.append(r)
-        for r, (tok, lp) in zip(reqs, self._sample(logits, reqs)):
-            self._accept(r, tok, lp)
+                self.metrics.prefill_computed.inc(k)
+            self.kv.register(r.blocks, r.tokens, r.computed)
+            if r.computed == len(r.tokens):
+                done.append(i)
+        if done:
+            finished = [reqs[i] for i in done]
+            for r, (tok, lp) in zip(finished, self._sample(logits[done], finished)):
+                self._accept(r, tok, lp)
 
-    def _decode_step(self) -> None:
-        for r in [r for r in self.running if r.cancelled]:
-            self._finish(r, "cancelled")
-        if not self.running:
-            return
-        reqs = list(self.running)
-        ids = torch.tensor([[r.last_token] for r in reqs], device=self.device)
-        pos = torch.tensor([[r.position] for r in reqs], device=self.device)
-        slots = torch.tensor([r.slot for r in reqs], device=self.device)
+    def _decode_step(self, reqs: list[Request]) -> None:
+        d = self.device
+        ids = torch.tensor([[r.tokens[r.computed]] for r in reqs], device=d)
+        pos = torch.tensor([[r.computed] for r in reqs], device=d)
+        bt = self._tables(reqs).to(d)
         if self.decoder is not None:
             try:
-                logits = self.decoder(ids, pos, slots)[:, -1]
+                logits = self.decoder(ids, pos, bt)[:, -1]
             except Exception as e:  # capture failed (e.g. a kernel that syncs): stay correct, run eager
                 log("cuda_graph", f"disabled: {type(e).__name__}: {e}")
                 self.decoder = None
-                logits = self.model(ids, pos, slots)[:, -1]
+                logits = self.model(ids, pos, bt, kv_len=max(r.computed for r in reqs) + 1)[:, -1]
         else:
-            logits = self.model(ids, pos, slots, kv_len=max(r.position for r in reqs) + 1)[:, -1]
+            logits = self.model(ids, pos, bt, kv_len=max(r.computed for r in reqs) + 1)[:, -1]
         if self.metrics:
             self.metrics.decode_steps.inc()
+        for r in reqs:
+            r.computed += 1
+            self.kv.register(r.blocks, r.tokens, r.computed)
         for r, (tok, lp) in zip(reqs, self._sample(logits, reqs)):
-            r.position += 1
             self._accept(r, tok, lp)
 
     def _accept(self, r: Request, tok: int, lp: Any = None) -> None:
@@ -254,7 +372,6 @@ class Engine:
             if self.metrics:
                 self.metrics.ttft.observe(r.first_token_at - r.created)
         r.generated.append(tok)
-        r.last_token = tok
         if self.metrics:
             self.metrics.generation_tokens.inc()
         stop = (tok in self.stop_ids and not r.params.ignore_eos) or tok in r.params.stop_token_ids
@@ -262,7 +379,7 @@ class Engine:
             r.emit(tok if lp is None else lp)  # a sampling.Sampled when the client asked for logprobs
         if stop:
             self._finish(r, "stop")
-        elif len(r.generated) >= r.params.max_tokens or r.position + 1 >= self.max_len:
+        elif len(r.generated) >= r.params.max_tokens or len(r.tokens) >= self.max_len:
             self._finish(r, "length")
 
     def _finish(self, r: Request, reason: str, error: str | None = None) -> None:
@@ -271,9 +388,9 @@ class Engine:
         r.done = True
         if r in self.running:
             self.running.remove(r)
-        if r.slot >= 0:
-            self.free_slots.append(r.slot)
-            r.slot = -1
+        if r.blocks is not None:
+            self.kv.free_seq(r.blocks)
+            r.blocks = None
         n_out = len(r.generated) - (1 if reason == "stop" else 0)
         r.emit(Finished(reason, len(r.prompt_ids), max(n_out, 0), error))
         if self.metrics:

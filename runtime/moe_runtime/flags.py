@@ -89,6 +89,17 @@ def validate_serve(args) -> None:
         raise _bad("--api-key", args.api_key, "must not be empty (leave it out to serve without a key)")
     if getattr(args, "max_body_bytes", MIN_BODY_BYTES) < MIN_BODY_BYTES:
         raise _bad("--max-body-bytes", args.max_body_bytes, f"must be at least {MIN_BODY_BYTES}")
+    bs = getattr(args, "block_size", 16)
+    if not 1 <= bs <= 256 or bs & (bs - 1):
+        raise _bad("--block-size", bs, "must be a power of two in 1..256 (tokens per KV-cache block)")
+    if getattr(args, "kv_blocks", None) is not None and args.kv_blocks < 1:
+        raise _bad("--kv-blocks", args.kv_blocks, "must be at least 1")
+    if not 0 < getattr(args, "gpu_memory_utilization", 0.9) <= 1:
+        raise _bad("--gpu-memory-utilization", args.gpu_memory_utilization, "must be in (0, 1]")
+    if getattr(args, "kv_cache_mib", None) is not None and args.kv_cache_mib < 1:
+        raise _bad("--kv-cache-mib", args.kv_cache_mib, "must be at least 1")
+    if getattr(args, "max_prefill_tokens", 1) < 1:
+        raise _bad("--max-prefill-tokens", args.max_prefill_tokens, "must be at least 1")
     model = Path(args.model)
     if not model.exists():
         raise _bad("--model", args.model, "no such directory")
@@ -104,6 +115,16 @@ def validate_serve(args) -> None:
             raise _bad("--max-model-len", args.max_model_len,
                        f"is beyond the model's max_position_embeddings ({limit}) in {model / 'config.json'}")
     check_bind(args.host, args.port)
+
+
+def engine_options(args) -> dict:
+    """serve's KV-cache and scheduler flags as engine.Engine keyword arguments."""
+    mib = getattr(args, "kv_cache_mib", None)
+    return {"block_size": getattr(args, "block_size", 16), "kv_blocks": getattr(args, "kv_blocks", None),
+            "kv_memory_bytes": mib * 2**20 if mib else None,
+            "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", 0.9),
+            "max_prefill_tokens": getattr(args, "max_prefill_tokens", 2048),
+            "prefix_caching": getattr(args, "prefix_caching", True)}
 
 
 def validate_device(flag: str, device: str) -> None:

@@ -60,12 +60,30 @@ class Metrics:
         self.running = _Mirror(
             Gauge("moe_runtime_running_requests", "requests in the decode batch", registry=r),
             Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", registry=r))
-        # The KV cache is one slot of max_len positions per batch row: use = rows taken / rows. vLLM
-        # renamed gpu_cache_usage_perc to kv_cache_usage_perc (0.10); both are exported (fractions, 0-1).
+        # The paged KV cache: use = blocks referenced by a sequence / blocks (cached blocks no sequence
+        # holds count as free). vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc (0.10); both
+        # are exported (fractions, 0-1).
         self.kv_usage = _Mirror(
-            Gauge("moe_runtime_kv_cache_usage", "fraction of KV-cache slots held by running requests", registry=r),
+            Gauge("moe_runtime_kv_cache_usage", "fraction of KV-cache blocks held by running requests", registry=r),
             Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", registry=r),
             Gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", registry=r))
+        self.kv_blocks = Gauge("moe_runtime_kv_cache_blocks", "KV-cache capacity in blocks", registry=r)
+        self.kv_block_size = Gauge("moe_runtime_kv_cache_block_size", "tokens per KV-cache block", registry=r)
+        self.kv_bytes = Gauge("moe_runtime_kv_cache_bytes", "bytes allocated for the KV cache", registry=r)
+        self.prefix_queries = _Mirror(
+            Counter("moe_runtime_prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r),
+            Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                    registry=r))
+        self.prefix_hits = _Mirror(
+            Counter("moe_runtime_prefix_cache_hits", "prompt tokens served from the prefix cache", registry=r),
+            Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", registry=r))
+        self.prefix_hit_rate = Gauge("moe_runtime_prefix_cache_hit_rate",
+                                     "prefix-cache hits / queries (tokens) since start", registry=r)
+        self.prefill_computed = Counter("moe_runtime_prefill_computed_tokens",
+                                        "prompt tokens computed by prefill (prefix-cache hits excluded)", registry=r)
+        self.preemptions = _Mirror(
+            Counter("moe_runtime_preemptions", "sequences preempted (recomputed) for lack of KV blocks", registry=r),
+            Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", registry=r))
         self.rejected = Counter("moe_runtime_rejected_requests", "requests refused because the queue was full",
                                 registry=r)
         self.fallbacks = Counter("moe_runtime_backend_fallbacks", "MoE backends that failed the self-test and were "

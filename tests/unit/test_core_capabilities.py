@@ -107,9 +107,9 @@ def load_and_forward(d):
 
     ck = load_checkpoint(d, "cpu", torch.bfloat16, log=lambda *a, **k: None, validated=validate_checkpoint(d))
     model = build_model(ck, TorchExperts, deferred=True)
-    model.allocate_cache(1, 8)
+    model.allocate_kv(3, 2)
     ids = torch.tensor([[3, 4, 5, 6]])
-    logits = model(ids, torch.arange(4)[None], torch.tensor([0]))
+    logits = model(ids, torch.arange(4)[None], torch.tensor([[2, 0]]))
     assert logits.shape == (1, 4, ck.config["vocab_size"]) and torch.isfinite(logits).all()
 
 

@@ -33,10 +33,13 @@ class TableModel:
         self.cfg = {"vocab_size": vocab}
         self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)) * 3
 
-    def allocate_cache(self, n, max_len):
+    def kv_bytes_per_block(self, block_size):
+        return block_size
+
+    def allocate_kv(self, num_blocks, block_size):
         pass
 
-    def __call__(self, ids, pos, slots, last_index=None, kv_len=None):
+    def __call__(self, ids, pos, block_tables, last_index=None, kv_len=None):
         if last_index is not None:
             ids = ids[torch.arange(ids.shape[0]), last_index][:, None]
         return self.table[ids]

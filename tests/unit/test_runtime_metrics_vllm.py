@@ -32,7 +32,10 @@ def test_each_update_reaches_the_vllm_twin():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = make_checkpoint(tmp_path_factory.mktemp("srv") / "tiny-ds-nvfp4", "deepseek_v3", "nvfp4", "tiny")
-    s = Server(model, "--max-batch", "2", "--max-queue", "16", tmp=tmp_path_factory.mktemp("log")).wait_ready()
+    # a paged KV cache of 8 blocks x 16 tokens: one 128-token sequence fits, two 64-token completions
+    # fill it (usage 1.0) and one of them is preempted and recomputed
+    s = Server(model, "--max-batch", "2", "--max-queue", "16", "--max-model-len", "128", "--kv-blocks", "8",
+               "--block-size", "16", tmp=tmp_path_factory.mktemp("log")).wait_ready()
     yield s
     s.stop()
 
@@ -55,7 +58,10 @@ def test_served_metrics_follow_the_engine(server):
     assert _value(after, "vllm:prompt_tokens_total") - _value(before, "vllm:prompt_tokens_total") == usage["prompt_tokens"]
     assert _value(after, "vllm:num_requests_waiting") == 0 and _value(after, "vllm:num_requests_running") == 0
 
-    # while more requests than batch rows run, both rows are taken and the rest wait
+    assert _value(after, "moe_runtime_kv_cache_blocks") == 8 and _value(after, "moe_runtime_kv_cache_block_size") == 16
+
+    # while more requests than batch rows run, both rows are taken, the rest wait, and the two running
+    # sequences hold every KV block (then one is preempted: vllm:num_preemptions)
     async def burst():
         async with httpx.AsyncClient(timeout=120) as c:
             body = {"prompt": "busy", "max_tokens": 64, "temperature": 0, "ignore_eos": True}
@@ -71,4 +77,6 @@ def test_served_metrics_follow_the_engine(server):
     peak, codes = asyncio.run(burst())
     assert codes == [200] * 4
     assert peak["kv"] == 1.0 and peak["running"] == 2 and peak["waiting"] >= 1, peak
-    assert _value(httpx.get(server.url + "/metrics").text, "vllm:kv_cache_usage_perc") == 0.0
+    end = httpx.get(server.url + "/metrics").text
+    assert _value(end, "vllm:kv_cache_usage_perc") == 0.0
+    assert _value(end, "vllm:num_preemptions_total") >= 1

@@ -7,7 +7,7 @@
   within 5% of the logit range (stated tolerance), and transformers on an F32 checkpoint of the
   exact dequantised weights agrees with the runtime's fp32 path on the packed checkpoint within 1e-4
   (so the runtime reads each quantized layout exactly as its dequantised meaning).
-- Batched decode (continuous batching, several slots) equals one-at-a-time decode.
+- Batched decode (continuous batching over the paged KV cache) equals one-at-a-time decode.
 """
 
 import asyncio
@@ -49,16 +49,19 @@ def runtime_model(path, dtype=torch.float32, backend=None, deferred=False):
     ck = load_checkpoint(path, "cpu", dtype, log=_quiet)
     factory = (lambda w: TorchExperts(w, torch.float32)) if backend is None else load_backend(backend)
     m = build_model(ck, factory, deferred)
-    m.allocate_cache(4, 128)
+    m.allocate_kv(16, 8)  # 128 tokens in blocks of 8, read through TABLE's scattered block order
     return m
+
+
+TABLE = torch.tensor([[9, 3, 14, 0, 7, 12, 5, 1, 10, 2, 15, 4, 8, 11, 6, 13]])
 
 
 def greedy_runtime(m, prompt, n):
     ids = torch.tensor([prompt])
-    logits = m(ids, torch.arange(len(prompt))[None], torch.tensor([0]), last_only=True)
+    logits = m(ids, torch.arange(len(prompt))[None], TABLE, last_only=True)
     out = [int(logits[0, -1].argmax())]
     for i in range(n - 1):
-        logits = m(torch.tensor([[out[-1]]]), torch.tensor([[len(prompt) + i]]), torch.tensor([0]))
+        logits = m(torch.tensor([[out[-1]]]), torch.tensor([[len(prompt) + i]]), TABLE)
         out.append(int(logits[0, -1].argmax()))
     return out
 
@@ -91,7 +94,7 @@ def test_greedy_matches_transformers(tiny, arch, cls):
     mine = runtime_model(d)
     with torch.no_grad():
         want_logits = ref(torch.tensor([PROMPT])).logits
-    got_logits = mine(torch.tensor([PROMPT]), torch.arange(len(PROMPT))[None], torch.tensor([1]))
+    got_logits = mine(torch.tensor([PROMPT]), torch.arange(len(PROMPT))[None], TABLE.flip(1))  # another sequence's blocks
     assert (got_logits - want_logits).abs().max() < 1e-4
     assert greedy_runtime(mine, PROMPT, N_NEW) == greedy_hf(ref, PROMPT, N_NEW)
 
@@ -108,7 +111,7 @@ def test_yarn_rope_matches_transformers(tiny, tmp_path):
     prompt = list(range(3, 40))
     with torch.no_grad():
         want = ref(torch.tensor([prompt])).logits
-    got = mine(torch.tensor([prompt]), torch.arange(len(prompt))[None], torch.tensor([0]))
+    got = mine(torch.tensor([prompt]), torch.arange(len(prompt))[None], TABLE)
     assert (got - want).abs().max() < 1e-4
 
 
@@ -163,8 +166,8 @@ def test_quantized_matches_dequantized(tiny, tmp_path, arch, fmt):
     exact = runtime_model(d)  # fp32 math on the dequantised weights
     serving = runtime_model(d, torch.bfloat16, backend="torch", deferred=arch == "deepseek_v3")
     ids, pos = torch.tensor([PROMPT]), torch.arange(len(PROMPT))[None]
-    a = exact(ids, pos, torch.tensor([0]))
-    b = serving(ids, pos, torch.tensor([0]))
+    a = exact(ids, pos, TABLE)
+    b = serving(ids, pos, TABLE)
     scale = a.abs().max()
     assert (a - b).abs().max() / scale < 0.05, "bf16 serving path vs fp32 dequantised reference"
     ref = hf_model(dequantized_copy(d, tmp_path / "deq"))
@@ -180,7 +183,7 @@ def test_batched_decode_equals_sequential(tiny):
     m = runtime_model(tiny("deepseek_v3", "nvfp4"))
     prompts = [[5, 6, 7], [40, 41, 42, 43, 44, 45], [100, 3]]
     solo = [greedy_runtime(m, p, 10) for p in prompts]
-    eng = Engine(m, "cpu", max_batch=3, max_queue=8, max_len=64, stop_ids=set())
+    eng = Engine(m, "cpu", max_batch=3, max_queue=8, max_len=64, stop_ids=set(), block_size=4, kv_blocks=64)
 
     async def run():
         loop = asyncio.get_running_loop()
@@ -223,7 +226,7 @@ def test_modelopt_checkpoint_with_quantized_shared_and_dense_mlps(tiny, tmp_path
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
     mine = runtime_model(d)
     ids = torch.tensor([PROMPT])
-    a = mine(ids, torch.arange(len(PROMPT))[None], torch.tensor([0]))
+    a = mine(ids, torch.arange(len(PROMPT))[None], TABLE)
     ref = hf_model(dequantized_copy(d, tmp_path / "deq"))
     with torch.no_grad():
         c = ref(ids).logits

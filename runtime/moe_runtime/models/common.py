@@ -3,10 +3,13 @@ norm, lm_head, cache allocation), the decoder-layer assembly, RMSNorm, RoPE (def
 SwiGLU MLP and the masked attention helpers. An architecture module (deepseek_v3, qwen3_moe)
 supplies only its attention and its MoE block; no architecture imports another's module.
 
-Batching model: every running sequence owns a *slot* (a row of the KV cache). A forward call takes
-`input_ids [B, S]`, `positions [B, S]` and `slots [B]`; new keys/values are written at
-`cache[slot, position]` and each query attends to cache positions `<= its own position` of its own
-slot. One code path then serves prefill (B=1, S=prompt) and batched decode (B=running, S=1).
+Batching model: a paged KV cache (moe_runtime.kv_cache keeps the books). A forward call takes
+`input_ids [B, S]`, `positions [B, S]` and `block_tables [B, nb]` (each row's block ids); new
+keys/values are written at their slot (`block_tables[b, p // bs] * bs + p % bs`) and each query attends
+to its own sequence's positions `<= its own position`, read through its block table
+(moe_kernels.paged_attention: the torch reference on CPU and for prefill chunks, the Triton decode
+kernels on GPU). One code path serves prefill chunks over a cached prefix (B=1, S=chunk) and batched
+decode (B=running, S=1).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from moe_kernels import paged_attention as pa
 
 from ..config_keys import rope_dict
 from .. import parallel
@@ -136,18 +140,18 @@ class Rope(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------
-# Attention helpers
+# Attention context: what every layer's attention needs of one forward call
 
-def causal_slot_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """[B, 1, S, L] boolean: key j visible to the query at position p iff j <= p."""
-    keys = torch.arange(kv_len, device=positions.device)
-    return (keys[None, None, :] <= positions[:, :, None])[:, None]
+class AttnContext:
+    """positions [B, S], block_tables [B, nb], slots [B, S] (where this call's tokens are written),
+    kv_len (positions attended, host int), seq_lens [B] (decode: position + 1), and whether the
+    Triton decode kernels run (CUDA, one token per row)."""
 
-
-def masked_softmax_attention(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """scores [B, h, S, L] (already scaled) -> probabilities in fp32."""
-    scores = scores.float().masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    def __init__(self, positions: torch.Tensor, block_tables: torch.Tensor, block_size: int, kv_len: int):
+        self.positions, self.block_tables, self.kv_len = positions, block_tables, kv_len
+        self.slots = pa.slot_mapping(block_tables, positions, block_size)
+        self.decode_kernel = positions.is_cuda and positions.shape[1] == 1 and pa.triton is not None
+        self.seq_lens = positions[:, -1] + 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -159,15 +163,15 @@ class DecoderLayer(nn.Module):
         self.self_attn, self.mlp = attn, mlp
         self.input_layernorm, self.post_attention_layernorm = RMSNorm(ln1, eps), RMSNorm(ln2, eps)
 
-    def forward(self, x, positions, slots, cos_sin, kv_len):
-        x = x + self.self_attn(self.input_layernorm(x), positions, slots, cos_sin, kv_len)
+    def forward(self, x, ctx: AttnContext, cos_sin):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, cos_sin)
         h = self.post_attention_layernorm(x)
         B, S, H = h.shape
         return x + self.mlp(h.reshape(B * S, H)).reshape(B, S, H)
 
 
 class CausalLM(nn.Module):
-    """Shared top: embeddings, layers, final norm, lm_head, cache allocation and forward."""
+    """Shared top: embeddings, layers, final norm, lm_head, paged-cache allocation and forward."""
 
     def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], layers: list[nn.Module], rope: Rope):
         super().__init__()
@@ -181,27 +185,35 @@ class CausalLM(nn.Module):
         # sync, which CUDA-graph capture refuses) in every forward
         rope.inv_freq = rope.inv_freq.to(self.embed_tokens.device)
         self.rope = rope
-        self.max_len = 0
+        self.block_size = 0
 
-    def allocate_cache(self, slots: int, max_len: int) -> None:
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        """Bytes of KV cache one block of `block_size` tokens takes over all layers."""
+        item = self.embed_tokens.element_size()
+        return sum(layer.self_attn.kv_values_per_token() for layer in self.layers) * block_size * item
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        """Every layer's paged cache: [num_blocks, block_size, ...] (the previous one is dropped first)."""
         dtype, device = self.embed_tokens.dtype, self.embed_tokens.device
         for layer in self.layers:
-            layer.self_attn.allocate(slots, max_len, dtype, device)
-        self.max_len = max_len
+            layer.self_attn.allocate(0, block_size, dtype, device)
+        for layer in self.layers:
+            layer.self_attn.allocate(num_blocks, block_size, dtype, device)
+        self.block_size = block_size
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
                 last_only: bool = False, last_index: torch.Tensor | None = None,
                 kv_len: int | None = None) -> torch.Tensor:
-        """input_ids/positions [B, S], slots [B] -> logits fp32 [B, S, V]; [B, 1, V] with `last_only`
-        (the last column) or `last_index` [B] (each row's own last real token: right-padded prefill).
-        `kv_len` fixes how many cache positions are attended (CUDA graphs: no host sync, static shapes);
-        by default the longest position in the batch."""
+        """input_ids/positions [B, S], block_tables [B, nb] -> logits fp32 [B, S, V]; [B, 1, V] with
+        `last_only` (the last column) or `last_index` [B] (each row's own last token). `kv_len` fixes how
+        many cache positions are attended (CUDA graphs: no host sync, static shapes); by default the
+        longest position in the batch + 1."""
         x = parallel.embed(input_ids, self.embed_tokens)  # vocab-parallel under tensor parallelism
-        kv_len = kv_len or int(positions.max()) + 1
+        ctx = AttnContext(positions, block_tables, self.block_size, kv_len or int(positions.max()) + 1)
         cos_sin = self.rope.cos_sin(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, positions, slots, cos_sin, kv_len)
+            x = layer(x, ctx, cos_sin)
         if last_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
         elif last_only:

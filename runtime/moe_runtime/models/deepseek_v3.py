@@ -1,5 +1,5 @@
 """DeepseekV3ForCausalLM (also Kimi-K2): MLA attention, dense first layers, grouped-routing MoE with
-shared experts. Compact inference-only implementation over a slot-indexed latent KV cache.
+shared experts. Compact inference-only implementation over a paged latent KV cache.
 
 MLA is computed in the "absorbed" form: the cache holds the normalised latent `c_kv` [kv_lora] and
 the roped `k_rot` [rope_dim] per position (576 values per token for the real model instead of
@@ -17,8 +17,9 @@ from torch import nn
 
 from .. import parallel
 from ..errors import RuntimeFailure
-from .common import (CausalLM, Linear, RMSNorm, Rope, SwiGLU, build_layers, causal_slot_mask, masked_softmax_attention,
-                     rope_parameters)
+from moe_kernels import paged_attention as pa
+
+from .common import AttnContext, CausalLM, Linear, RMSNorm, Rope, SwiGLU, build_layers, rope_parameters
 from .moe import MoEBlock, RoutingConfig
 
 
@@ -48,11 +49,14 @@ class MLAttention(nn.Module):
         self.cache_ckv: torch.Tensor | None = None
         self.cache_krot: torch.Tensor | None = None
 
-    def allocate(self, slots: int, max_len: int, dtype: torch.dtype, device) -> None:
-        self.cache_ckv = torch.zeros(slots, max_len, self.kv_lora, dtype=dtype, device=device)
-        self.cache_krot = torch.zeros(slots, max_len, self.rope_dim, dtype=dtype, device=device)
+    def kv_values_per_token(self) -> int:
+        return self.kv_lora + self.rope_dim  # the compressed latent + the roped key, shared by all heads
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, cos_sin, kv_len: int) -> torch.Tensor:
+    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> None:
+        self.cache_ckv = torch.zeros(num_blocks, block_size, self.kv_lora, dtype=dtype, device=device)
+        self.cache_krot = torch.zeros(num_blocks, block_size, self.rope_dim, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor, ctx: AttnContext, cos_sin) -> torch.Tensor:
         B, S, _ = x.shape
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
         q = q.view(B, S, self.nh, self.nope + self.rope_dim)
@@ -62,14 +66,15 @@ class MLAttention(nn.Module):
         cos, sin = cos_sin
         q_rot = self.rope.apply(q_rot, cos, sin)
         k_rot = self.rope.apply(k_rot[:, :, None, :], cos, sin)[:, :, 0]
-        self.cache_ckv[slots[:, None], positions] = ckv.to(self.cache_ckv.dtype)
-        self.cache_krot[slots[:, None], positions] = k_rot.to(self.cache_krot.dtype)
-        c = self.cache_ckv[slots, :kv_len]  # [B, L, c]
-        kr = self.cache_krot[slots, :kv_len]  # [B, L, r]
-        q_abs = torch.einsum("bshd,hdc->bhsc", q_nope, self.w_uk)
-        scores = torch.einsum("bhsc,blc->bhsl", q_abs, c) + torch.einsum("bshr,blr->bhsl", q_rot, kr)
-        probs = masked_softmax_attention(scores * self.scale, causal_slot_mask(positions, kv_len)).to(x.dtype)
-        o_lat = torch.einsum("bhsl,blc->bshc", probs, c)
+        pa.write_kv(self.cache_ckv, ctx.slots, ckv)
+        pa.write_kv(self.cache_krot, ctx.slots, k_rot)
+        q_abs = torch.einsum("bshd,hdc->bshc", q_nope, self.w_uk)
+        if ctx.decode_kernel:
+            o_lat = pa.paged_decode_mla(q_abs[:, 0].contiguous(), q_rot[:, 0].contiguous(), self.cache_ckv,
+                                        self.cache_krot, ctx.block_tables, ctx.seq_lens, self.scale)[:, None]
+        else:
+            o_lat = pa.paged_attention_mla_ref(q_abs, q_rot, self.cache_ckv, self.cache_krot, ctx.block_tables,
+                                               ctx.positions, ctx.kv_len, self.scale)
         o = torch.einsum("bshc,hvc->bshv", o_lat, self.w_uv).reshape(B, S, self.nh * self.v_dim)
         return self.o_proj(o)
 

@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import parallel
-from .common import CausalLM, Linear, RMSNorm, Rope, build_layers, causal_slot_mask, rope_parameters
+from moe_kernels import paged_attention as pa
+
+from .common import AttnContext, CausalLM, Linear, RMSNorm, Rope, build_layers, rope_parameters
 from .moe import MoEBlock, RoutingConfig
 
 
@@ -29,25 +31,29 @@ class GQAttention(nn.Module):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
-    def allocate(self, slots: int, max_len: int, dtype: torch.dtype, device) -> None:
-        self.k_cache = torch.zeros(slots, self.nkv, max_len, self.hd, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(slots, self.nkv, max_len, self.hd, dtype=dtype, device=device)
+    def kv_values_per_token(self) -> int:
+        return 2 * self.nkv * self.hd
 
-    def forward(self, x, positions, slots, cos_sin, kv_len):
+    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> None:
+        self.k_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
+
+    def forward(self, x, ctx: AttnContext, cos_sin):
         B, S, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, S, self.nh, self.hd))
         k = self.k_norm(self.k_proj(x).view(B, S, self.nkv, self.hd))
         v = self.v_proj(x).view(B, S, self.nkv, self.hd)
         cos, sin = cos_sin
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
-        # cache layout [slot, head, pos, d]: index with (slot, :, pos)
-        self.k_cache[slots[:, None], :, positions] = k.to(self.k_cache.dtype)
-        self.v_cache[slots[:, None], :, positions] = v.to(self.v_cache.dtype)
-        keys, values = self.k_cache[slots, :, :kv_len], self.v_cache[slots, :, :kv_len]
-        mask = causal_slot_mask(positions, kv_len)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                           scale=self.hd ** -0.5, enable_gqa=True)
-        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.nh * self.hd))
+        pa.write_kv(self.k_cache, ctx.slots, k)
+        pa.write_kv(self.v_cache, ctx.slots, v)
+        if ctx.decode_kernel:
+            o = pa.paged_decode_gqa(q[:, 0].contiguous(), self.k_cache, self.v_cache, ctx.block_tables, ctx.seq_lens,
+                                    self.hd ** -0.5)[:, None]
+        else:
+            o = pa.paged_attention_gqa_ref(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.positions, ctx.kv_len,
+                                           self.hd ** -0.5)
+        return self.o_proj(o.reshape(B, S, self.nh * self.hd))
 
 
 def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], experts: Callable[[int], Any],
