@@ -100,17 +100,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="tokens per engine step (decode rows + prefill chunks): a longer prompt is prefilled in chunks")
     s.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV blocks of a prompt prefix computed before (default on)")
-    s.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (a power of two, 1..256)")
-    s.add_argument("--kv-blocks", type=int, default=None,
-                   help="KV-cache blocks (default: from --gpu-memory-utilization on GPU, --kv-cache-mib on CPU)")
-    s.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory for weights + KV cache, measured after the weights load (0-1]")
-    s.add_argument("--kv-cache-mib", type=int, default=None,
-                   help="KV-cache budget in MiB (CPU default: 2 x --max-batch sequences of the context length)")
-    s.add_argument("--max-prefill-tokens", type=int, default=2048,
-                   help="tokens per engine step (decode rows + prefill chunks): a longer prompt is prefilled in chunks")
-    s.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse the KV blocks of a prompt prefix computed before (default on)")
     s.add_argument("--skip-selftest", action="store_true", help="do not self-test the MoE backend (tests only)")
     s.add_argument("--tp", type=int, default=1, help="tensor parallel size (attention, dense layers, vocab)")
     s.add_argument("--ep", type=int, default=1, help="expert parallel size (routed experts split E/ep); "
