@@ -49,8 +49,9 @@ def medium(tmp_path_factory):
 
 
 def logits(m, device):
+    table = torch.arange(64 // m.block_size, device=device).flip(0)[None]  # blocks in reverse order
     return m(torch.tensor([PROMPT], device=device), torch.arange(len(PROMPT), device=device)[None],
-             torch.tensor([0], device=device)).float().cpu()
+             table).float().cpu()
 
 
 @pytest.mark.parametrize("arch,fmt", [("deepseek_v3", "nvfp4"), ("deepseek_v3", "mxfp4"), ("deepseek_v3", "fp8"),
@@ -67,7 +68,7 @@ def test_triton_moe_blocks_match_torch_reference_in_model(medium, arch, fmt):
     for deferred in (True, False):
         ref = build_model(ck, load_backend("torch"), deferred)
         tri = build_model(ck, load_backend("triton"), deferred)
-        ref.allocate_cache(1, 64)
+        ref.allocate_kv(4, 16)
         seen = {}
         hooks = [blk.register_forward_hook(lambda mod, inp, out, i=i: seen.__setitem__(i, inp[0].clone()))
                  for i, layer in enumerate(ref.layers) if isinstance(blk := layer.mlp, MoEBlock)]
@@ -147,18 +148,18 @@ def test_cuda_graph_decode_matches_eager(medium):
 
     ck = load_checkpoint(medium("deepseek_v3", "nvfp4"), "cuda", torch.bfloat16, log=_quiet)
     m = build_model(ck, load_backend("triton"), True)
-    m.allocate_cache(5, 64)
+    m.allocate_kv(17, 16)  # 3 sequences x 4 blocks of 16, scattered; block 16 is the graphs' scratch block
     prompts = [PROMPT[:7], PROMPT[:20], PROMPT]
     n = max(len(p) for p in prompts)
     ids = torch.zeros(3, n, dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, : len(p)] = torch.tensor(p)
     last = torch.tensor([len(p) - 1 for p in prompts], device="cuda")
-    slots = torch.tensor([0, 1, 2], device="cuda")
+    slots = torch.tensor([[3, 7, 11, 15], [0, 4, 8, 12], [14, 1, 9, 6]], device="cuda")  # block tables
     first = m(ids.cuda(), torch.arange(n, device="cuda").expand(3, n), slots, last_index=last)[:, -1]
     nxt, pos = first.argmax(-1)[:, None], (last + 1)[:, None]
-    eager = m(nxt, pos, slots)[:, -1].float()
-    graphs = GraphDecoder(m, max_batch=4, max_len=64, scratch_slot=4)
+    eager = m(nxt, pos, slots)[:, -1].float()  # the Triton paged decode kernels (S = 1 on CUDA)
+    graphs = GraphDecoder(m, max_batch=4, max_len=64, table_width=4, scratch_block=16)
     for _ in range(2):  # capture, then a plain replay
         got = graphs(nxt, pos, slots)[:, -1].float()
         assert float((got - eager).abs().max() / eager.abs().max()) < 1e-2
