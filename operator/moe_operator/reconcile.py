@@ -319,6 +319,15 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
                   pendingPlan={"diff": pending, "message": "held by spec.planPolicy pin"} if pending else None)
 
 
+def _without_nulls(v: Any) -> Any:
+    """What the API server keeps of a merge patch: a null removes a field, so it is absent."""
+    if isinstance(v, dict):
+        return {k: _without_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_without_nulls(x) for x in v]
+    return v
+
+
 def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """Whether writing `new` (a merge patch of status) would change `old`."""
-    return any(old.get(k) != v for k, v in new.items())
+    return any(_without_nulls(old.get(k)) != _without_nulls(v) for k, v in new.items())

@@ -230,3 +230,14 @@ def test_webhook_judges_an_explicit_a2a_under_an_auto_runner(tmp_path):
              engine_version=None)
     assert p.errors and msg and "impossible on every allowed GPU class" in msg   # admission says what the planner says
     assert all(e in msg for e in p.errors)   # every error of the class, not only the first
+
+
+def test_an_unchanged_status_is_not_written_again():
+    from moe_operator.reconcile import status_changed
+
+    old = {"checkpoint": {"format": "nvfp4"}, "conditions": [{"type": "Planned", "status": "True"}], "replicas": 1}
+    # None-valued fields are what the API server drops from a merge patch: no change
+    assert not status_changed(old, {"checkpoint": {"format": "nvfp4", "numFiles": None}, "replicas": 1})
+    assert status_changed(old, {"replicas": 2})
+    assert status_changed(old, {"conditions": [{"type": "Planned", "status": "False"}]})
+    assert status_changed(old, {"gpuClass": "sm90/NVIDIA-H200"})
