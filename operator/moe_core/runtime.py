@@ -33,6 +33,13 @@ BUNDLED = RuntimeCapabilities(
     # per-tensor FP8 (modelopt_fp8, the FP8 layers of `mixed`), compressed-tensors names (ct_*) and
     # DeepSeek-V4 layouts are not read
     checkpoint_formats=("bf16", "fp8", "nvfp4", "mxfp4"),
+    # moe_runtime.parallel: tensor parallel (attention heads, dense layers, vocab) and expert parallel
+    # (E/ep experts per rank, TP inside experts for the rest) on the GPUs of one node, one process per
+    # GPU over NCCL; the combine is an all-reduce (no all-to-all backend). Multi-node rendezvous
+    # (LeaderWorkerSet env) exists in the runtime but the operator does not render bundled
+    # LeaderWorkerSets yet, so one node per replica.
+    max_tp=8,
+    max_ep=8,
 )
 
 ELSEWHERE = "use engine sglang or vllm"
@@ -62,11 +69,14 @@ def parallelism_problems(tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none
                          caps: RuntimeCapabilities = BUNDLED) -> list[str]:
     out = []
     if a2a not in caps.a2a_backends:
-        out.append(f"[B5] the bundled runtime has no all-to-all backend (moe.a2aBackend={a2a}); "
-                   f"{ELSEWHERE} for expert parallelism across GPUs")
+        out.append(f"[B5] the bundled runtime has no all-to-all backend (moe.a2aBackend={a2a}; its expert "
+                   f"parallelism combines with an all-reduce: moe.a2aBackend none); {ELSEWHERE} for all-to-all dispatch")
     if tp > caps.max_tp or dp > caps.max_dp or ep > caps.max_ep or nodes > caps.max_nodes:
-        out.append(f"[B6] the bundled runtime serves one GPU per replica (tp=dp=ep=1, one node; here tp={tp} "
-                   f"dp={dp} ep={ep} nodes={nodes}); {ELSEWHERE} for multi-GPU replicas")
+        out.append(f"[B6] the bundled runtime serves tp <= {caps.max_tp}, ep <= {caps.max_ep}, dp <= {caps.max_dp} "
+                   f"on at most {caps.max_nodes} node{'s' if caps.max_nodes > 1 else ''} per replica (here tp={tp} "
+                   f"dp={dp} ep={ep} nodes={nodes}); {ELSEWHERE} for larger replicas")
+    elif max(tp, ep) % min(tp, ep):
+        out.append(f"[B6] the bundled runtime runs max(tp, ep) ranks and needs one of tp={tp}, ep={ep} to divide the other")
     return out
 
 

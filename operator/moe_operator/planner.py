@@ -594,6 +594,13 @@ def _plan_bundled(b: _Builder) -> PlanMoE:
     for d in r.decisions:
         b.decide(d.key, d.value, d.rule, d.reason)
     b.reasons += r.notes
+    tp, ep = f.choices.tp, f.choices.ep
+    if max(tp, ep) > 1 and not r.errors:
+        # moe-runtime serve --tp/--ep: one process per GPU (moe_runtime.parallel)
+        b.args += ["--tp", str(tp), "--ep", str(ep)]
+        b.decide("parallel", f"tp={tp} ep={ep}", "B6",
+                 f"bundled runtime: attention and dense layers tensor-parallel over {tp} GPU(s), routed experts "
+                 f"split over {ep} expert-parallel group(s) ({max(tp, ep)} processes, NCCL, all-reduce combine)")
     return PlanMoE(runnerBackend=r.backend or user, a2aBackend=f.a2a, deferredFinalize=r.deferred)
 
 

@@ -61,6 +61,12 @@ def plan_check(args, family: str, product: str):
     plan = read_plan(args.plan) if args.plan else None
     if plan is None:
         log("plan", "no --plan: resolving the backend on this node as the planner would")
+    elif plan.layout is not None:
+        world, nodes = max(getattr(args, "tp", 1), getattr(args, "ep", 1)), int(os.environ.get("LWS_GROUP_SIZE") or 1)
+        if plan.layout.tp != world or plan.layout.nodes != nodes:
+            raise RuntimeFailure(f"{args.plan}: the plan's layout is tp={plan.layout.tp} on {plan.layout.nodes} node(s), "
+                                 f"this server runs {world} rank(s) (--tp {getattr(args, 'tp', 1)} --ep "
+                                 f"{getattr(args, 'ep', 1)}) on {nodes} node(s)")
     res = resolve(plan, family, product, v.info, os.environ, installed_packages())
     dtype = _dtype(args.dtype)
     if dtype == torch.float32 and res.backends != ["torch"]:

@@ -103,11 +103,14 @@ def test_too_small_class_is_refused_with_the_numbers_and_listed_beside_the_chose
     why = p.rejected["sm89/NVIDIA-L40S"]
     assert why.startswith("[Z1] does not fit even on 8 GPUs (tp=8)") and "47.6 GiB weights" in why
     assert "> 40.5 GiB usable (90% of 45.0 GiB)" in why and "one node of this class" in why
-    # the bundled runtime's replica is what moe_core.runtime says it runs (one GPU today)
+    # the bundled runtime's replica is what moe_core.runtime says it runs (tensor/expert parallel on one
+    # node since issue 19): sized like the other engines, within BUNDLED.max_tp, and --tp/--ep reach the pod
     from moe_core.runtime import BUNDLED
     b = place(spec(engine={"name": "bundled"}), dsv3_nvfp4, inventory((H200, 1, 8)))
-    why = b.rejected["sm90/NVIDIA-H200"]
-    assert not b.ok and f"tp={BUNDLED.max_tp}" in why and "the bundled runtime serves at most" in why
+    assert b.ok and 1 < b.plan.layout.tp <= BUNDLED.max_tp and b.plan.layout.nodes == 1
+    assert b.plan.args[b.plan.args.index("--tp") + 1] == str(b.plan.layout.tp)
+    one = place(spec(engine={"name": "bundled"}), dsv3_nvfp4, inventory((H200, 1, 2)))  # 2 GPUs cannot hold it
+    assert not one.ok and "the bundled runtime serves at most" in one.rejected["sm90/NVIDIA-H200"]
     both = place(spec(), dsv3_nvfp4, inventory((H200, 1, 8), (L40S, 1, 8)))
     assert both.ok and both.inventory.gpu_class.product == "NVIDIA-H200" and "sm89/NVIDIA-L40S" in both.rejected
 
