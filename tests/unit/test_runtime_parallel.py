@@ -62,15 +62,16 @@ def _greedy(model, steps: int, forced: torch.Tensor | None = None):
     """Prefill the two prompts together, then `steps` batched greedy decode steps: (logits [steps+1, B, V], tokens).
     `forced` [steps+1, B]: feed these tokens instead of the argmax (teacher forcing: bf16 comparisons
     step by step on the same inputs, without one near-tie flipping every later step)."""
-    ids = torch.tensor(PROMPT)
+    dev = model.embed_tokens.device
+    ids = torch.tensor(PROMPT, device=dev)
     B, S = ids.shape
-    pos = torch.arange(S).repeat(B, 1)
+    pos = torch.arange(S, device=dev).repeat(B, 1)
     if hasattr(model, "allocate_kv"):  # paged KV cache: 4 blocks of 16 per row
         model.allocate_kv(4 * B + 1, 16)
-        slots = torch.arange(4 * B).view(B, 4)
+        slots = torch.arange(4 * B, device=dev).view(B, 4)
     else:  # slot-indexed cache
         model.allocate_cache(B + 1, 64)
-        slots = torch.arange(B)
+        slots = torch.arange(B, device=dev)
     all_logits, toks = [], []
     logits = model(ids, pos, slots, last_only=True)[:, -1]
     for step in range(steps + 1):
@@ -79,14 +80,14 @@ def _greedy(model, steps: int, forced: torch.Tensor | None = None):
         toks.append(nxt)
         if step == steps:
             break
+        p = torch.full((B, 1), S + step, device=dev)
         if forced is not None:
-            nxt = forced[step]
-        p = torch.full((B, 1), S + step)
+            nxt = forced[step].to(dev)
         logits = model(nxt[:, None], p, slots)[:, -1]
-    return torch.stack(all_logits), torch.stack(toks)
+    return torch.stack(all_logits).cpu(), torch.stack(toks).cpu()
 
 
-def _build(path, dtype, shard=None):
+def _build(path, dtype, shard=None, device="cpu"):
     import functools
 
     from moe_kernels.reference import TorchExperts
@@ -98,18 +99,20 @@ def _build(path, dtype, shard=None):
         plan = parallel.ShardPlan(v.config, v.expert_format, shard)
         assert plan.problems() == [], plan.problems()
     seen: dict = {}
-    ck = load_checkpoint(path, "cpu", dtype, log=lambda ev, msg="", **k: seen.update({ev: k}), validated=v, shard=plan)
+    ck = load_checkpoint(path, device, dtype, log=lambda ev, msg="", **k: seen.update({ev: k}), validated=v, shard=plan)
     ck.shard_log = seen.get("load_shard")
     return build_model(ck, functools.partial(TorchExperts, dtype=dtype), deferred=True), ck
 
 
-def _rank(rank, tp, ep, port, path, dtype_name, out, forced=None):
+def _rank(rank, tp, ep, port, path, dtype_name, out, forced=None, device="cpu"):
     torch.set_num_threads(1)
     dtype = getattr(torch, dtype_name)
     lay = parallel.Layout(tp, ep, rank)
-    g = parallel.init(lay, rank, "cpu", "127.0.0.1", port, init_timeout=60, collective_timeout=60)
+    dev = f"cuda:{rank}" if device == "cuda" else "cpu"
+    g = parallel.init(lay, rank, dev, "127.0.0.1", port, init_timeout=60, collective_timeout=60)
+    assert (g.backend == "nccl") == dev.startswith("cuda") and os.environ["NCCL_NVLS_ENABLE"] == "0"
     try:
-        model, ck = _build(path, dtype, lay)
+        model, ck = _build(path, dtype, lay, dev)
         logits, toks = _greedy(model, STEPS, forced)
         torch.save({"logits": logits, "tokens": toks, "bytes": ck.shard_log["bytes_total"],
                     "read": ck.shard_log["bytes_rank"]},
@@ -119,11 +122,11 @@ def _rank(rank, tp, ep, port, path, dtype_name, out, forced=None):
     del g
 
 
-def _run_group(path, tp, ep, dtype_name, tmp_path, forced=None):
+def _run_group(path, tp, ep, dtype_name, tmp_path, forced=None, device="cpu"):
     world = max(tp, ep)
     port = _free_port()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, tp, ep, port, str(path), dtype_name, str(tmp_path), forced)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, tp, ep, port, str(path), dtype_name, str(tmp_path), forced, device)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -135,9 +138,9 @@ def _run_group(path, tp, ep, dtype_name, tmp_path, forced=None):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
-def _single(path, dtype_name, forced=None):
+def _single(path, dtype_name, forced=None, device="cpu"):
     torch.set_num_threads(1)
-    model, _ = _build(path, getattr(torch, dtype_name))
+    model, _ = _build(path, getattr(torch, dtype_name), device=device)
     return _greedy(model, STEPS, forced)
 
 
@@ -326,3 +329,81 @@ def test_bad_layout_refused_before_spawn(ckpts, tmp_path):
     assert r.returncode == 1, r.stderr
     assert "num_attention_heads 4 is not divisible by --tp 8" in r.stderr
     assert "launch" not in r.stderr
+
+
+def _leader_follower(rank, port, path, out, die_after):
+    """Rank 0 drives a LeaderModel; rank 1 follows and, with die_after, exits abruptly after that many
+    calls (a rank on another node dying: no launcher here to take the group down)."""
+    torch.set_num_threads(1)
+    lay = parallel.Layout(2, 1, rank)
+    g = parallel.init(lay, rank, "cpu", "127.0.0.1", port, init_timeout=60, collective_timeout=8)
+    model, _ = _build(path, torch.float32, lay)
+    if rank == 1:
+        if die_after is not None:
+            calls = [0]
+            inner = model.forward
+
+            def forward(*a, **k):
+                calls[0] += 1
+                if calls[0] > die_after:
+                    os._exit(17)
+                return inner(*a, **k)
+            model.forward = forward
+        os._exit(parallel.follow(model, g))
+    leader = parallel.LeaderModel(model, g)
+    logits, _ = _greedy(leader, STEPS)
+    torch.save(logits, os.path.join(out, "leader.pt"))
+    leader.stop()
+    os._exit(0)
+
+
+def _spawn_pair(path, tmp_path, die_after):
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_leader_follower, args=(r, port, str(path), str(tmp_path), die_after)) for r in range(2)]
+    for p in procs:
+        p.start()
+    t0 = time.time()
+    for p in procs:
+        p.join(timeout=90)
+    return procs, time.time() - t0
+
+
+def test_leader_broadcasts_every_step_to_the_followers(ckpts, tmp_path):
+    path = ckpts[("qwen3_moe", "bf16")]
+    procs, _ = _spawn_pair(path, tmp_path, None)
+    assert [p.exitcode for p in procs] == [0, 0]  # the follower left on rank 0's stop
+    ref, _ = _single(path, "float32")
+    assert (torch.load(tmp_path / "leader.pt") - ref).abs().max().item() <= ATOL_FP32
+
+
+def test_follower_gone_mid_run_fails_rank0_with_a_message(ckpts, tmp_path, capfd):
+    procs, took = _spawn_pair(ckpts[("qwen3_moe", "bf16")], tmp_path, 2)
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+    assert procs[1].exitcode == 17
+    assert procs[0].exitcode == 1, "rank 0 must exit non-zero, not hang or finish"
+    assert took < 60
+    err = capfd.readouterr().err
+    assert "error: rank 0: model call __call__ failed with the group of 2" in err and "the group goes down" in err
+
+
+def test_plan_layout_mismatch_is_refused(ckpts, tmp_path):
+    import argparse
+
+    from moe_runtime.serve import plan_check
+
+    plan = {"gpu": {"family": "cpu", "product": "cpu"},
+            "checkpoint": {"architecture": "Qwen3MoeForCausalLM", "format": "bf16"},
+            "engine": {"name": "bundled", "version": "0.1.0"},
+            "moe": {"runnerBackend": "torch", "a2aBackend": "none", "deferredFinalize": False},
+            "layout": {"tp": 4, "gpusPerNode": 4, "nodes": 1}, "env": {}, "args": ["--tp", "4", "--ep", "1"],
+            "reasons": [], "warnings": [], "errors": []}
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(plan))
+    args = argparse.Namespace(model=str(ckpts[("qwen3_moe", "bf16")]), plan=str(p), dtype="float32", tp=2, ep=1)
+    with pytest.raises(Exception, match=r"layout is tp=4 on 1 node\(s\), this server runs 2 rank\(s\) \(--tp 2 --ep 1\)"):
+        plan_check(args, "cpu", "cpu")
+    args.tp = 4
+    plan_check(args, "cpu", "cpu")  # the ranks the plan asks for pass
