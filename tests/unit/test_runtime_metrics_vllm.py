@@ -80,3 +80,22 @@ def test_served_metrics_follow_the_engine(server):
     end = httpx.get(server.url + "/metrics").text
     assert _value(end, "vllm:kv_cache_usage_perc") == 0.0
     assert _value(end, "vllm:num_preemptions_total") >= 1
+
+
+def test_a_shared_prompt_prefix_shows_as_prefix_cache_hits(server):
+    """Two completions of one 70-token prompt through the real server: the second reuses the first's
+    full blocks (4 of 16 tokens; its last token is always computed), and /metrics says so."""
+    before = httpx.get(server.url + "/metrics").text
+    body = {"prompt": [(i * 7 + 3) % 400 + 5 for i in range(70)], "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    first = post(server, "/v1/completions", body)
+    mid = httpx.get(server.url + "/metrics").text
+    second = post(server, "/v1/completions", body)
+    after = httpx.get(server.url + "/metrics").text
+    assert first.status_code == second.status_code == 200
+    assert first.json()["choices"][0]["text"] == second.json()["choices"][0]["text"]
+    hits = [_value(t, "vllm:prefix_cache_hits_total") for t in (before, mid, after)]
+    queries = [_value(t, "moe_runtime_prefix_cache_queries_total") for t in (before, mid, after)]
+    computed = [_value(t, "moe_runtime_prefill_computed_tokens_total") for t in (before, mid, after)]
+    assert hits[2] - hits[1] == 64 and queries[2] - queries[1] == 70
+    assert computed[1] - computed[0] == 70 - (hits[1] - hits[0]) and computed[2] - computed[1] == 6
+    assert _value(after, "moe_runtime_prefix_cache_hit_rate") > 0
