@@ -118,6 +118,35 @@ def running_roll(live: dict[str, Any] | None) -> tuple[int, int] | None:
     return (cfg["maxSurge"], cfg["maxUnavailable"]) if rolling else None
 
 
+def hold_strategy(workload: dict[str, Any], live: dict[str, Any] | None, spec: MoEDeploymentSpec) -> bool:
+    """Free capacity decides a roll's numbers when the roll starts. While the pods stay as they are
+    (the rendered pod template is the live one) the live numbers stay: free GPUs come and go with
+    every pod elsewhere, and re-rendering the strategy on each change would rewrite the workload
+    for nothing. Sets the rendered defaults to the live ones; the user's explicit values win.
+    Returns whether it did."""
+    from .drift import differences
+
+    if not live:
+        return False
+    template = "template" if workload["kind"] == "Deployment" else "leaderWorkerTemplate"
+    outer, inner = (("strategy", "rollingUpdate") if workload["kind"] == "Deployment"
+                    else ("rolloutStrategy", "rollingUpdateConfiguration"))
+    live_spec = live.get("spec") or {}
+    live_cfg = (live_spec.get(outer) or {}).get(inner) or {}
+    if not all(isinstance(live_cfg.get(k), int) for k in ("maxSurge", "maxUnavailable")):
+        return False
+    if differences(workload["spec"][template], live_spec.get(template)):
+        return False  # a roll starts now: the numbers come from the capacity seen now
+    cfg = workload["spec"][outer][inner]
+    held = {"maxSurge": spec.rollout.maxSurge if spec.rollout.maxSurge is not None else live_cfg["maxSurge"],
+            "maxUnavailable": (spec.rollout.maxUnavailable if spec.rollout.maxUnavailable is not None
+                               else live_cfg["maxUnavailable"])}
+    if held["maxSurge"] + held["maxUnavailable"] == 0 or held == cfg:
+        return False
+    cfg.update(held)
+    return True
+
+
 def spare_gpu_sets(free_per_node: dict[str, int], gpus_per_node: int, nodes_per_replica: int) -> int:
     """How many more replicas fit on the free GPUs of a class (whole nodes' worth per replica)."""
     fitting = sum(1 for free in free_per_node.values() if free >= gpus_per_node)

@@ -236,6 +236,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     workload = next(o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
     if workload["kind"] != kind:  # sizing chose the other kind than the spec alone says
         live_workload = kube.get(workload["kind"], ns, name)
+    day2.hold_strategy(workload, live_workload, spec)  # roll numbers change when a roll starts, not between
     stale_kind = "LeaderWorkerSet" if workload["kind"] == "Deployment" else "Deployment"
     try:
         for obj in objects:
@@ -298,7 +299,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     elif ready >= desired and not rolling:
         conds = set_condition(conds, "Available", "True", "ReplicasReady", f"{ready}/{desired} replicas ready", gen)
         conds = set_condition(conds, "Progressing", "False", "Complete",
-                              f"{ready}/{desired} replicas ready; rollout policy: {rollout.message}", gen)
+                              f"{ready}/{desired} replicas ready; next roll: {rollout.message}", gen)
     else:
         if ready >= desired:  # old pods still serve while the roll runs
             conds = set_condition(conds, "Available", "True", "ReplicasReady", f"{ready}/{desired} replicas ready", gen)

@@ -144,13 +144,14 @@ def test_plan_change_on_a_full_class_rolls_one_replica_at_a_time(kubectl, namesp
         ok = d and st.get("readyReplicas") == 2 and st.get("updatedReplicas") == 2 and st.get("replicas") == 2 \
             and st.get("observedGeneration") == d["metadata"]["generation"]
         return d if ok else None
-    wait_for(all_ready, 120, "2 ready replicas on the B200 nodes", operator.log_tail)
-    # with every B200 GPU taken, the operator renders replace-one-at-a-time
-    dep = wait_for(lambda: (d := deployment(kubectl, namespace, name))
-                   and d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1} and d,
-                   60, "strategy maxSurge 0 / maxUnavailable 1", operator.log_tail)
-    c = wait_cond(kubectl, namespace, name, "Progressing", "False", "Complete", log=operator.log_tail)
-    assert "no free capacity of class sm100/NVIDIA-B200: rolling one replica at a time" in c["message"], c
+    dep = wait_for(all_ready, 120, "2 ready replicas on the B200 nodes", operator.log_tail)
+    # with every B200 GPU taken, the next roll replaces one replica at a time; the numbers are
+    # rendered when a roll starts (between rolls the workload is left as it is)
+    def next_roll():
+        c = condition(moed(kubectl, namespace, name), "Progressing")
+        return c if c and c["reason"] == "Complete" and "no free capacity of class sm100/NVIDIA-B200: rolling one " \
+            "replica at a time" in c["message"] else None
+    wait_for(next_roll, 60, "Progressing: the next roll goes one replica at a time", operator.log_tail)
     old_hash = dep["spec"]["template"]["metadata"]["annotations"]["moe.serving.dev/inputs-hash"]
 
     # a change of the pods (their CPU request) rolls every pod, though no GPU is free
@@ -174,6 +175,8 @@ def test_plan_change_on_a_full_class_rolls_one_replica_at_a_time(kubectl, namesp
     # RollingOneAtATime while pods of the old template remain, RollingOut for the last pod's start)
     assert all("maxSurge 0, maxUnavailable 1" in m for _, m in seen), seen
     assert all(r in ("RollingOneAtATime", "RollingOut") for r, _ in seen), seen
+    assert deployment(kubectl, namespace, name)["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0,
+                                                                                   "maxUnavailable": 1}
 
     # told to surge on a full class: the roll waits, and Progressing says for what
     kubectl("patch", "moed", name, "-n", namespace, "--type=merge", "-p",

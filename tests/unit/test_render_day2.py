@@ -214,3 +214,22 @@ def test_a_running_roll_keeps_the_numbers_it_started_with():
     # a kept one-at-a-time roll stays so while replaced pods free their GPUs
     r = day2.rollout_policy(spec(), "sm90/X", 1, running=(0, 1))
     assert r.kept and r.progress_reason() == "RollingOneAtATime"
+
+
+def test_roll_numbers_change_when_a_roll_starts_not_between(ckpt):
+    objs, _ = rendered(ckpt, used={"h200-0": 8, "h200-1": 8}, replicas=2)  # full: 0/1
+    live = {"spec": {"strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                     "template": objs["Deployment"]["spec"]["template"]}}
+    dep = objs["Deployment"]
+    assert day2.hold_strategy(dep, live, spec(replicas=2))  # same pods: the live numbers stay
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    objs, _ = rendered(ckpt, used={"h200-0": 8, "h200-1": 8}, replicas=2, env=[{"name": "X", "value": "1"}])
+    dep = objs["Deployment"]
+    assert not day2.hold_strategy(dep, live, spec(replicas=2))  # new pods: a roll starts with today's numbers
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    objs, _ = rendered(ckpt, replicas=2, rollout={"maxSurge": 0})
+    dep = objs["Deployment"]
+    live["spec"]["template"] = dep["spec"]["template"]
+    day2.hold_strategy(dep, live, spec(replicas=2, rollout={"maxSurge": 0}))
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0  # an explicit value always wins
+    assert not day2.hold_strategy(objs["Deployment"], None, spec())
