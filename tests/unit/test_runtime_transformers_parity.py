@@ -81,6 +81,7 @@ MODELS = {
     "qwen3_moe": _qwen3,
     "deepseek_v3": lambda: _deepseek({"rope_type": "default", "rope_theta": 10000.0}),
     "deepseek_v3_yarn": lambda: _deepseek(dict(YARN)),
+    "deepseek_v3_yarn_untruncated": lambda: _deepseek(dict(YARN, truncate=False)),  # gpt-oss's yarn setting
 }
 
 

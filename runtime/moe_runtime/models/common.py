@@ -104,8 +104,10 @@ def rope_parameters(cfg: dict[str, Any], dim: int) -> tuple[torch.Tensor, float,
     def corr_dim(n_rot: float) -> float:
         return (dim * math.log(orig / (n_rot * 2 * math.pi))) / (2 * math.log(base))
 
-    low = max(math.floor(corr_dim(beta_fast)), 0)
-    high = min(math.ceil(corr_dim(beta_slow)), dim - 1)
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if rs.get("truncate", True):  # transformers' yarn: `truncate` (default true) floors/ceils the range
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
