@@ -155,11 +155,13 @@ def test_drift_is_repaired_field_by_field(kubectl, namespace, operator):
     wait_for(lambda: get_json(kubectl, "service", "drift", "-n", namespace)
              and get_json(kubectl, "configmap", "drift-plan", "-n", namespace), 30, "Service and ConfigMap back",
              operator.log_tail)
-    # nothing changed since: a resync tick writes nothing
-    rv = get_json(kubectl, "deployment", "drift", "-n", namespace)["metadata"]["resourceVersion"]
+    # nothing changed since: a resync tick writes nothing (the Deployment's generation counts spec
+    # writes; its resourceVersion also moves with the Deployment controller's status updates)
+    time.sleep(4)   # let the controller settle the repaired Deployment's status
+    gen = get_json(kubectl, "deployment", "drift", "-n", namespace)["metadata"]["generation"]
     mrv = get_json(kubectl, "moed", "drift", "-n", namespace)["metadata"]["resourceVersion"]
     time.sleep(6)   # three resync ticks at MOE_RESYNC_SECONDS=2
-    assert get_json(kubectl, "deployment", "drift", "-n", namespace)["metadata"]["resourceVersion"] == rv
+    assert get_json(kubectl, "deployment", "drift", "-n", namespace)["metadata"]["generation"] == gen
     assert get_json(kubectl, "moed", "drift", "-n", namespace)["metadata"]["resourceVersion"] == mrv
 
 

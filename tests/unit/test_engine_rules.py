@@ -414,7 +414,7 @@ def test_admission_gets_the_engine_refusal_with_alternatives():
     msg = impossible_everywhere(spec, ck, [gpu("sm100"), gpu("sm120")])
     # sm100: only the engine row refuses it (mxfp4.py:1474-1478); sm120: the planner's V1 (trtllm-gen is SM100-only)
     assert msg and "sm100/NVIDIA-B200: [SG-MXFP4-RUNNER]" in msg and "[V1]" in msg
-    assert msg.count("Works instead:") == 2 and "flashinfer_mxfp4" in msg
+    assert msg.count("Works instead:") >= 2 and "flashinfer_mxfp4" in msg   # every error of each class
     ok = MoEDeploymentSpec.model_validate({
         "model": {"uri": "hf://openai/gpt-oss-120b"}, "engine": {"name": "sglang"},
         "moe": {"runnerBackend": "flashinfer_mxfp4"}, "gpu": {"allowedArchitectures": ["sm100"]}})
