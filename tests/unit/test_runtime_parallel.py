@@ -2,7 +2,9 @@
 
 Equality is against the single-process run of the same checkpoint:
 - fp32 exact mode (TorchExperts in fp32): logits within ATOL_FP32 (only the order of the fp32 sums
-  differs: partial dot products per rank, then the all-reduce), greedy tokens equal.
+  differs: partial dot products per rank, then the all-reduce), greedy tokens equal. Measured (tiny,
+  seed 1, max |logit diff| over prefill + 4 decode steps): DeepSeek tp2 2.4e-6, ep2 1.6e-6, tp2xep2
+  2.0e-6; Qwen3 tp2 1.0e-6, tp4xep2 1.2e-6; Qwen3 block-FP8 tp2xep2 9.5e-7.
 - bf16: the bf16 partials of o_proj/down/experts are rounded before the fp32 all-reduce, where one
   process rounds the whole sum once, and a routing near-tie can pick another expert. With the same
   inputs every step (teacher forcing with the fp32 greedy tokens): the prefill logits are within
