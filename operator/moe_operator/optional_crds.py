@@ -1,4 +1,4 @@
-"""CRDs of the optional day-2 integrations, from their released Go modules (as lws_crd.py does for LWS).
+"""CRDs of optional integrations, from their released Go modules (lws_crd.py names LWS the same way).
 
 - KEDA's ScaledObject (github.com/kedacore/keda/v2): spec.autoscaling.provider keda.
 - The Gateway API Inference Extension's InferencePool (sigs.k8s.io/gateway-api-inference-extension,

@@ -122,14 +122,19 @@ SAMPLES: dict[str, dict] = {
 }
 
 
-def write_sample(name: str, directory: str | Path) -> Path:
+def _write_configs(name: str, directory: str | Path) -> Path:
     sample = SAMPLES[name]
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(sample["config"], indent=2) + "\n")
     if "hf_quant_config" in sample:
         (d / "hf_quant_config.json").write_text(json.dumps(sample["hf_quant_config"], indent=2) + "\n")
-    write_safetensors(d / "model-00001-of-00001.safetensors", sample["tensors"])
+    return d
+
+
+def write_sample(name: str, directory: str | Path) -> Path:
+    d = _write_configs(name, directory)
+    write_safetensors(d / "model-00001-of-00001.safetensors", SAMPLES[name]["tensors"])
     return d
 
 
@@ -213,13 +218,9 @@ FULL_SIZE = {"deepseek-v3-nvfp4": "nvfp4", "deepseek-v3-fp8": "fp8", "kimi-k2-fp
 
 def write_full_size(name: str, directory: str | Path) -> Path:
     """The sample's config files with a full-size sparse safetensors file of the real layout."""
-    sample = SAMPLES[name]
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(sample["config"], indent=2) + "\n")
-    if "hf_quant_config" in sample:
-        (d / "hf_quant_config.json").write_text(json.dumps(sample["hf_quant_config"], indent=2) + "\n")
-    write_sparse_safetensors(d / "model-00001-of-00001.safetensors", deepseek_v3_layout(sample["config"], FULL_SIZE[name]))
+    d = _write_configs(name, directory)
+    write_sparse_safetensors(d / "model-00001-of-00001.safetensors",
+                             deepseek_v3_layout(SAMPLES[name]["config"], FULL_SIZE[name]))
     return d
 
 

@@ -116,3 +116,16 @@ def forbidden_lines(log_text: str) -> list[str]:
                 and not any("NamespaceTerminating" in x for x in lines[i:i + 3]):
             out.append(ln)
     return out
+
+
+def start_webhook_operator(kubeconfig: str, log_path: Path) -> tuple[OperatorProcess, int]:
+    """An operator serving the validating webhook on a free 127.0.0.1 port (kopf manages the
+    ValidatingWebhookConfiguration, by URL); the caller stops it and deletes that configuration."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    op = OperatorProcess(kubeconfig, log_path, ["--admission", f"127.0.0.1:{port}"])
+    op.start()
+    return op, port

@@ -8,7 +8,7 @@ import time
 import pytest
 import yaml
 
-from .operator_fixture import SAMPLES, OperatorProcess, condition, get_json, wait_for
+from .operator_fixture import SAMPLES, condition, get_json, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -286,13 +286,9 @@ def test_deletion_leaves_nothing_behind(kubectl, namespace, operator):
 
 def test_admission_webhook_rejects_backend_impossible_on_every_allowed_class(kubectl, kubeconfig, namespace, crd, tmp_path):
     """kopf serves the validating webhook; the API server calls it and refuses with the planner's message."""
-    import socket
+    from .operator_fixture import start_webhook_operator
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    op = OperatorProcess(kubeconfig, tmp_path / "admission.log", ["--admission", f"127.0.0.1:{port}"])
-    op.start()
+    op, _ = start_webhook_operator(kubeconfig, tmp_path / "admission.log")
     try:
         wait_for(lambda: get_json(kubectl, "validatingwebhookconfiguration", "validate.moe.serving.dev"), 30,
                  "managed ValidatingWebhookConfiguration", op.log_tail)

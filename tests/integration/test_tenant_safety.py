@@ -232,15 +232,9 @@ def test_kill_9_mid_burst_moves_no_workload(dev_cluster, kubectl, namespace, ope
 def test_webhook_admits_deletes_and_writes_when_the_operator_is_gone(kubectl, kubeconfig, namespace, crd, tmp_path):
     """failurePolicy Ignore and CREATE/UPDATE only: after the operator dies (kill -9 leaves the
     configuration behind) deletes and writes still go through; it binds where it is told."""
-    import socket
+    from .operator_fixture import start_webhook_operator
 
-    from .operator_fixture import OperatorProcess
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    op = OperatorProcess(kubeconfig, tmp_path / "webhook.log", ["--admission", f"127.0.0.1:{port}"])
-    op.start()
+    op, port = start_webhook_operator(kubeconfig, tmp_path / "webhook.log")
     try:
         vwc = wait_for(lambda: get_json(kubectl, "validatingwebhookconfiguration", "validate.moe.serving.dev"), 30,
                        "managed ValidatingWebhookConfiguration", op.log_tail)
