@@ -112,9 +112,14 @@ def forbidden_lines(log_text: str) -> list[str]:
     lines = log_text.splitlines()
     out = []
     for i, ln in enumerate(lines):
-        if ("Forbidden" in ln or " 403" in ln or "forbidden" in ln) and "NamespaceTerminating" not in ln \
-                and not any("NamespaceTerminating" in x for x in lines[i:i + 3]):
-            out.append(ln)
+        if not ("Forbidden" in ln or " 403" in ln or "forbidden" in ln):
+            continue
+        # The API server words this refusal two ways: the reason NamespaceTerminating (in the
+        # structured body, maybe on a following line) or the message itself.
+        window = lines[i:i + 3]
+        if any("NamespaceTerminating" in x or "because it is being terminated" in x for x in window):
+            continue
+        out.append(ln)
     return out
 
 
