@@ -193,7 +193,11 @@ def from_node_labels(labels: dict[str, str], capacity: dict[str, str] | None = N
     # Node-probe annotations (written by `moe-runtime probe` DaemonSet) stand in for GFD labels.
     probe = {k.replace("moe.serving.dev/gpu.", GFD): v for k, v in annotations.items()
              if k.startswith("moe.serving.dev/gpu.")}
-    nv = {**probe, **{k: v for k, v in labels.items() if k.startswith((GFD, CUDA))}}
+    probe_driver = {k.replace("moe.serving.dev/cuda.", CUDA): v for k, v in annotations.items()
+                    if k.startswith("moe.serving.dev/cuda.")}
+    gfd_driver = any(k.startswith(CUDA) for k in labels)  # GFD's own driver labels win as a whole set
+    nv = {**probe, **({} if gfd_driver else probe_driver),
+          **{k: v for k, v in labels.items() if k.startswith((GFD, CUDA))}}
     amd = {k: v for k, v in labels.items() if k.startswith("amd.com/gpu.")}
     try:
         if nv.get(GFD + "product") or nv.get(GFD + "compute.major"):

@@ -23,6 +23,7 @@ def gpu_family(major: int, minor: int) -> str:
 
 
 ANNOTATION_PREFIX = "moe.serving.dev/gpu."
+DRIVER_ANNOTATION_PREFIX = "moe.serving.dev/cuda.driver-version."  # GFD: nvidia.com/cuda.driver-version.*
 
 
 @dataclass
@@ -112,7 +113,13 @@ def node_annotations(result: ProbeResult) -> dict[str, str]:
         ann["family"] = GFD_FAMILY_NAME[g.family]
     if len({x.name for x in result.gpus}) > 1:  # mixed GPUs: the operator must not assume a class
         ann["product"] = "MIXED-" + "-".join(sorted({x.name.replace(" ", "-") for x in result.gpus}))
-    return {ANNOTATION_PREFIX + k: v for k, v in ann.items()}
+    out = {ANNOTATION_PREFIX + k: v for k, v in ann.items()}
+    # The driver rules (e.g. triton_kernels on driver >= 595) need the version where GFD is absent too.
+    if result.driverVersion:
+        parts = result.driverVersion.strip().split(".")
+        for name, v in zip(("major", "minor", "revision"), parts):
+            out[DRIVER_ANNOTATION_PREFIX + name] = v
+    return out
 
 
 def annotate_node(node: str, annotations: dict[str, str]) -> None:

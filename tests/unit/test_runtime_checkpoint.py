@@ -135,6 +135,13 @@ def test_probe_annotations_are_read_back_by_the_operator(monkeypatch, capsys):
     facts = from_node_labels({}, {}, ann)
     assert facts.gpu_class is not None, facts.reason
     assert facts.gpu_class.family == "sm90" and facts.gpu_class.count == 8 and facts.gpu_class.memoryMiB == 143771
+    # the driver version reaches the planner's driver rules where GFD is absent
+    assert ann["moe.serving.dev/cuda.driver-version.major"] == "580"
+    assert facts.gpu_class.driverVersion == "580.159.03" and facts.gpu_class.driverMajor == 580
+    # GFD's driver labels, when present, win over the probe's as a whole set
+    gfd = from_node_labels({"nvidia.com/cuda.driver-version.major": "595", "nvidia.com/cuda.driver-version.minor": "58"},
+                           {}, ann)
+    assert gfd.gpu_class is not None and gfd.gpu_class.driverVersion == "595.58"
 
     patched = {}
     monkeypatch.setattr(probe, "probe_nvml", lambda: result)
