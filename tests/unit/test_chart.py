@@ -351,6 +351,35 @@ def test_webhook_ships_on_by_default_and_fails_open(helm):
     assert not of_kind(render(helm, "webhook.enabled=false"), "ValidatingWebhookConfiguration")
 
 
+def test_several_replicas_share_the_charts_webhook_certificate(helm, tmp_path):
+    """Without cert-manager, several replicas cannot each make a CA (each would overwrite the
+    caBundle the others' certificates need): the chart makes one, mounted by all, CA in the bundle."""
+    import base64
+
+    docs = render(helm, "replicas=2")
+    secret = next(d for d in of_kind(docs, "Secret") if d["metadata"]["name"].endswith("-webhook-tls"))
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    dep = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert "--admission-cert-dir=/etc/moe-operator/webhook" in dep["containers"][0]["args"]
+    assert {"name": "webhook-cert", "secret": {"secretName": secret["metadata"]["name"]}} in dep["volumes"]
+    assert not [r for r in one(docs, "ClusterRole")["rules"] if r["resources"] == ["validatingwebhookconfigurations"]]
+    for k, v in secret["data"].items():
+        (tmp_path / k).write_bytes(base64.b64decode(v))
+    # the serving certificate chains to the CA and names the Service host the API server dials
+    ok = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt")],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    san = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(tmp_path / "tls.crt")],
+                         capture_output=True, text=True).stdout
+    assert "DNS:moe-moe-operator-webhook.moe-system.svc" in san, san
+    # one replica keeps the operator-made CA; cert-manager keeps its own Secret
+    assert not [d for d in of_kind(render(helm), "Secret") if d["metadata"]["name"].endswith("-webhook-tls")]
+    assert not [d for d in of_kind(render(helm, "replicas=2", "webhook.certManager=true"), "Secret")
+                if d["metadata"]["name"].endswith("-webhook-tls")]
+
+
 def test_policy_values_become_flags(helm):
     args = operator_container(render(helm, "policy.allowedHostPaths={/models,/data}",
                                      "policy.allowedImageRegistries={docker.io/lmsysorg}",
@@ -377,8 +406,9 @@ def test_rbac_cluster_wide(helm):
 def test_rbac_watched_namespaces(helm):
     docs = render(helm, "watchNamespaces={a,b}", "replicas=2")
     cluster = one(docs, "ClusterRole")
-    # cluster-wide only what is cluster-scoped: no secrets, workloads or namespaces outside a and b
-    assert perms(cluster["rules"]) == {**CLUSTER_PERMS, **WEBHOOK_PERMS}
+    # cluster-wide only what is cluster-scoped: no secrets, workloads or namespaces outside a and b;
+    # two replicas share the chart's webhook certificate, so none patches the configuration's CA
+    assert perms(cluster["rules"]) == CLUSTER_PERMS
     roles = of_kind(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["a", "b"]
     for role in roles:

@@ -145,3 +145,10 @@ table in operator/moe_operator/permissions.py (tests/unit/test_chart.py compares
 {{- define "moe-operator.webhookConfiguration" -}}
 {{- printf "%s-%s-validate" (include "moe-operator.fullname" .) .Release.Namespace | trunc 253 }}
 {{- end }}
+
+{{/* "true" when the webhook's certificate comes from a Secret every replica mounts: cert-manager's,
+or, for several replicas without it, one the chart generates (one CA per replica would overwrite
+the others' caBundle). A lone operator without cert-manager makes its own CA at each start. */}}
+{{- define "moe-operator.webhookSecret" -}}
+{{- if and .Values.webhook.enabled (or (include "moe-operator.certManager" .) (gt (int .Values.replicas) 1)) }}true{{ end }}
+{{- end }}
