@@ -152,3 +152,73 @@ def smallest_fit(ckpt: CheckpointInfo, gpu: GpuClass, gpus_per_node: int, max_no
         f"{last.gpus} GPU{'s' if last.gpus > 1 else ''}"
     return Choice(None, last, f"does not fit even on {span} (tp={last.gpus}): {gib(ckpt.totalBytes)} of weights, "
                               f"{last.numbers()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Admission: a layout the user gave that cannot fit on any GPU the spec allows.
+#
+# The cluster's nodes are not consulted (a spec may be applied before its nodes join); the memory is
+# the largest of the GPUs the spec allows, from moe_core.gpu.PRODUCTS: the pinned gpu.product, else
+# the largest product of each allowed architecture (of every one when none is given). A layout that
+# does not fit on the largest GPU of a family fits on none of it (the need per GPU does not depend
+# on the GPU). Thor and GB10 have no memory in that table (their GPU shares the system's memory): for
+# refusing, their 128 GiB of unified memory is an upper bound of what the GPU can hold; planning
+# never uses it. A GPU of unknown memory, or a checkpoint of unknown size, is never a refusal.
+
+UNIFIED_MEMORY_BOUND_MIB = {"sm110": 128 * 1024, "sm121": 128 * 1024}  # Jetson Thor, DGX Spark GB10
+
+
+def largest_gpus(product: str | None, families: list[str] | None) -> list[GpuClass]:
+    """The GPUs an admission check sizes against: the product, else the largest of each family."""
+    from .gpu import FAMILIES, PRODUCTS, GpuClassError, from_name
+
+    if product:
+        try:
+            return [from_name(product)]
+        except GpuClassError:
+            return [GpuClass(family="unknown", vendor="nvidia", product=product)]  # memory unknown: not judged
+    out = []
+    for fam in families or list(FAMILIES):
+        members = [from_name(p) for p, (_, f, _, _) in PRODUCTS.items() if f == fam]
+        if not members:
+            out.append(GpuClass(family=fam, vendor="amd" if fam.startswith("gfx") else "nvidia", product=""))
+            continue
+        out.append(max(members, key=lambda g: g.memoryMiB or 0))
+    return out
+
+
+def bound_bytes(gpu: GpuClass) -> int | None:
+    """The GPU's memory for an admission refusal: the table's, else the unified-memory bound."""
+    mib = gpu.memoryMiB or UNIFIED_MEMORY_BOUND_MIB.get(gpu.family)
+    return mib * MiB if mib else None
+
+
+def layout_refusal(ckpt: CheckpointInfo, gpus_allowed: list[GpuClass], gpus: int, nodes: int = 1, *,
+                   max_len: int | None = None, concurrency: int | None = None,
+                   gpus_per_node: int = 8) -> str | None:
+    """Why a replica of `gpus` GPUs (tp = gpus) cannot hold the checkpoint on any of `gpus_allowed`,
+    with the need per GPU, each GPU's usable memory and the smallest tp that would fit on the largest;
+    None when one of them holds it or when it cannot be judged (checkpoint size or a GPU's memory unknown)."""
+    if not ckpt.totalBytes or not gpus_allowed or gpus < 1:
+        return None
+    memories = [(g, bound_bytes(g)) for g in gpus_allowed]
+    if any(m is None for _, m in memories):
+        return None
+    fits = [estimate(ckpt, m, gpus, nodes, max_len=max_len, concurrency=concurrency) for _, m in memories]
+    if any(f.fits for f in fits):
+        return None
+    f = fits[0]  # the need per GPU is the same on every GPU
+    usable = ", ".join(f"{g.product or g.family} {gib(x.usable)}" + ("" if g.memoryMiB else " (of unified memory)")
+                       for (g, _), x in zip(memories, fits))
+    g_max, m_max = max(memories, key=lambda gm: gm[1])
+    hint = ""
+    for n, k in layouts(gpus_per_node, 8):
+        if n > gpus and (bigger := estimate(ckpt, m_max, n, k, max_len=max_len, concurrency=concurrency)).fits:
+            where = f" ({k} nodes x {n // k} GPUs)" if k > 1 else ""
+            hint = f"; tp={n}{where} would fit on {g_max.product or g_max.family} ({gib(bigger.need)} per GPU)"
+            break
+    span = f"{gpus} GPUs over {nodes} nodes" if nodes > 1 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
+    return (f"tp={gpus} ({span} per replica) cannot hold {gib(ckpt.totalBytes)} of weights on any allowed GPU: "
+            f"per GPU {gib(f.weights)} weights + {gib(f.kv)} KV cache ({f.tokens} tokens; {f.kv_how}) + "
+            f"{gib(f.workspace)} workspace = {gib(f.need)} > usable ({MEMORY_FRACTION:.0%} of memory) {usable}{hint}; "
+            "leave parallelism.tp and gpusPerReplica unset to size it, or give more GPUs")

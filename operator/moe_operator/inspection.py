@@ -197,5 +197,27 @@ def pin(spec: MoEDeploymentSpec, status: dict[str, Any], token: Callable[[], str
     return Pinned(f"{base}@{sha}", sha, how)
 
 
+def cached(uri: str, status: dict[str, Any] | None = None,
+           now: Callable[[], float] = time.monotonic) -> tuple[str, CheckpointInfo] | None:
+    """(the uri inspected, what it found) for the revision `uri` would be served at, from earlier
+    inspections only, without any I/O (the admission webhook): the uri as is (file://, pvc://, a sha
+    in an hf:// uri); for hf:// at a branch, the sha this object's status pinned for this very uri,
+    else the sha the operator resolved for it less than FOLLOW_RESOLVE_SECONDS ago (another
+    MoEDeployment of the model). None when no inspection of that revision ran in this process."""
+    candidates = []
+    parsed = ModelURI.parse(uri)
+    if parsed.scheme == "hf" and not (parsed.revision and COMMIT_SHA.match(parsed.revision)):
+        base = f"hf://{parsed.repo}"
+        if status and status.get("revisionUri") == uri and status.get("revision"):
+            candidates.append(f"{base}@{status['revision']}")
+        if (hit := _resolved.get(uri)) and now() - hit[0] < FOLLOW_RESOLVE_SECONDS:
+            candidates.append(f"{base}@{hit[1]}")
+    candidates.append(uri)
+    for u in candidates:
+        if (info := _cache.get(cache_key(u))) is not None:
+            return u, info
+    return None
+
+
 def forget(uri: str) -> None:
     _cache.pop(cache_key(uri), None)

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import kopf
+from moe_core import sizing
 from moe_core.gpu import FAMILIES, from_name
 
 from pydantic import ValidationError
 
 from .api import MoEDeploymentSpec
+from . import inspection
 from .inspection import InspectionFailed, InspectionPending, inspect_spec
 from .placement import impossible_everywhere
 
@@ -73,8 +75,9 @@ def operator_ca(host: str) -> tuple[str, str, str]:
     return str(d / "tls.crt"), str(d / "tls.key"), str(d / "ca.crt")
 
 
-def verdict(spec_dict: dict[str, Any], cfg: Any) -> str | None:
-    """Why this spec must be refused, or None. `cfg` is the operator's reconcile Config."""
+def verdict(spec_dict: dict[str, Any], cfg: Any, status: dict[str, Any] | None = None) -> str | None:
+    """Why this spec must be refused, or None. `cfg` is the operator's reconcile Config; `status`
+    the object's (an UPDATE: its pinned revision)."""
     try:
         spec = MoEDeploymentSpec.model_validate(spec_dict)
     except ValidationError as e:  # what the schema cannot say (map keys): the model's own words
@@ -82,22 +85,50 @@ def verdict(spec_dict: dict[str, Any], cfg: Any) -> str | None:
     problems = cfg.policy.problems(spec)
     if problems:
         return "refused by the cluster's policy: " + "; ".join(problems)
-    if spec.moe.runnerBackend == "auto" and spec.moe.a2aBackend == "none" and spec.moe.deferredFinalize != "on":
-        return None  # nothing explicit to judge: auto falls back where it must
-    try:
-        ckpt = inspect_spec(spec, local_models_dir=cfg.local_models_dir)
-    except (InspectionFailed, InspectionPending):
-        return None  # cannot judge without the checkpoint; the reconcile reports it
-    families = spec.gpu.allowedArchitectures or list(FAMILIES)
-    classes = [from_name(spec.gpu.product) if spec.gpu.product else from_name(f) for f in families]
-    msg = impossible_everywhere(spec, ckpt, classes)
-    return f"moe.runnerBackend/deferredFinalize is impossible on every allowed GPU class: {msg}" if msg else None
+    explicit = not (spec.moe.runnerBackend == "auto" and spec.moe.a2aBackend == "none"
+                    and spec.moe.deferredFinalize != "on")  # auto falls back where it must
+    if explicit:
+        try:
+            ckpt = inspect_spec(spec, local_models_dir=cfg.local_models_dir)
+        except (InspectionFailed, InspectionPending):
+            ckpt = None  # cannot judge without the checkpoint; the reconcile reports it
+        if ckpt is not None:
+            families = spec.gpu.allowedArchitectures or list(FAMILIES)
+            classes = [from_name(spec.gpu.product) if spec.gpu.product else from_name(f) for f in families]
+            msg = impossible_everywhere(spec, ckpt, classes)
+            if msg:
+                return f"moe.runnerBackend/deferredFinalize is impossible on every allowed GPU class: {msg}"
+    return layout_does_not_fit(spec, cfg, status)
+
+
+def layout_does_not_fit(spec: MoEDeploymentSpec, cfg: Any, status: dict[str, Any] | None = None) -> str | None:
+    """A tp/gpusPerReplica the user gave that cannot hold the checkpoint on any GPU the spec allows
+    (moe_core.sizing.layout_refusal, with the numbers). Judged when the checkpoint's bytes are known
+    at admission: file:// (headers read here), else an inspection this process already ran of the
+    revision the object would be served at (inspection.cached). A first hf:// or pvc:// model is
+    admitted: its size is known only after inspection (hub calls or a Job, longer than the webhook's
+    5 s), and the reconcile then refuses the layout in Planned=False with the same numbers ([Z2])."""
+    if not spec.layout_given() or spec.model.format != "auto":
+        return None  # sized by the operator, or inspection skipped (no byte count)
+    if spec.model.uri.startswith("file://"):
+        try:
+            where, ckpt = spec.model.uri, inspect_spec(spec, local_models_dir=cfg.local_models_dir)
+        except (InspectionFailed, InspectionPending):
+            return None
+    elif (hit := inspection.cached(spec.model.uri, status)) is not None:
+        where, ckpt = hit
+    else:
+        return None
+    msg = sizing.layout_refusal(ckpt, sizing.largest_gpus(spec.gpu.product, spec.gpu.allowedArchitectures or None),
+                                spec.gpus_per_replica(), spec.nodesPerReplica, max_len=spec.engine.maxModelLen,
+                                concurrency=spec.engine.maxConcurrency)
+    return f"{msg} (checkpoint {where})" if msg else None
 
 
 def admission_handler(cfg: Any) -> Callable[..., None]:
-    def admission(spec: kopf.Spec, **_: Any) -> None:
+    def admission(spec: kopf.Spec, status: Any = None, **_: Any) -> None:
         try:
-            msg = verdict(dict(spec), cfg)
+            msg = verdict(dict(spec), cfg, dict(status or {}))
         except Exception as e:  # noqa: BLE001 - a bug here must not block every write
             log.warning("admission could not judge a MoEDeployment, admitting it: %s: %s", type(e).__name__, e)
             return
