@@ -31,11 +31,13 @@ DEEPSEEK_V4_ARCHS = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNe
 # sglang's probe regex for a routed-expert weight (configs/deepseek_v4.py)
 _ROUTED_EXPERT_WEIGHT = re.compile(r"\.experts\.\d+\.(w[123]|down_proj|up_proj|gate_proj)\.weight$")
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+_MAX_FACT = 2**31  # a config count or dimension beyond int32 is a typo or an overflow, not a model
 
 # safetensors dtype -> bytes per element (F4 is packed two per byte)
 _DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
     "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "F4": 0.5,
+    "F6_E2M3": 0.75, "F6_E3M2": 0.75, "C64": 8,
 }
 
 
@@ -227,13 +229,67 @@ def read_json(path: Path) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise InspectionError(path, f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except ValueError as e:  # an integer of more than 4300 digits (Python's int/str limit)
+        raise InspectionError(path, f"invalid JSON: {e}") from None
+    except RecursionError:
+        raise InspectionError(path, "invalid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise InspectionError(path, f"expected a JSON object at the top level, found {type(data).__name__}")
     return data
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text} overflows a float")
+    return v
+
+
+def _is_count(v: Any) -> bool:
+    """A JSON integer >= 0 (not a bool, not 2.0): what safetensors' Rust parser reads as usize."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**64
+
+
+def _tensor_meta(name: str, meta: Any, data_len: int, where: str | Path) -> TensorMeta:
+    """One header entry, typed as safetensors' own parser types it (dtype a string, shape and
+    data_offsets unsigned integers), and its byte range consistent with its dtype and shape."""
+    def bad(what: str) -> InspectionError:
+        return InspectionError(where, f"corrupt safetensors header entry for tensor {name!r}: {what}")
+
+    if not isinstance(meta, dict):
+        raise bad(f"expected an object, found {type(meta).__name__}")
+    dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
+    if not isinstance(dtype, str) or not dtype:
+        raise bad(f"dtype {dtype!r} is not a dtype name")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise bad(f"shape {shape!r} is not a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(x) for x in offsets):
+        raise bad(f"data_offsets {offsets!r} is not a pair of non-negative integers")
+    start, end = offsets
+    if start > end:
+        raise bad(f"data_offsets {offsets!r} end before they start")
+    if end > data_len:
+        raise InspectionError(where, f"truncated safetensors data: tensor {name!r} ends at byte {end} of the data section, which has {data_len}")
+    numel = 1
+    for d in shape:
+        numel *= d
+    size = _DTYPE_BYTES.get(dtype)
+    # an unknown dtype name is left to the consumers (the runtime refuses it by its tensor specs)
+    if size is not None and numel * size != end - start:
+        raise bad(f"{dtype} {shape} is {numel * size:g} bytes but data_offsets {offsets!r} span {end - start}")
+    return TensorMeta(name, dtype, tuple(shape), end - start)
+
+
 def parse_safetensors_header(raw: bytes, file_size: int, where: str | Path) -> list[TensorMeta]:
-    """Parse a safetensors header given the first bytes of the file (at least 8 + header length)."""
+    """Parse a safetensors header given the first bytes of the file (at least 8 + header length).
+
+    As strict as safetensors' own parser, so every file accepted here is one the loader can read:
+    no NaN/Infinity or overflowing numbers, typed entries, byte ranges that fit the dtype and shape
+    and do not overlap."""
     if len(raw) < 8:
         raise InspectionError(where, f"truncated safetensors file: {file_size} bytes, the 8-byte header length is missing")
     (n,) = struct.unpack("<Q", raw[:8])
@@ -242,25 +298,21 @@ def parse_safetensors_header(raw: bytes, file_size: int, where: str | Path) -> l
     if len(raw) < 8 + n or file_size < 8 + n:
         raise InspectionError(where, f"truncated safetensors header: needs {n} bytes after the length, file has {max(file_size - 8, 0)}")
     try:
-        header = json.loads(raw[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = json.loads(raw[8:8 + n].decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise InspectionError(where, "corrupt safetensors header (not JSON: nested too deeply)") from None
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, NaN/Infinity, 1e999, > 4300 digits
         raise InspectionError(where, f"corrupt safetensors header (not JSON: {e})") from None
     if not isinstance(header, dict):
         raise InspectionError(where, "corrupt safetensors header (not a JSON object)")
-    tensors: list[TensorMeta] = []
+    if not isinstance(header.get("__metadata__", {}), dict):
+        raise InspectionError(where, "corrupt safetensors header: __metadata__ is not an object")
     data_len = file_size - 8 - n
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = meta["dtype"]
-            shape = tuple(int(d) for d in meta["shape"])
-            start, end = (int(x) for x in meta["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise InspectionError(where, f"corrupt safetensors header entry for tensor {name!r}") from None
-        if end > data_len:
-            raise InspectionError(where, f"truncated safetensors data: tensor {name!r} ends at byte {end} of the data section, which has {data_len}")
-        tensors.append(TensorMeta(name, dtype, shape, end - start))
+    tensors = [_tensor_meta(name, meta, data_len, where) for name, meta in header.items() if name != "__metadata__"]
+    spans = sorted((tuple(header[t.name]["data_offsets"]), t.name) for t in tensors if t.nbytes)
+    for ((_, prev_end), prev), ((start, _), name) in zip(spans, spans[1:]):
+        if start < prev_end:
+            raise InspectionError(where, f"corrupt safetensors header: tensors {prev!r} and {name!r} overlap in the data section")
     return tensors
 
 
@@ -381,8 +433,61 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
              where: str | Path = "") -> CheckpointInfo:
     arch = _first_architecture(config, where)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    get = lambda *keys: next((c[k] for k in keys for c in (config, text) if c.get(k) is not None), None)  # noqa: E731
+    cfg_file = Path(where) / "config.json" if where else Path("config.json")
+    found = lambda *keys: next(((k, c[k]) for k in keys for c in (config, text) if c.get(k) is not None), (None, None))  # noqa: E731
+    get = lambda *keys: found(*keys)[1]  # noqa: E731
     notes: list[str] = []
+    qc = config.get("quantization_config") if isinstance(config.get("quantization_config"), dict) else {}
+    for key, v in (("model_type", config.get("model_type")), ("text_config.model_type", text.get("model_type")),
+                   ("quantization_config.quant_method", qc.get("quant_method"))):
+        if v is not None and not isinstance(v, str):
+            raise InspectionError(cfg_file, f"{key} = {v!r}: expected a string")
+    try:
+        fmt, source, raw_method, kv_fp8 = _format_of(arch, config, hf_quant, tensors, notes)
+    except (AttributeError, TypeError) as e:  # e.g. a list where the quantization config has an object
+        raise InspectionError(cfg_file, "malformed quantization config (quantization_config, compression_config or "
+                              f"hf_quant_config.json): {type(e).__name__}: {e}") from None
+    if raw_method is not None and not isinstance(raw_method, str):
+        raise InspectionError(cfg_file, f"quant_algo = {raw_method!r}: expected a string")
+
+    model_type = text.get("model_type") if text.get("model_type") in MODEL_DEFAULTS else config.get("model_type")
+    defaults = MODEL_DEFAULTS.get(model_type or "", ("", {}))
+
+    def fact(field: str, *keys: str):
+        key, v = found(*keys)
+        if v is None and field in defaults[1]:
+            key, v = defaults[1][field]
+            notes.append(f"config.json has no {key}: {defaults[0]} default {key}={v} (transformers {TRANSFORMERS_READ})")
+        if v is not None and not _is_count(v) or isinstance(v, int) and v >= _MAX_FACT:
+            # typed here, not by pydantic: the message names the file, the key and the value
+            raise InspectionError(cfg_file, f"{key} = {v!r}: expected an integer in 0..{_MAX_FACT - 1}")
+        return v
+
+    return CheckpointInfo(
+        architecture=arch,
+        modelType=config.get("model_type"),
+        format=fmt,
+        formatSource=source,
+        quantMethod=raw_method,
+        expertsFp4=is_fp4(fmt),
+        numExperts=fact("numExperts", *CONFIG_KEYS["numExperts"]),
+        expertsPerToken=fact("expertsPerToken", *CONFIG_KEYS["expertsPerToken"]),
+        numSharedExperts=fact("numSharedExperts", *CONFIG_KEYS["numSharedExperts"]),
+        hiddenSize=fact("hiddenSize", *CONFIG_KEYS["hiddenSize"]),
+        intermediateSize=fact("intermediateSize", *CONFIG_KEYS["intermediateSize"]),
+        moeIntermediateSize=fact("moeIntermediateSize", *CONFIG_KEYS["moeIntermediateSize"]),
+        numLayers=fact("numLayers", *CONFIG_KEYS["numLayers"]),
+        **_attention_facts(fact, notes, get(*CONFIG_KEYS["hiddenSize"]) or defaults[1].get("hiddenSize", ("", None))[1]),
+        kvCacheFp8=bool(kv_fp8) or arch in DEEPSEEK_V4_ARCHS,
+        totalBytes=int(sum(t.nbytes for t in tensors)),
+        numTensors=len(tensors),
+        notes=notes,
+    )
+
+
+def _format_of(arch: str, config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: list[TensorMeta],
+               notes: list[str]) -> tuple[str, str, str | None, bool]:
+    """(format, which file/key decided it, raw quant method, KV cache fp8) per the lookup order above."""
     q = config.get("quantization_config")
     raw_method: str | None = None
     kv_fp8 = False
@@ -430,36 +535,7 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
         else:
             fmt, source = "bf16", "no quantization_config, compression_config or hf_quant_config.json"
 
-    model_type = text.get("model_type") if text.get("model_type") in MODEL_DEFAULTS else config.get("model_type")
-    defaults = MODEL_DEFAULTS.get(model_type or "", ("", {}))
-
-    def fact(field: str, *keys: str):
-        v = get(*keys)
-        if v is None and field in defaults[1]:
-            key, v = defaults[1][field]
-            notes.append(f"config.json has no {key}: {defaults[0]} default {key}={v} (transformers {TRANSFORMERS_READ})")
-        return v
-
-    return CheckpointInfo(
-        architecture=arch,
-        modelType=config.get("model_type"),
-        format=fmt,
-        formatSource=source,
-        quantMethod=raw_method,
-        expertsFp4=is_fp4(fmt),
-        numExperts=fact("numExperts", *CONFIG_KEYS["numExperts"]),
-        expertsPerToken=fact("expertsPerToken", *CONFIG_KEYS["expertsPerToken"]),
-        numSharedExperts=fact("numSharedExperts", *CONFIG_KEYS["numSharedExperts"]),
-        hiddenSize=fact("hiddenSize", *CONFIG_KEYS["hiddenSize"]),
-        intermediateSize=fact("intermediateSize", *CONFIG_KEYS["intermediateSize"]),
-        moeIntermediateSize=fact("moeIntermediateSize", *CONFIG_KEYS["moeIntermediateSize"]),
-        numLayers=fact("numLayers", *CONFIG_KEYS["numLayers"]),
-        **_attention_facts(fact, notes, get(*CONFIG_KEYS["hiddenSize"]) or defaults[1].get("hiddenSize", ("", None))[1]),
-        kvCacheFp8=bool(kv_fp8) or arch in DEEPSEEK_V4_ARCHS,
-        totalBytes=int(sum(t.nbytes for t in tensors)),
-        numTensors=len(tensors),
-        notes=notes,
-    )
+    return fmt, source, raw_method, bool(kv_fp8)
 
 
 def _attention_facts(fact, notes: list[str], hidden: Any) -> dict[str, Any]:
