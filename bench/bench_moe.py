@@ -37,14 +37,15 @@ E, H, I, K = 256, 7168, 2048, 8
 DEV = "cuda"
 
 
-def bench(fn, graph=True):
-    """Median time in seconds; CUDA-graph replay when the function is capturable."""
+def bench(fn, graph=True, rep=100):
+    """Median time in seconds; CUDA-graph replay when the function is capturable. rep: ms per
+    measurement (do_bench_cudagraph replays a graph of ~rep ms ten times; eager: do_bench)."""
     if graph:
         try:
-            return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e-3
+            return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median") * 1e-3
         except Exception as exc:  # noqa: BLE001 - fall back to eager timing, say so
             print(f"  (graph capture failed: {type(exc).__name__}; eager timing)")
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e-3
 
 
 @contextlib.contextmanager
@@ -68,29 +69,31 @@ def copy_bandwidth() -> float:
     return 2 * n * 2 / t  # bytes read + written
 
 
-def random_weights(fmt: str, g: torch.Generator) -> ExpertWeights:
-    """Random FP4 codes and plausible scales (weights ~ N(0, 0.02)-sized), generated on the GPU."""
+def random_weights(fmt: str, g: torch.Generator, e: int = E, h: int = H, i: int = I) -> ExpertWeights:
+    """Random FP4 codes and plausible scales (weights ~ N(0, 0.02)-sized), generated on the GPU.
+    (e, h, i): experts, hidden, intermediate size (default: the DeepSeek-V3 layer above)."""
     def packed(n, k):
-        return torch.randint(0, 256, (E, n, k // 2), device=DEV, dtype=torch.uint8, generator=g)
+        return torch.randint(0, 256, (e, n, k // 2), device=DEV, dtype=torch.uint8, generator=g)
 
     if fmt == "nvfp4":
         def bs(n, k):  # e4m3 codes for values 1..8
-            return torch.randint(0x38, 0x50, (E, n, k // 16), device=DEV, dtype=torch.uint8, generator=g
+            return torch.randint(0x38, 0x50, (e, n, k // 16), device=DEV, dtype=torch.uint8, generator=g
                                  ).view(torch.float8_e4m3fn)
-        gs = torch.full((E,), 2e-3, device=DEV)
-        return ExpertWeights("nvfp4", NvFp4Tensor(packed(2 * I, H), bs(2 * I, H), gs),
-                             NvFp4Tensor(packed(H, I), bs(H, I), gs.clone()))
+        gs = torch.full((e,), 2e-3, device=DEV)
+        return ExpertWeights("nvfp4", NvFp4Tensor(packed(2 * i, h), bs(2 * i, h), gs),
+                             NvFp4Tensor(packed(h, i), bs(h, i), gs.clone()))
 
     def sc(n, k):  # 2^-8 .. 2^-5
-        return torch.randint(119, 123, (E, n, k // 32), device=DEV, dtype=torch.uint8, generator=g)
-    return ExpertWeights("mxfp4", MxFp4Tensor(packed(2 * I, H), sc(2 * I, H)), MxFp4Tensor(packed(H, I), sc(H, I)))
+        return torch.randint(119, 123, (e, n, k // 32), device=DEV, dtype=torch.uint8, generator=g)
+    return ExpertWeights("mxfp4", MxFp4Tensor(packed(2 * i, h), sc(2 * i, h)), MxFp4Tensor(packed(h, i), sc(h, i)))
 
 
 def dequantized_bf16(weights: ExpertWeights):
-    """[E, 2I, H] and [E, H, I] bf16, dequantised a few experts at a time (bounded temporaries)."""
-    w13 = torch.empty(E, 2 * I, H, device=DEV, dtype=torch.bfloat16)
-    w2 = torch.empty(E, H, I, device=DEV, dtype=torch.bfloat16)
-    for e in range(E):
+    """[E, 2I, H] and [E, H, I] bf16, dequantised one expert at a time (bounded temporaries)."""
+    e_, h_, i_ = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    w13 = torch.empty(e_, 2 * i_, h_, device=DEV, dtype=torch.bfloat16)
+    w2 = torch.empty(e_, h_, i_, device=DEV, dtype=torch.bfloat16)
+    for e in range(e_):
         w13[e], w2[e] = weights.dequantize_expert(e)
     return w13, w2
 
