@@ -7,6 +7,9 @@ Routes (as huggingface_hub 2.x calls them):
   HEAD|GET /{org}/{name}/resolve/{rev}/{path}             a file (ETag, X-Repo-Commit, Range -> 206)
 Repos hold commits; `upload` makes a new commit and moves `main` to it. A gated repo answers 401
 without the token. `fail_after` cuts a GET off after that many bytes once (to test resuming).
+As the hub does, *.safetensors files are LFS: the tree lists their sha256 (`lfs.oid`, the git blob
+id of the pointer as `oid`) and resolve answers it as the ETag and X-Linked-Etag; other files list
+their git blob id. `corrupt` makes resolve serve other bytes of the same length than the listing's.
 """
 
 from __future__ import annotations
@@ -18,6 +21,27 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def is_lfs(path: str) -> bool:
+    return path.endswith(".safetensors")
+
+
+def lfs_pointer(data: bytes) -> bytes:
+    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n"
+            f"size {len(data)}\n").encode()
+
+
+def tree_entry(path: str, data: bytes) -> dict:
+    if not is_lfs(path):
+        return {"type": "file", "oid": git_blob_id(data), "size": len(data), "path": path}
+    pointer = lfs_pointer(data)
+    return {"type": "file", "oid": git_blob_id(pointer), "size": len(data), "path": path,
+            "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)}}
 
 
 @dataclass
@@ -33,6 +57,7 @@ class Hub:
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.fail_after: dict[str, int] = {}  # path -> bytes to send before dropping the connection (once)
         self.throttle: float | None = None  # bytes per second for file bodies (None: as fast as it goes)
+        self.corrupted: dict[tuple[str, str, str], bytes] = {}  # (repo, sha, path) -> what resolve serves instead
         self._server: ThreadingHTTPServer | None = None
         self._n = 0
 
@@ -47,6 +72,12 @@ class Hub:
         r.commits[sha] = dict(files)
         r.refs["main"] = sha
         return sha
+
+    def corrupt(self, repo: str, sha: str, path: str) -> None:
+        """Serve `path` of that commit with one byte changed (its listing keeps the true sha256)."""
+        data = bytearray(self.repos[repo].commits[sha][path])
+        data[len(data) // 2] ^= 0xFF
+        self.corrupted[(repo, sha, path)] = bytes(data)
 
     # -- server -----------------------------------------------------------------------------
     def start(self) -> str:
@@ -149,8 +180,8 @@ class Hub:
             if found:
                 r, _, sha = found
                 prefix = (m[4] or "").strip("/")
-                entries = [{"type": "file", "oid": hashlib.sha1(b).hexdigest(), "size": len(b), "path": f}
-                           for f, b in sorted(r.commits[sha].items()) if not prefix or f.startswith(prefix + "/")]
+                entries = [tree_entry(f, b) for f, b in sorted(r.commits[sha].items())
+                           if not prefix or f.startswith(prefix + "/")]
                 self._send(h, 200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, head)
             return
         m = re.fullmatch(r"/([^/]+)/([^/]+)/resolve/([^/]+)/(.+)", path)
@@ -158,14 +189,18 @@ class Hub:
             found = self._repo(h, m[1], m[2], m[3], head)
             if not found:
                 return
-            r, _, sha = found
+            r, repo_id, sha = found
             fname = unquote(m[4])
             data = r.commits[sha].get(fname)
             if data is None:
                 self._error(h, 404, "EntryNotFound", f"{fname} does not exist", head)
                 return
-            headers = {"ETag": f'"{hashlib.sha1(data).hexdigest()}"', "X-Repo-Commit": sha, "Accept-Ranges": "bytes",
+            headers = {"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": sha, "Accept-Ranges": "bytes",
                        "Content-Type": "application/octet-stream"}
+            if is_lfs(fname):
+                digest = hashlib.sha256(data).hexdigest()
+                headers.update({"ETag": f'"{digest}"', "X-Linked-Etag": f'"{digest}"', "X-Linked-Size": len(data)})
+            data = self.corrupted.get((repo_id, sha, fname), data)
             code, body = 200, data
             rng = h.headers.get("Range")
             if rng and (rm := re.fullmatch(r"bytes=(\d+)-(\d*)", rng)):

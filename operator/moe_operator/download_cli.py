@@ -3,7 +3,9 @@ Job runs it on the cache PVC).
 
 The commit's file list from the hub (huggingface_hub list_repo_tree), then each file through the hub's
 resolve URL into --dir, resumable across runs (a file cut off midway continues from its .part with a
-Range request), only the files the engines read (--allow, default ALLOW_PATTERNS), the token from
+Range request), each file checked against the hub's listing before it takes its name (an LFS file's
+sha256, the same as the X-Linked-Etag of its resolve URL; other files their git blob id; a mismatch
+fails the run naming the file), only the files the engines read (--allow, default ALLOW_PATTERNS), the token from
 HF_TOKEN (the Job sets it from model.tokenSecretRef). Progress is
 one JSON line per --interval seconds on stdout ({"bytesDone", "bytesTotal", "files"}; the operator
 reads the last one from the pod's log). When every file is there at the size the hub lists, it
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import os
 import sys
@@ -59,9 +62,46 @@ def bytes_on_disk(root: Path, files: dict[str, int]) -> int:
     return done
 
 
-def fetch_file(repo: str, revision: str, rel: str, size: int, root: Path, attempts: int = 5) -> None:
+class ChecksumMismatch(Exception):
+    """A downloaded file is not the one the hub lists (its sha256, or its git blob id)."""
+
+
+def expected_digest(f) -> tuple[str, str] | None:
+    """What the hub's tree says a file hashes to: an LFS file's sha256 (lfs.oid, the same as its
+    X-Linked-Etag), else the git blob id (oid: sha1 of "blob <size>\\0" + the bytes); None when the
+    listing gives neither (a mirror that does not)."""
+    lfs = getattr(f, "lfs", None)
+    sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
+    if sha256:
+        return "sha256", str(sha256).lower()
+    if getattr(f, "blob_id", None):
+        return "git-sha1", str(f.blob_id).lower()
+    return None
+
+
+def _hasher(kind: str, size: int):
+    if kind == "sha256":
+        return hashlib.sha256()
+    h = hashlib.sha1()
+    h.update(b"blob %d\0" % size)
+    return h
+
+
+def _hash_file(kind: str, size: int, path: Path):
+    h = _hasher(kind, size)
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h
+
+
+def fetch_file(repo: str, revision: str, rel: str, size: int, root: Path, attempts: int = 5,
+               digest: tuple[str, str] | None = None) -> None:
     """One file of the commit through the hub's resolve URL (huggingface_hub's URL, headers with
-    HF_TOKEN, session), appended to its .part from where it stopped (Range), renamed when whole.
+    HF_TOKEN, session), appended to its .part from where it stopped (Range), checked against
+    `digest` (hashed while it streams; a resumed part is hashed from disk first) and renamed when
+    whole and right: a file under its final name is always verified. A mismatch deletes the part and
+    raises ChecksumMismatch naming the file (the Job's retry downloads it again).
     huggingface_hub >= 2 downloads every run into a fresh temporary file (no resume across
     processes), so a Job restarted after a node loss would start a 700 GB model over; this does not."""
     from huggingface_hub import hf_hub_url
@@ -72,6 +112,7 @@ def fetch_file(repo: str, revision: str, rel: str, size: int, root: Path, attemp
         return
     part.parent.mkdir(parents=True, exist_ok=True)
     url = hf_hub_url(repo, rel, revision=revision)
+    h, hashed = None, -1  # the hash of the part's first `hashed` bytes (-1: none yet)
     for attempt in range(attempts):
         have = part.stat().st_size if part.is_file() else 0
         if have > size:
@@ -85,15 +126,30 @@ def fetch_file(repo: str, revision: str, rel: str, size: int, root: Path, attemp
                 with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as r:
                     hf_raise_for_status(r)
                     mode = "ab" if have and r.status_code == 206 else "wb"  # 200: the server ignored Range
+                    if digest and mode == "wb":
+                        h, hashed = _hasher(digest[0], size), 0
+                    elif digest and hashed != have:  # resuming a part this process did not hash
+                        h, hashed = _hash_file(digest[0], size, part), have
                     with part.open(mode) as f:
                         for chunk in r.iter_bytes(1 << 20):
                             f.write(chunk)
+                            if h is not None:
+                                h.update(chunk)
+                                hashed += len(chunk)
             except Exception as e:  # noqa: BLE001 - network trouble: continue from what arrived
                 if attempt == attempts - 1 or getattr(getattr(e, "response", None), "status_code", 500) in (401, 403, 404):
                     raise
                 time.sleep(min(2 ** attempt, 30))
                 continue
         if part.stat().st_size == size:
+            if digest:
+                if h is None or hashed != size:  # a part finished by an earlier run
+                    h = _hash_file(digest[0], size, part)
+                got = h.hexdigest()
+                if got != digest[1]:
+                    part.unlink()
+                    raise ChecksumMismatch(f"{rel}: {digest[0]} {got} of the {size} bytes downloaded is not the "
+                                           f"hub's {digest[1]} for {repo}@{revision}; the file was deleted")
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(part, dest)
             return
@@ -134,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - the cause goes to the operator's condition
         return _finish(args, {"error": f"listing {args.repo}@{args.revision}: {type(e).__name__}: {e}"}, 1)
     files = {f.path: int(f.size or 0) for f in tree}
+    digests = {f.path: expected_digest(f) for f in tree}
     total = sum(files.values())
     if not any(wanted(p, ("*.safetensors",)) for p in files):
         return _finish(args, {"error": f"{args.repo}@{args.revision} has no *.safetensors files among {len(files)} "
@@ -143,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     def fetch() -> None:
         try:
             for rel in sorted(files, key=lambda r: files[r]):  # small files (configs) first
-                fetch_file(args.repo, args.revision, rel, files[rel], root)
+                fetch_file(args.repo, args.revision, rel, files[rel], root, digest=digests[rel])
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             failure.append(e)
 

@@ -2,6 +2,7 @@
 only the files engines read, progress lines, the ready marker, a resumed download after a kill -9,
 gated repos with the token from the environment, failures with the cause."""
 
+import hashlib
 import json
 import os
 import signal
@@ -122,3 +123,46 @@ def test_the_operator_reads_the_programs_progress_lines(hub, tmp_path):
     assert 0 < done < total == json.loads(lines[-1])["bytesTotal"]
     assert _progress_from_log("\n".join(lines)) == (total, total)
     assert _progress_from_log("no json here") == (None, None)
+
+
+def test_a_file_that_is_not_the_hubs_fails_the_download_naming_it(hub, tmp_path):
+    """The tree's lfs.oid (sha256) for weights, the git blob id for the rest: checked before a file
+    takes its name; a mismatch deletes it and fails with the file's name; a retry fetches it again."""
+    sha = hub.upload("org/m", files())
+    weights = "model-00001-of-00001.safetensors"
+    hub.corrupt("org/m", sha, weights)
+    p = start(hub, tmp_path, "org/m", sha)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1, err
+    error = json.loads((tmp_path / "term").read_text())["error"]
+    assert "ChecksumMismatch" in error and weights in error and "sha256" in error
+    assert hashlib.sha256(WEIGHTS).hexdigest() in error
+    cache = tmp_path / "cache"
+    assert not (cache / weights).exists() and not (cache / READY_MARKER).exists()
+    assert not list((cache / ".partial").rglob("*.part"))  # the bad bytes are gone, not resumed from
+    hub.corrupted.clear()  # the retry (the Job's next pod) gets the right bytes
+    p = start(hub, tmp_path, "org/m", sha)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert (cache / weights).read_bytes() == WEIGHTS
+    # a small (non-LFS) file is checked against its git blob id
+    sha2 = hub.upload("org/m2", files())
+    hub.corrupt("org/m2", sha2, "tokenizer.json")
+    (tmp_path / "two").mkdir()
+    p = start(hub, tmp_path / "two", "org/m2", sha2)
+    p.communicate(timeout=120)
+    assert p.returncode == 1
+    error = json.loads((tmp_path / "two" / "term").read_text())["error"]
+    assert "tokenizer.json" in error and "git-sha1" in error
+
+
+def test_expected_digest_reads_the_hubs_listing():
+    from huggingface_hub.hf_api import RepoFile
+    from hub_server import tree_entry
+
+    from moe_operator.download_cli import expected_digest
+    lfs = RepoFile(**tree_entry("a.safetensors", b"weights"))
+    assert expected_digest(lfs) == ("sha256", hashlib.sha256(b"weights").hexdigest())
+    small = RepoFile(**tree_entry("config.json", b"{}"))
+    assert expected_digest(small) == ("git-sha1", "9e26dfeeb6e641a33dae4961196235bdb965b21b")  # git hash-object
+    assert expected_digest(RepoFile(path="x", size=1, oid=None)) is None
