@@ -50,7 +50,7 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
                     installed: dict[str, str | None], backend: str = "auto", explicit: bool = False,
                     backend_source: str = "moe.runnerBackend", deferred: str = "auto",
                     deferred_from: str | None = None, deferred_rule: str = "user",
-                    tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none", rocm: bool = False,
+                    tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none", rocm: bool = False, nodes: int = 1,
                     backends: tuple[registry.BackendSpec, ...] = registry.BACKENDS) -> BundledResolution:
     """Resolve the bundled MoE backend for (GPU family, checkpoint, parallelism).
 
@@ -63,7 +63,7 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
     """
     wfmt = expert_format(checkpoint_format)
     res = BundledResolution(wfmt, [], explicit, False)
-    res.errors += runtime.problems(architecture, checkpoint_format, tp=tp, dp=dp, ep=ep, a2a=a2a)
+    res.errors += runtime.problems(architecture, checkpoint_format, tp=tp, dp=dp, ep=ep, a2a=a2a, nodes=nodes)
     if runtime.format_problem(checkpoint_format) or wfmt is None:
         return res
     fits = registry.candidates(family, wfmt, installed, backends=backends)
@@ -136,6 +136,28 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
         decide(False, "B4", "deferred finalize off" + (" (moe.deferredFinalize=off)" if deferred == "off"
                                                        else f" ({chosen.name} cannot defer)"))
     return res
+
+
+def parallel_args(tp: int, ep: int, nodes: int = 1) -> tuple[list[str], str]:
+    """`moe-runtime serve` flags for a replica of `tp` GPUs (the API's convention: tp = the replica's GPU
+    count, ep divides it) on `nodes` nodes, and the reason. The runtime runs max(--tp, --ep) ranks; its
+    attention (and vocab) tensor parallel spans --tp consecutive ranks, replicated over the rest. On
+    several nodes with ep = tp (whole experts per rank) --tp is one node's GPUs, so the attention
+    all-reduce never leaves a node (NVLink) and only the MoE combine crosses nodes; otherwise --tp spans
+    the replica and the attention all-reduce crosses nodes too (said in the reason). Pure."""
+    per_node = tp // max(nodes, 1)
+    where = f"{nodes} nodes x {per_node} GPUs (LeaderWorkerSet: rank = LWS_WORKER_INDEX x {per_node} + local GPU)" \
+        if nodes > 1 else f"{tp} GPU(s) of one node"
+    if nodes > 1 and ep == tp and per_node > 1:
+        return (["--tp", str(per_node), "--ep", str(ep)],
+                f"bundled runtime on {where}: attention and vocab tensor-parallel over the {per_node} GPUs of each node "
+                f"(replicated per node: its all-reduce stays on NVLink), routed experts split over all {ep} ranks, "
+                f"dense layers over all {tp}; {tp} processes, NCCL; only the MoE combine and dense all-reduce cross nodes")
+    cross = " (the attention all-reduce crosses nodes; ep = tp keeps it inside a node)" if nodes > 1 else ""
+    return (["--tp", str(tp), "--ep", str(ep)],
+            f"bundled runtime on {where}: attention and dense layers tensor-parallel over {tp} GPU(s){cross}, routed "
+            f"experts split over {ep} expert-parallel group(s) ({max(tp, ep)} processes, NCCL, all-reduce or "
+            f"all-to-all combine by batch size)")
 
 
 def deferred_for(backend: str, want: bool) -> tuple[bool, str | None]:

@@ -23,6 +23,7 @@ class RuntimeCapabilities(BaseModel):
     max_dp: int = 1
     max_ep: int = 1
     max_nodes: int = 1
+    max_gpus_per_node: int = 8  # one process per GPU of a node
     a2a_backends: tuple[str, ...] = ("none",)
 
 
@@ -34,12 +35,15 @@ BUNDLED = RuntimeCapabilities(
     # DeepSeek-V4 layouts are not read
     checkpoint_formats=("bf16", "fp8", "nvfp4", "mxfp4"),
     # moe_runtime.parallel: tensor parallel (attention heads, dense layers, vocab) and expert parallel
-    # (E/ep experts per rank, TP inside experts for the rest) on the GPUs of one node, one process per
-    # GPU over NCCL; the combine is an all-reduce (no all-to-all backend). Multi-node rendezvous
-    # (LeaderWorkerSet env) exists in the runtime but the operator does not render bundled
-    # LeaderWorkerSets yet, so one node per replica.
-    max_tp=8,
-    max_ep=8,
+    # (E/ep experts per rank, TP inside experts for the rest), one process per GPU over NCCL, on one node
+    # or on up to max_nodes nodes of a LeaderWorkerSet (the runtime's rendezvous reads LWS_LEADER_ADDRESS /
+    # LWS_GROUP_SIZE / LWS_WORKER_INDEX; the operator renders the leader and worker pods). tp is the
+    # replica's GPU count (the API's convention), ep divides it. The combine of the routed experts is the
+    # runtime's own (moe_runtime.dispatch: all-reduce, or all_to_all_single for large batches), not an
+    # all-to-all backend of the engines (moe.a2aBackend none).
+    max_tp=64,
+    max_ep=64,
+    max_nodes=8,
 )
 
 ELSEWHERE = "use engine sglang or vllm"
@@ -77,6 +81,9 @@ def parallelism_problems(tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none
                    f"dp={dp} ep={ep} nodes={nodes}); {ELSEWHERE} for larger replicas")
     elif max(tp, ep) % min(tp, ep):
         out.append(f"[B6] the bundled runtime runs max(tp, ep) ranks and needs one of tp={tp}, ep={ep} to divide the other")
+    elif max(tp, ep) % nodes or max(tp, ep) // nodes > caps.max_gpus_per_node:
+        out.append(f"[B6] the bundled runtime runs max(tp, ep)={max(tp, ep)} ranks, one process per GPU, the same number "
+                   f"on each of the {nodes} node(s) of a replica and at most {caps.max_gpus_per_node} per node")
     return out
 
 

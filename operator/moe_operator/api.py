@@ -16,6 +16,7 @@ from moe_core.checkpoint import CheckpointInfo
 from moe_core.formats import FORMATS
 from moe_core.gpu import FAMILIES
 from moe_core.plan import Plan
+from moe_core.runtime import BUNDLED
 
 from .planner import ALL_A2A, ALL_RUNNERS, SGLANG_A2A, SGLANG_RUNNERS, VLLM_MOE_BACKENDS
 
@@ -256,8 +257,9 @@ class MoEDeploymentSpec(_Model):
          "gpusPerReplica must be a multiple of nodesPerReplica (same GPU count on every node of a replica)"),
         ("!has(self.gpusPerReplica) || !has(self.parallelism.tp) || self.gpusPerReplica == self.parallelism.tp",
          "gpusPerReplica must equal parallelism.tp (one rank per GPU)"),
-        ("self.nodesPerReplica == 1 || self.engine.name != 'bundled'",
-         "the bundled engine serves one node per replica; use engine sglang or vllm for multi-node replicas"),
+        (f"self.nodesPerReplica <= {BUNDLED.max_nodes} || self.engine.name != 'bundled'",
+         f"the bundled engine serves at most {BUNDLED.max_nodes} nodes per replica (a LeaderWorkerSet group); "
+         "use engine sglang or vllm for larger replicas"),
         ("self.moe.a2aBackend == 'none' || self.parallelism.ep > 1",
          "moe.a2aBackend needs expert parallelism (parallelism.ep > 1)"),
         ("self.moe.a2aBackend == 'none' || self.engine.name != 'bundled'",

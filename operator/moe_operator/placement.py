@@ -40,7 +40,8 @@ class Placement:
 def choices_from_spec(spec: MoEDeploymentSpec, tp: int | None = None) -> Choices:
     return Choices(runner_backend=spec.moe.runnerBackend, a2a_backend=spec.moe.a2aBackend,
                    deferred_finalize=spec.moe.deferredFinalize, env=spec.env_dict(), tp=tp or spec.gpus_per_replica(),
-                   ep=spec.parallelism.ep, dp=spec.parallelism.dp, flashinfer_version=spec.engine.flashinferVersion)
+                   ep=spec.parallelism.ep, dp=spec.parallelism.dp, flashinfer_version=spec.engine.flashinferVersion,
+                   nodes=spec.nodesPerReplica)
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,10 @@ def size_layout(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, inv: ClassInvento
     max_nodes = max(len(inv.nodes), 1)
     more = " (one node of this class; engines sglang and vllm span nodes when there are more)" if max_nodes == 1 else ""
     if spec.engine.name == "bundled":  # what the bundled runtime runs in one replica (moe_core.runtime)
-        per_node_avail = min(per_node_avail, BUNDLED.max_tp)
-        max_nodes = min(max_nodes, BUNDLED.max_nodes)
-        more = (f" (the bundled runtime serves at most {BUNDLED.max_tp} GPU{'s' if BUNDLED.max_tp > 1 else ''} and "
-                f"{BUNDLED.max_nodes} node per replica; engines sglang and vllm shard across GPUs and nodes)")
+        per_node_avail = min(per_node_avail, BUNDLED.max_gpus_per_node, BUNDLED.max_tp)
+        max_nodes = min(max_nodes, BUNDLED.max_nodes, max(BUNDLED.max_tp // max(per_node_avail, 1), 1))
+        more = (f" (the bundled runtime serves at most {BUNDLED.max_gpus_per_node} GPUs per node, {BUNDLED.max_tp} per "
+                f"replica and {BUNDLED.max_nodes} nodes per replica; engines sglang and vllm shard further)")
     choice = sizing.smallest_fit(ckpt, g, per_node_avail, max_nodes, multiple_of=multiple, **knobs)
     if choice.fit is None:
         return f"[Z1] {choice.reason}{more}"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from moe_core import registry
-from moe_core.bundled import resolve_bundled
+from moe_core.bundled import parallel_args, resolve_bundled
 from moe_core.checkpoint import CheckpointInfo
 from moe_core.gpu import BLACKWELL, GpuClass
 from moe_core.plan import Decision, Plan, PlanCheckpoint, PlanEngine, PlanGpu, PlanMoE
@@ -92,6 +92,7 @@ class Choices:
     ep: int = 1
     dp: int = 1
     flashinfer_version: str | None = None  # the image's flashinfer; "none" = not installed
+    nodes: int = 1  # nodes per replica (a LeaderWorkerSet group when > 1)
 
 
 @dataclass(frozen=True)
@@ -588,19 +589,20 @@ def _plan_bundled(b: _Builder) -> PlanMoE:
     r = resolve_bundled(family=f.fam, where=f.gpu_name, architecture=f.arch, checkpoint_format=f.fmt,
                         shared_experts=f.ckpt.numSharedExperts or 0, installed=installed, backend=user,
                         explicit=user != "auto", deferred=deferred, deferred_from=deferred_from,
-                        tp=f.choices.tp, dp=f.choices.dp, ep=f.choices.ep, a2a=f.a2a, rocm=f.rocm)
+                        tp=f.choices.tp, dp=f.choices.dp, ep=f.choices.ep, a2a=f.a2a, rocm=f.rocm,
+                        nodes=f.choices.nodes)
     b.errors += r.errors
     b.warnings += r.warnings
     for d in r.decisions:
         b.decide(d.key, d.value, d.rule, d.reason)
     b.reasons += r.notes
-    tp, ep = f.choices.tp, f.choices.ep
+    tp, ep, nodes = f.choices.tp, f.choices.ep, f.choices.nodes
     if max(tp, ep) > 1 and not r.errors:
-        # moe-runtime serve --tp/--ep: one process per GPU (moe_runtime.parallel)
-        b.args += ["--tp", str(tp), "--ep", str(ep)]
-        b.decide("parallel", f"tp={tp} ep={ep}", "B6",
-                 f"bundled runtime: attention and dense layers tensor-parallel over {tp} GPU(s), routed experts "
-                 f"split over {ep} expert-parallel group(s) ({max(tp, ep)} processes, NCCL, all-reduce combine)")
+        # moe-runtime serve --tp/--ep: one process per GPU (moe_runtime.parallel), over the nodes of a
+        # LeaderWorkerSet group when nodes > 1
+        args, why = parallel_args(tp, ep, nodes)
+        b.args += args
+        b.decide("parallel", f"tp={tp} ep={ep}" + (f" nodes={nodes}" if nodes > 1 else ""), "B6", why)
     return PlanMoE(runnerBackend=r.backend or user, a2aBackend=f.a2a, deferredFinalize=r.deferred)
 
 

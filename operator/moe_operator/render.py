@@ -34,6 +34,7 @@ _env.policies["json.dumps_kwargs"] = {"sort_keys": False}
 
 FIELD_MANAGER = "moe-operator"
 PORT = 8000
+DIST_PORT = 29500  # torch.distributed rendezvous of a bundled multi-node replica (moe-runtime serve --dist-port)
 PLAN_DIR = "/etc/moe"
 CACHE_DIR = "/var/cache/moe"
 
@@ -116,8 +117,26 @@ def engine_command(spec: MoEDeploymentSpec, plan: Plan, loc: ModelLocation, role
             if role == "worker":
                 args.append("--headless")
         return ["vllm", "serve"], args
-    return ["moe-runtime", "serve"], ["--model", loc.path, "--plan", f"{PLAN_DIR}/plan.json", "--host", "0.0.0.0",
-                                      "--port", str(PORT), *loc.extra_args, *plan.args]
+    args = ["--model", loc.path, "--plan", f"{PLAN_DIR}/plan.json", "--host", "0.0.0.0", "--port", str(PORT),
+            *loc.extra_args, *plan.args]
+    if nodes > 1:
+        # one process per local GPU on every pod of the group; the rendezvous (TCPStore on the leader's
+        # global rank 0 at LWS_LEADER_ADDRESS:DIST_PORT) comes from the LWS env (bundled_lws_env)
+        args += ["--dist-port", str(DIST_PORT)]
+    return ["moe-runtime", "serve"], args
+
+
+def bundled_lws_env() -> list[dict[str, Any]]:
+    """The rendezvous env of a bundled multi-node pod. The LeaderWorkerSet pod webhook sets LWS_LEADER_ADDRESS,
+    LWS_GROUP_SIZE and LWS_WORKER_INDEX itself (its values replace ones of the same name in the template);
+    the group size and worker index are also given here from the pod's own LWS annotation and label (the
+    downward API), so a pod whose webhook predates LWS_WORKER_INDEX (LWS < 0.6) still knows its place.
+    `moe-runtime serve` reads them (moe_runtime.parallel.rendezvous): global rank = LWS_WORKER_INDEX x GPUs
+    per node + local GPU, the group's rank 0 on the leader pod."""
+    return [
+        {"name": "LWS_GROUP_SIZE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['leaderworkerset.sigs.k8s.io/size']"}}},
+        {"name": "LWS_WORKER_INDEX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']"}}},
+    ]
 
 
 def inputs_hash(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, image: str) -> str:
@@ -207,11 +226,15 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
 
     def pod(role: str) -> str:
         command, args = engine_command(spec, plan, loc, role)
+        pod_env = env
+        if spec.engine.name == "bundled" and role in ("leader", "worker"):
+            pod_env = bundled_lws_env() + env
         return _env.get_template("_pod.yaml.j2").render(
             labels=_yaml_block({**labels, "moe.serving.dev/role": role, **day2.pool_pod_labels(spec, role)}),
             inputs_hash=h, plan=plan,
             affinity=_affinity(gpu), node_selector=spec.nodeSelector, tolerations=_tolerations(spec, gpu),
-            init_containers=loc.init_containers, image=image, command=command, args=args, env=env, port=PORT,
+            init_containers=loc.init_containers, image=image, command=command, args=args, env=pod_env, port=PORT,
+            dist_port=DIST_PORT if spec.engine.name == "bundled" and role == "leader" else None,
             resources=_resources(spec, gpu), ready_path="/ready" if spec.engine.name == "bundled" else "/health",
             volume_mounts=mounts, volumes=volumes, role=role, pod_security=pod_security(spec.engine.name),
             container_security=container_security()).rstrip("\n")

@@ -255,7 +255,7 @@ def test_unreadable_checkpoint_sets_condition_with_cause(kubectl, namespace, ope
     ({"parallelism": {"tp": 8, "ep": 3}}, "parallelism.ep must divide parallelism.tp"),
     ({"moe": {"a2aBackend": "deepep"}}, "moe.a2aBackend needs expert parallelism"),
     ({"moe": {"runnerBackend": "marlin"}}, "engine bundled supports moe.runnerBackend"),
-    ({"nodesPerReplica": 2, "gpusPerReplica": 16, "parallelism": {"tp": 16}}, "bundled engine serves one node per replica"),
+    ({"nodesPerReplica": 9, "gpusPerReplica": 72, "parallelism": {"tp": 72}}, "bundled engine serves at most 8 nodes per replica"),
     ({"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
     ({"engine": {"name": "sglang"}, "moe": {"runnerBackend": "flashinfer_b12x"}}, "not an sglang --moe-runner-backend"),
     ({"engine": {"name": "vllm"}, "moe": {"runnerBackend": "flashinfer_mxfp4"}}, "not a vLLM --moe-backend"),
