@@ -179,10 +179,26 @@ SGLANG_SELECT: tuple[Select, ...] = (
            "flashinfer_mxfp4",
            "Use flashinfer_mxfp4 as MoE runner backend for DeepseekV4ForCausalLM: MXFP4 experts -> FlashInfer "
            "MXFP4 MoE (TRT-LLM on SM100, CUTLASS MXFP8xMXFP4 on SM120, CUTLASS W4A16 on SM90) on {gpu}; sglang PR #35919"),
+    # S2b used to pick marlin here. sglang refuses that: Mxfp4MarlinMoEMethod.process_weights_after_loading
+    # raises "MXFP4 Marlin requires SM90 or SM120." unless is_sm90/is_sm120 (major 9 / 12):
+    # sglang/srt/layers/quantization/mxfp4_marlin_moe.py:116-117 in 0.5.14 (utils/common.py:276-296
+    # is_sm90_supported/is_sm120_supported), :160-161 in 0.5.23 (get_platform().is_sm90/is_sm120); the runner
+    # does not exist before 0.5.14. Left at auto, Fp8Config.get_quant_method keeps Fp8MoEMethod
+    # (fp8.py:445-475, 0.5.23), whose create_moe_runner takes triton below SM90 (fp8.py:2962-2972) and
+    # get_triton_quant_info passes the packed FP4 weights as use_fp8_w8a8 (fp8.py:3018-3038), so
+    # fused_experts_impl asserts "Hidden size mismatch" (moe_runner/triton_utils/fused_moe.py:1118-1121).
+    # The deepseek_v4 override sets flashinfer_mxfp4 only on SM90/SM100/SM120
+    # (arg_groups/model_overrides/deepseek_v4.py:67-89). No automatic runner serves FP4 experts here.
     Select("S2b", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and not f.rocm and f.a2a == "none"
            and f.fam in ("sm80", "sm89", "sm110"),
-           "marlin", "DeepSeek-V4 FP4 experts on {gpu}: flashinfer_mxfp4 needs SM90/SM100/SM120 and auto would take "
-           "the FP8 Triton path (K1, 'Hidden size mismatch'); Marlin W4A16 works"),
+           None, "DeepSeek-V4 FP4 (MXFP4) experts cannot run on {gpu} with sglang {version}: flashinfer_mxfp4 needs "
+           "SM90/SM100/SM120, marlin raises 'MXFP4 Marlin requires SM90 or SM120.' "
+           "(srt/layers/quantization/mxfp4_marlin_moe.py:160 Mxfp4MarlinMoEMethod.process_weights_after_loading, "
+           "sglang 0.5.14-0.5.23) and auto runs the packed FP4 weights on FP8 Triton ('Hidden size mismatch', "
+           "moe_runner/triton_utils/fused_moe.py:1118 fused_experts_impl). Works instead: SM90/SM100/SM120 GPUs "
+           "(H100/H200, B200/GB200, RTX PRO 6000) where auto picks flashinfer_mxfp4, or env "
+           "SGLANG_DSV4_FP4_DEQUANT=1 (sglang dequantizes the experts to FP8 at load, twice the expert memory; "
+           "not verified on {gpu})"),
     Select("S15", lambda f: f.fmt == "nvfp4" and f.a2a == "deepep", "flashinfer_cutedsl",
            "Only the CuTeDSL NVFP4 runner has a DeepEP (low-latency) path",
            args=lambda f: ["--deepep-mode", "low_latency"]),

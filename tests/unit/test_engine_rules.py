@@ -319,7 +319,34 @@ def test_automatic_choices_are_not_checked_by_engine_rules(engine, gpu, fmt, arc
     """Rule 0: with nothing explicit the engine rows are not consulted (automatic choices unchanged)."""
     p = _plan(engine, None, gpu, fmt, arch, "auto", "none", (1, 1, 1))
     assert not [e for e in p.errors if e.startswith(("[SG-", "[VL-"))]
-    assert not any("Works instead" in e for e in p.errors)
+    # a select row that refuses auto says what works itself (S2b); no engine-row alternatives are appended
+    assert not any("Works instead" in e for e in p.errors if not e.startswith("[S2b]"))
+
+
+AUTO_PASS = [(e, v, g, f, a, a2a) for e, v in (("sglang", "0.5.14"), ("sglang", "0.5.23"), ("vllm", "0.33.0"))
+             for g in ("A100", "L40S", "H200", "B200", "rtx-pro-6000", "thor", "MI355X")
+             for f, a in (("fp8", DSV3), ("nvfp4", DSV3), ("mixed", DSV3), ("mxfp4", GPTOSS), ("bf16", GPTOSS),
+                          ("dsv4_fp4", DSV4), ("dsv4_nvfp4", DSV4), ("nvfp4", QWEN3), ("mixed_w4a16", QWEN3),
+                          ("bf16", GLM4), ("mxfp8", QWEN3))
+             for a2a in ("none", "deepep")]
+
+
+def test_automatic_choices_pass_the_engines_start_up_checks():
+    """The planner never plans a runner the engine's own start-up refuses: every automatic choice that is
+    not `auto` (the engine decides) passes the engine rows of its version. The S2b marlin choice for
+    DeepSeek-V4 FP4 on SM80/SM89/SM110 did not (mxfp4_marlin_moe.py:161, 0.5.23) and is now a refusal."""
+    failing = []
+    for engine, version, gpu, fmt, arch, a2a in AUTO_PASS:
+        par = (8, 8, 1) if a2a != "none" else (1, 1, 1)
+        p = _plan(engine, version, gpu, fmt, arch, "auto", a2a, par)
+        if p.errors or p.moe.runnerBackend == "auto":
+            continue
+        case = Case(engine, version, fmt, arch, from_name(gpu).family, p.moe.runnerBackend, a2a=a2a, tp=par[0],
+                    ep=par[1], dp=par[2], quant_method=QM.get(fmt))
+        refused = [r.rule.id for r in engine_rules.check(case)]
+        if refused:
+            failing.append((engine, version, gpu, fmt, arch, a2a, p.moe.runnerBackend, refused))
+    assert not failing
 
 
 def test_every_rule_cites_file_lines_function_and_version():

@@ -69,10 +69,25 @@ def test_dsv4_fp8_experts_not_switched():
     assert p.moe.runnerBackend == "auto" and "S17" in rules(p)
 
 
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.17", "0.5.19", "0.5.21", "0.5.22", "0.5.23"])
 @pytest.mark.parametrize("gpu", ["a100", "l40s", "thor"])
-def test_dsv4_unsupported_arch_does_not_get_flashinfer_mxfp4(gpu):
-    p = sg(ckpt(), gpu)
-    assert p.moe.runnerBackend == "marlin" and "S2b" in rules(p)
+def test_dsv4_unsupported_arch_does_not_get_flashinfer_mxfp4(gpu, version):
+    """This seed test used to expect marlin (S2b). The released code refuses it on SM80/SM89/SM110:
+    Mxfp4MarlinMoEMethod.process_weights_after_loading raises "MXFP4 Marlin requires SM90 or SM120."
+    (sglang/srt/layers/quantization/mxfp4_marlin_moe.py:117 in 0.5.14, :144 in 0.5.17, :146 in 0.5.19 and
+    0.5.21, :152 in 0.5.22, :161 in 0.5.23), and auto takes FP8 Triton with the packed FP4 weights
+    ('Hidden size mismatch', moe_runner/triton_utils/fused_moe.py:1118-1121 fused_experts_impl, 0.5.23).
+    So auto refuses with what works instead, and never plans a runner sglang refuses at start-up."""
+    p = sg(ckpt(), gpu, version=version)
+    assert p.moe.runnerBackend != "marlin" and "flashinfer_mxfp4" not in p.args
+    assert any(e.startswith("[S2b]") and "MXFP4 Marlin requires SM90 or SM120" in e and "Works instead" in e
+               and "SGLANG_DSV4_FP4_DEQUANT=1" in e for e in p.errors)
+    # the explicit marlin is refused by the engine row too
+    p = sg(ckpt(), gpu, version=version, runner_backend="marlin")
+    assert any("SG-FP4EXPERT-MARLIN" in e for e in p.errors)
+    # with the dequant switch the experts are FP8 and auto stays auto (S2d)
+    p = sg(ckpt(), gpu, version=version, env={"SGLANG_DSV4_FP4_DEQUANT": "1"})
+    assert p.moe.runnerBackend == "auto" and not p.errors
 
 
 def test_dsv4_hybrid_nvfp4_first_on_sm100_and_rejected_elsewhere():
