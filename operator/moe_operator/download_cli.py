@@ -1,5 +1,6 @@
 """`moe-operator download-model`: fill a model cache directory with one hub commit (the model cache
-Job runs it on the cache PVC).
+Job runs it on the cache PVC), or with a copy of a local directory (--from: a pvc:// model copied to
+the cache PVC of a faster storage class; same resumable .part files, progress lines and marker).
 
 The commit's file list from the hub (huggingface_hub list_repo_tree), then each file through the hub's
 resolve URL into --dir, resumable across runs (a file cut off midway continues from its .part with a
@@ -35,8 +36,11 @@ ALLOW_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repo", required=True, help="org/name on the hub (HF_ENDPOINT for a mirror)")
-    p.add_argument("--revision", required=True, help="the commit sha (status.revision)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--repo", help="org/name on the hub (HF_ENDPOINT for a mirror)")
+    src.add_argument("--from", dest="source", metavar="DIR",
+                     help="copy this directory instead (a pvc:// model's claim, mounted read-only)")
+    p.add_argument("--revision", required=True, help="the commit sha (status.revision); with --from, the model uri")
     p.add_argument("--dir", required=True, help="the cache directory (the PVC's mount)")
     p.add_argument("--allow", action="append", default=None, help=f"glob of files to fetch (default {' '.join(ALLOW_PATTERNS)})")
     p.add_argument("--termination-log", default=None, help="write the final JSON here too (/dev/termination-log)")
@@ -156,6 +160,37 @@ def fetch_file(repo: str, revision: str, rel: str, size: int, root: Path, attemp
     raise OSError(f"{rel}: {part.stat().st_size if part.is_file() else 0} of {size} bytes after {attempts} attempts")
 
 
+def copy_file(source: Path, rel: str, size: int, root: Path) -> None:
+    """One file of a local directory (a pvc:// model) into the cache: appended to its .part from
+    where an earlier run stopped, renamed when whole (the same resumable layout as a download)."""
+    dest, part = root / rel, root / PARTIAL / (rel + ".part")
+    if dest.is_file() and dest.stat().st_size == size:
+        return
+    part.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.is_file() else 0
+    if have > size:
+        part.unlink()
+        have = 0
+    with (source / rel).open("rb") as src, part.open("ab" if have else "wb") as out:
+        src.seek(have)
+        while chunk := src.read(1 << 22):
+            out.write(chunk)
+    if part.stat().st_size != size:
+        raise OSError(f"{rel}: copied {part.stat().st_size} bytes, the source has {size} (did it change?)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, dest)
+
+
+def local_listing(source: Path, patterns) -> dict[str, int]:
+    """The files of a model directory the engines read (as for a download), with their sizes."""
+    out = {}
+    for p in sorted(source.rglob("*")):
+        rel = p.relative_to(source).as_posix()
+        if p.is_file() and not rel.startswith((PARTIAL + "/", ".")) and rel != READY_MARKER and wanted(rel, patterns):
+            out[rel] = p.stat().st_size
+    return out
+
+
 def read_marker(root: Path) -> dict | None:
     try:
         return json.loads((root / READY_MARKER).read_text())
@@ -183,24 +218,32 @@ def run(args: argparse.Namespace) -> int:
     marker = read_marker(root)
     if marker and marker.get("revision") == args.revision:
         return _finish(args, {**marker, "ready": True, "already": True}, 0)
+    source = Path(args.source) if args.source else None
+    what = str(source) if source else f"{args.repo}@{args.revision}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tree = [f for f in HfApi().list_repo_tree(args.repo, revision=args.revision, recursive=True)
-                if isinstance(f, RepoFile) and wanted(f.path, patterns)]
+        if source is not None:
+            files, digests = local_listing(source, patterns), {}
+        else:
+            tree = [f for f in HfApi().list_repo_tree(args.repo, revision=args.revision, recursive=True)
+                    if isinstance(f, RepoFile) and wanted(f.path, patterns)]
+            files = {f.path: int(f.size or 0) for f in tree}
+            digests = {f.path: expected_digest(f) for f in tree}
     except Exception as e:  # noqa: BLE001 - the cause goes to the operator's condition
-        return _finish(args, {"error": f"listing {args.repo}@{args.revision}: {type(e).__name__}: {e}"}, 1)
-    files = {f.path: int(f.size or 0) for f in tree}
-    digests = {f.path: expected_digest(f) for f in tree}
+        return _finish(args, {"error": f"listing {what}: {type(e).__name__}: {e}"}, 1)
     total = sum(files.values())
     if not any(wanted(p, ("*.safetensors",)) for p in files):
-        return _finish(args, {"error": f"{args.repo}@{args.revision} has no *.safetensors files among {len(files)} "
+        return _finish(args, {"error": f"{what} has no *.safetensors files among {len(files)} "
                                        f"matching {' '.join(patterns)}"}, 1)
     failure: list[BaseException] = []
 
     def fetch() -> None:
         try:
             for rel in sorted(files, key=lambda r: files[r]):  # small files (configs) first
-                fetch_file(args.repo, args.revision, rel, files[rel], root, digest=digests[rel])
+                if source is not None:
+                    copy_file(source, rel, files[rel], root)
+                else:
+                    fetch_file(args.repo, args.revision, rel, files[rel], root, digest=digests[rel])
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             failure.append(e)
 
@@ -213,14 +256,15 @@ def run(args: argparse.Namespace) -> int:
             break
     if failure:
         e = failure[0]
-        return _finish(args, {"error": f"download of {args.repo}@{args.revision} failed: {type(e).__name__}: {e}",
+        verb = "copy" if source is not None else "download"
+        return _finish(args, {"error": f"{verb} of {what} failed: {type(e).__name__}: {e}",
                               "bytesDone": bytes_on_disk(root, files), "bytesTotal": total}, 1)
     short = {rel: (root / rel).stat().st_size if (root / rel).is_file() else None
              for rel, size in files.items() if not (root / rel).is_file() or (root / rel).stat().st_size != size}
     if short:
         return _finish(args, {"error": f"incomplete download: {len(short)} files missing or of the wrong size "
                                        f"({', '.join(sorted(short)[:5])})", "bytesTotal": total}, 1)
-    result = {"repo": args.repo, "revision": args.revision, "bytesDone": total, "bytesTotal": total,
+    result = {"repo": args.repo or args.revision, "revision": args.revision, "bytesDone": total, "bytesTotal": total,
               "files": len(files), "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     tmp = root / (READY_MARKER + ".tmp")
     tmp.write_text(json.dumps(result, sort_keys=True))

@@ -2,6 +2,10 @@
 `moe-operator download-model`, mounted read-only by every replica of every MoEDeployment of that
 model. Rendering is pure (pvc(), fill_job(), pod_parts()); `ensure()` is the I/O step reconcile calls.
 
+A pvc:// model is copied the same way when its spec asks (model.cache.enabled true, typically with a
+faster storageClassName; the cluster-wide default turns on hub downloads only): the Job mounts the
+source claim read-only and runs `download-model --from`, the pods mount the copy instead of the source.
+
 The PVC is not owned by any MoEDeployment (it outlives each of them): users mark it with a label
 `user.moe.serving.dev/<name>`; `collect()` deletes a cache no MoEDeployment uses any more once it
 has been unused for the grace period (annotation unused-since).
@@ -13,6 +17,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +29,7 @@ from .model_uri import ModelURI
 from .security import container_security, pod_security
 
 MOUNT = "/models/cache"
+SOURCE_MOUNT = "/models/source"  # a pvc:// model's own claim, in the copy Job
 VOLUME = "model-cache"
 CACHE_LABEL = "moe.serving.dev/model-cache"
 USER_PREFIX = "user.moe.serving.dev/"
@@ -33,14 +39,31 @@ GiB = 1024 ** 3
 
 
 def enabled(spec: MoEDeploymentSpec) -> bool:
-    return spec.model.cache.enabled is True and spec.model.uri.startswith("hf://")
+    return spec.model.cache.enabled is True and spec.model.uri.startswith(("hf://", "pvc://"))
+
+
+@dataclass(frozen=True)
+class Source:
+    key: str  # what the cache holds: org/name, or pvc://claim/path
+    revision: str  # the hub commit; for a copy, the pvc:// uri (what the ready marker names)
+    claim: str  # the cache PVC
+    copy_from: ModelURI | None = None  # pvc:// models
+
+
+def source(spec: MoEDeploymentSpec) -> Source:
+    uri = ModelURI.parse(spec.model.uri)
+    if uri.scheme == "pvc":
+        key = f"pvc://{uri.claim}/{uri.subpath}".rstrip("/")
+        return Source(key, key, claim_name(key, "copy"), uri)
+    return Source(uri.repo, uri.revision, claim_name(uri.repo, uri.revision))
 
 
 def with_defaults(spec: MoEDeploymentSpec, default_enabled: bool, default_class: str | None) -> MoEDeploymentSpec:
-    """The cluster-wide defaults (operator flags, chart values modelCache.*) for what the spec leaves unset."""
+    """The cluster-wide defaults (operator flags, chart values modelCache.*) for what the spec leaves
+    unset. The default turns on hub downloads only: a pvc:// model is copied when its spec asks."""
     c = spec.model.cache
     update = {}
-    if c.enabled is None:
+    if c.enabled is None and not spec.model.uri.startswith("pvc://"):
         update["enabled"] = default_enabled
     if c.storageClassName is None and default_class:
         update["storageClassName"] = default_class
@@ -62,13 +85,13 @@ def size(spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None) -> str:
 
 
 def pvc(namespace: str, spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None) -> dict[str, Any]:
-    uri = ModelURI.parse(spec.model.uri)
+    src = source(spec)
     c = spec.model.cache
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim_name(uri.repo, uri.revision), "namespace": namespace,
+        "metadata": {"name": src.claim, "namespace": namespace,
                      "labels": {"app.kubernetes.io/managed-by": "moe-operator", CACHE_LABEL: "true"},
-                     "annotations": {A_MODEL: uri.repo, A_REVISION: uri.revision}},
+                     "annotations": {A_MODEL: src.key, A_REVISION: src.revision}},
         "spec": {"accessModes": [c.accessMode], "resources": {"requests": {"storage": size(spec, ckpt)}}},
     }
     if c.storageClassName:
@@ -76,21 +99,35 @@ def pvc(namespace: str, spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None) ->
     return body
 
 
-def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str) -> dict[str, Any]:
-    """The Job that downloads the pinned commit into the cache PVC. Locked down like the engine pods;
-    the token only as a secretKeyRef; amd64 nodes (its image is the amd64 one)."""
-    uri = ModelURI.parse(spec.model.uri)
-    claim = claim_name(uri.repo, uri.revision)
+def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: str | None = None) -> dict[str, Any]:
+    """The Job that downloads the pinned commit into the cache PVC (or copies a pvc:// model into it
+    from its claim, mounted read-only). Locked down like the engine pods; the token only as a
+    secretKeyRef; the operator's hub mirror (HF_ENDPOINT) when it has one; amd64 nodes (its image is
+    the amd64 one)."""
+    src = source(spec)
+    claim = src.claim
     env = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}, {"name": "HOME", "value": "/tmp"}]
-    if spec.model.tokenSecretRef:
-        ref = spec.model.tokenSecretRef
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    mounts = [{"name": VOLUME, "mountPath": MOUNT}, {"name": "tmp", "mountPath": "/tmp"}]
+    volumes = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}}, {"name": "tmp", "emptyDir": {}}]
+    if src.copy_from is not None:
+        frm = f"{SOURCE_MOUNT}/{src.copy_from.subpath}".rstrip("/")
+        what = ["--from", frm]
+        mounts.append({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True})
+        volumes.append({"name": "model-source", "persistentVolumeClaim": {"claimName": src.copy_from.claim,
+                                                                           "readOnly": True}})
+    else:
+        what = ["--repo", src.key]
+        if hf_endpoint:
+            env.append({"name": "HF_ENDPOINT", "value": hf_endpoint})
+        if spec.model.tokenSecretRef:
+            ref = spec.model.tokenSecretRef
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": claim + "-fill", "namespace": namespace,
                      "labels": {"app.kubernetes.io/managed-by": "moe-operator", "moe.serving.dev/role": "model-cache",
                                 CACHE_LABEL: "true"},
-                     "annotations": {A_MODEL: uri.repo, A_REVISION: uri.revision}},
+                     "annotations": {A_MODEL: src.key, A_REVISION: src.revision}},
         "spec": {"backoffLimit": 6, "template": {
             "metadata": {"labels": {"moe.serving.dev/role": "model-cache"}},
             "spec": {
@@ -101,15 +138,14 @@ def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str) -> dict[str, A
                 "securityContext": pod_security("bundled"),
                 "containers": [{
                     "name": "download", "image": image,
-                    "command": ["moe-operator", "download-model", "--repo", uri.repo, "--revision", uri.revision,
+                    "command": ["moe-operator", "download-model", *what, "--revision", src.revision,
                                 "--dir", MOUNT, "--termination-log", "/dev/termination-log"],
                     "env": env,
                     "terminationMessagePolicy": "FallbackToLogsOnError",
                     "securityContext": container_security(),
                     "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-                    "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}, {"name": "tmp", "mountPath": "/tmp"}]}],
-                "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}},
-                            {"name": "tmp", "emptyDir": {}}]}}},
+                    "volumeMounts": mounts}],
+                "volumes": volumes}}},
     }
 
 
@@ -123,11 +159,11 @@ class PodParts:
 def pod_parts(spec: MoEDeploymentSpec, image: str) -> PodParts:
     """What an engine pod needs to read the cache: the PVC read-only, and an init container that
     refuses to start the engine until the ready marker of this very revision is there."""
-    uri = ModelURI.parse(spec.model.uri)
-    claim = claim_name(uri.repo, uri.revision)
+    src = source(spec)
+    claim, revision = src.claim, src.revision
     check = {"name": "model-cache-ready", "image": image,
-             "command": ["sh", "-c", f"grep -q '\"revision\": \"{uri.revision}\"' {MOUNT}/{READY_MARKER} || "
-                                     f"{{ echo 'model cache {claim} has no ready marker for {uri.revision}' >&2; exit 1; }}"],
+             "command": ["sh", "-c", f"grep -q '\"revision\": \"{revision}\"' {MOUNT}/{READY_MARKER} || "
+                                     f"{{ echo 'model cache {claim} has no ready marker for {revision}' >&2; exit 1; }}"],
              "securityContext": container_security(),
              "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
              "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT, "readOnly": True}]}
@@ -168,15 +204,17 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
     if labels.get(USER_PREFIX + user) != "true" or A_UNUSED in annotations:
         kube.merge_patch_metadata("PersistentVolumeClaim", namespace, claim,
                                   {"labels": {USER_PREFIX + user: "true"}, "annotations": {A_UNUSED: None}})
-    revision = ModelURI.parse(spec.model.uri).revision
+    src = source(spec)
+    revision = src.revision
+    filled = f"copied from {revision}" if src.copy_from is not None else f"filled with {revision}"
     if annotations.get(A_READY):
         ready = json.loads(annotations[A_READY])
         return ModelCacheStatus(claimName=claim, state="Ready", bytesDone=ready.get("bytesDone"),
-                                bytesTotal=ready.get("bytesTotal"), message=f"filled with {revision}")
+                                bytesTotal=ready.get("bytesTotal"), message=filled)
     job_name = claim + "-fill"
     job = kube.get("Job", namespace, job_name)
     if job is None:
-        kube.apply(fill_job(namespace, spec, image))
+        kube.apply(fill_job(namespace, spec, image, os.environ.get("HF_ENDPOINT")))
         return ModelCacheStatus(claimName=claim, state="Pending", bytesTotal=ckpt.totalBytes if ckpt else None,
                                 message=f"download Job {job_name} created")
     st = job.get("status") or {}
@@ -187,7 +225,7 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
         marker = {"revision": revision, "bytesDone": result.get("bytesDone", total), "bytesTotal": total, "at": _now()}
         kube.merge_patch_metadata("PersistentVolumeClaim", namespace, claim, {"annotations": {A_READY: json.dumps(marker)}})
         return ModelCacheStatus(claimName=claim, state="Ready", bytesDone=marker["bytesDone"], bytesTotal=total,
-                                message=f"filled with {revision}")
+                                message=filled)
     if st.get("failed") and "Failed" in conds:
         result = kube.job_termination_message(namespace, job_name) or {}
         return ModelCacheStatus(claimName=claim, state="Failed", message=str(result.get("error") or conds["Failed"].get(
@@ -249,3 +287,37 @@ def sweep(kube, moeds: list[dict[str, Any]], namespaces: list[str], grace_second
     for ns in sorted({c["metadata"]["namespace"] for c in claims}):
         deleted += collect(kube, ns, grace_seconds)
     return deleted
+
+
+# ---------------------------------------------------------------------------------------------
+# Dev/demo/tests: a rendered container run on this machine (kwok runs no containers)
+
+
+def local_invocation(container: dict[str, Any], volume_dirs: dict[str, str],
+                     secret_values: dict[tuple[str, str], str] | None = None,
+                     executables: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) that run a rendered container's command here exactly as rendered, but with each
+    volume's mountPath replaced by a local directory (`volume_dirs`: volume name -> path) wherever it
+    appears in the command, args and env values; secretKeyRef env from `secret_values`
+    ((secret, key) -> value); a command's program from `executables` (name -> path) if given."""
+    mounts = sorted(((m["mountPath"], volume_dirs[m["name"]]) for m in container.get("volumeMounts") or []
+                     if m["name"] in volume_dirs), key=lambda mp: -len(mp[0]))
+
+    def here(s: str) -> str:
+        for path, local in mounts:
+            if s == path or s.startswith(path + "/"):
+                return local + s[len(path):]
+            s = s.replace(f" {path}/", f" {local}/").replace(f" {path} ", f" {local} ")
+        return s
+
+    argv = [here(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+    if executables and argv and argv[0] in executables:
+        argv[0] = executables[argv[0]]
+    env = {}
+    for e in container.get("env") or []:
+        if "value" in e:
+            env[e["name"]] = here(e["value"])
+        elif (ref := (e.get("valueFrom") or {}).get("secretKeyRef")) and secret_values:
+            if (ref["name"], ref["key"]) in secret_values:
+                env[e["name"]] = secret_values[(ref["name"], ref["key"])]
+    return argv, env

@@ -64,6 +64,12 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
     if spec.model.tokenSecretRef:
         ref = spec.model.tokenSecretRef
         token_env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+    if uri.scheme == "pvc" and model_cache.enabled(spec):
+        # the copy of the claim in the cache PVC (the storage class the spec asked for), read-only
+        # behind the ready check; sglang/vllm keep serving it under the source path's name
+        parts = model_cache.pod_parts(spec, image)
+        served = [] if engine == "bundled" else ["--served-model-name", uri.volume()[2]]
+        return ModelLocation(model_cache.MOUNT, [parts.volume], [parts.mount], [parts.init_container], [], served)
     if uri.scheme in ("file", "pvc"):
         volume, mount, path = uri.volume()
         return ModelLocation(path, [volume], [mount], [], [], [])

@@ -1,0 +1,147 @@
+"""The model cache Job's container and the engine pod's ready check, run on this machine exactly as
+rendered (kwok runs no containers): the command, args and env of model_cache.fill_job() with each
+volume's mountPath mapped to a local directory, against the local hub server (HF_ENDPOINT from the
+Job's own env, the token through its secretKeyRef); a pvc:// model copied to the cache with
+`download-model --from`; then the init container's marker check of pod_parts() on the result."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hub_server import Hub  # noqa: E402
+
+from moe_operator import model_cache  # noqa: E402
+from moe_operator.api import MoEDeploymentSpec  # noqa: E402
+from moe_operator.download_cli import READY_MARKER  # noqa: E402
+from moe_operator.render import model_location  # noqa: E402
+from moe_operator.sample_checkpoints import write_sample  # noqa: E402
+
+EXE = {"moe-operator": str(Path(sys.executable).parent / "moe-operator")}
+
+
+@pytest.fixture
+def hub():
+    h = Hub()
+    h.start()
+    yield h
+    h.stop()
+
+
+def spec(uri, token=False, **cache):
+    m = {"uri": uri, "cache": {"enabled": True, **cache}}
+    if token:
+        m["tokenSecretRef"] = {"name": "hf", "key": "tok"}
+    return MoEDeploymentSpec.model_validate({"model": m, "engine": {"name": "sglang"}})
+
+
+def run_here(container, dirs, tmp_path, secrets=None, env_extra=None):
+    argv, env = model_cache.local_invocation(container, {k: str(v) for k, v in dirs.items()}, secrets, EXE)
+    argv = [str(tmp_path / "term") if a == "/dev/termination-log" else a for a in argv]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    return subprocess.run(argv, env={**base, "HF_HUB_DISABLE_XET": "1", **env, **(env_extra or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+def checkpoint_files(tmp_path):
+    d = write_sample("deepseek-v3-nvfp4", tmp_path / "ck")
+    return {p.name: p.read_bytes() for p in d.iterdir()}
+
+
+def test_the_rendered_fill_job_downloads_the_pinned_commit_and_the_pods_check_passes(hub, tmp_path):
+    files = checkpoint_files(tmp_path)
+    sha = hub.upload("org/dsv3", files, token="sekret")
+    hub.upload("org/dsv3", {**files, "config.json": b"{}"})  # main moved on: the Job fetches the pinned sha
+    s = spec(f"hf://org/dsv3@{sha}", token=True)
+    job = model_cache.fill_job("ns", s, "img:1", hf_endpoint=hub.url)
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "HF_ENDPOINT", "value": hub.url} in c["env"]
+    cache, home = tmp_path / "cache", tmp_path / "home"
+    home.mkdir()
+    r = run_here(c, {"model-cache": cache, "tmp": home}, tmp_path, secrets={("hf", "tok"): "sekret"})
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert (cache / "config.json").read_bytes() == files["config.json"]
+    st = next(n for n in files if n.endswith(".safetensors"))
+    assert (cache / st).read_bytes() == files[st]
+    marker = json.loads((cache / READY_MARKER).read_text())
+    assert marker["revision"] == sha and marker["bytesDone"] == marker["bytesTotal"] > 0
+    assert json.loads((tmp_path / "term").read_text())["ready"] is True
+    # without the Secret's value the gated repo refuses, and the Job says so
+    r = run_here(c, {"model-cache": tmp_path / "other", "tmp": home}, tmp_path)
+    assert r.returncode == 1 and "org/dsv3" in json.loads((tmp_path / "term").read_text())["error"]
+
+    # the engine pod's init container accepts this cache, and refuses one without the marker
+    parts = model_cache.pod_parts(s, "img:1")
+    check = parts.init_container
+    assert run_here(check, {"model-cache": cache}, tmp_path).returncode == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run_here(check, {"model-cache": empty}, tmp_path)
+    assert r.returncode == 1 and f"no ready marker for {sha}" in r.stderr
+    other = spec(f"hf://org/dsv3@{'f' * 40}")
+    assert run_here(model_cache.pod_parts(other, "img:1").init_container, {"model-cache": cache},
+                    tmp_path).returncode == 1  # a marker of another revision is not this cache
+
+
+def test_a_pvc_model_is_copied_to_the_cache_when_asked_and_pods_mount_the_copy(tmp_path):
+    s = spec("pvc://models/deepseek/v3", storageClassName="fast-nvme")
+    assert model_cache.enabled(s)
+    assert not model_cache.enabled(model_cache.with_defaults(
+        MoEDeploymentSpec.model_validate({"model": {"uri": "pvc://models/deepseek/v3"}}), True, "fast"))  # only when asked
+    claim = model_cache.pvc("ns", s, None)
+    assert claim["spec"]["storageClassName"] == "fast-nvme"
+    assert claim["metadata"]["annotations"] == {"moe.serving.dev/model": "pvc://models/deepseek/v3",
+                                                "moe.serving.dev/revision": "pvc://models/deepseek/v3"}
+    job = model_cache.fill_job("ns", s, "img:1", hf_endpoint="http://mirror")
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"] == ["moe-operator", "download-model", "--from", "/models/source/deepseek/v3",
+                            "--revision", "pvc://models/deepseek/v3", "--dir", model_cache.MOUNT,
+                            "--termination-log", "/dev/termination-log"]
+    assert {"name": "model-source", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
+    assert {"name": "model-source", "mountPath": "/models/source", "readOnly": True} in c["volumeMounts"]
+    assert not any(e["name"] in ("HF_ENDPOINT", "HF_TOKEN") for e in c["env"])
+
+    src = tmp_path / "claim"
+    write_sample("deepseek-v3-nvfp4", src / "deepseek" / "v3")
+    (src / "deepseek" / "v3" / "notes.bin").write_bytes(b"x" * 100)  # not what engines read
+    cache, home = tmp_path / "cache", tmp_path / "home"
+    home.mkdir()
+    r = run_here(c, {"model-cache": cache, "model-source": src, "tmp": home}, tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    for p in (src / "deepseek" / "v3").iterdir():
+        if p.suffix != ".bin":
+            assert (cache / p.name).read_bytes() == p.read_bytes()
+    assert not (cache / "notes.bin").exists()
+    progress = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert progress[-1]["ready"] and progress[-1]["revision"] == "pvc://models/deepseek/v3"
+    assert run_here(model_cache.pod_parts(s, "img:1").init_container, {"model-cache": cache}, tmp_path).returncode == 0
+
+    loc = model_location(s, "sglang", "img:1")
+    assert loc.path == model_cache.MOUNT and loc.volumes[0]["persistentVolumeClaim"] == {
+        "claimName": claim["metadata"]["name"], "readOnly": True}
+    assert loc.extra_args == ["--served-model-name", "/models/models/deepseek/v3"]  # the name without the cache
+    plain = model_location(MoEDeploymentSpec.model_validate({"model": {"uri": "pvc://models/deepseek/v3"}}), "sglang", "i")
+    assert plain.path == "/models/models/deepseek/v3" and not plain.init_containers
+
+
+def test_a_copy_resumes_from_its_part_file(tmp_path):
+    src = tmp_path / "src"
+    write_sample("deepseek-v3-nvfp4", src)
+    big = src / "model-big.safetensors"
+    big.write_bytes(os.urandom(1 << 20))
+    cache = tmp_path / "cache"
+    part = cache / ".partial" / "model-big.safetensors.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(big.read_bytes()[:300_000])  # what a killed copy left
+    r = subprocess.run([EXE["moe-operator"], "download-model", "--from", str(src), "--revision", "pvc://c/x",
+                        "--dir", str(cache), "--interval", "0.1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (cache / "model-big.safetensors").read_bytes() == big.read_bytes() and not part.exists()
+    r = subprocess.run([EXE["moe-operator"], "download-model", "--from", str(tmp_path / "nothing"), "--revision",
+                        "pvc://c/y", "--dir", str(tmp_path / "c2")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no *.safetensors" in r.stdout.splitlines()[-1]
