@@ -155,8 +155,9 @@ _QUANTITIES = ("self.all(k, isQuantity(self[k]))", "resource values must be Kube
 
 class ModelCache(_Model):
     enabled: bool | None = Field(None, description=(
-        "download into a shared PVC instead of every pod's emptyDir; unset: the operator's default (chart value "
-        "modelCache.enabled, off unless the admin turns it on)"))
+        "hf://: download into a shared PVC instead of every pod's emptyDir; unset: the operator's default (chart value "
+        "modelCache.enabled, off unless the admin turns it on). pvc://: true copies the claim into a PVC of "
+        "storageClassName (e.g. a faster class) that the pods mount instead; only when set here"))
     storageClassName: str | None = Field(None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description=(
         "StorageClass of the PVC (default: the chart value modelCache.storageClassName, else the cluster's default class)"))
     size: Quantity | None = Field(None, description="PVC size (default: the checkpoint's bytes + 10%, at least 1Gi)")
