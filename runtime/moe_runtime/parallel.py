@@ -423,6 +423,23 @@ def init(layout: Layout, local_rank: int, device: str, master_addr: str, master_
     return g
 
 
+def group_ready(group: Group, timeout: float = DEFAULT_INIT_TIMEOUT) -> None:
+    """Every rank has loaded and built its model: a barrier on the gloo control group (monitored, so a
+    rank that never arrives is named). Rank 0 marks the server ready only after it, so /ready means the
+    whole group (on every node of a LeaderWorkerSet) is up; loading takes longer than the collective
+    timeout on large checkpoints, hence the init timeout here."""
+    import torch.distributed as dist
+
+    t0 = time.time()
+    try:
+        dist.monitored_barrier(group=group.ctrl, timeout=datetime.timedelta(seconds=timeout), wait_all_ranks=True)
+    except Exception as e:  # noqa: BLE001 - gloo names the ranks that did not arrive
+        raise RuntimeFailure(f"rank {group.layout.rank}: not every rank of the group of {group.layout.world} loaded its "
+                             f"model within {timeout:.0f}s ({type(e).__name__}: {e})") from None
+    log("group_ready", f"rank {group.layout.rank}: all {group.layout.world} ranks loaded ({time.time() - t0:.1f}s "
+        "waiting for the others)", rank=group.layout.rank, world=group.layout.world)
+
+
 def shutdown() -> None:
     global STATE
     import torch.distributed as dist
@@ -565,14 +582,25 @@ class Rendezvous:
 
 
 def rendezvous(world: int, port: int, env=os.environ) -> Rendezvous:
-    """This node's place in the group: the LeaderWorkerSet environment when present, else one node."""
-    nodes = int(env.get("LWS_GROUP_SIZE") or 1)
-    index = int(env.get("LWS_WORKER_INDEX") or 0)
-    addr = env.get("LWS_LEADER_ADDRESS") or "127.0.0.1"
+    """This node's place in the group: the LeaderWorkerSet environment when present, else one node.
+    LWS_GROUP_SIZE nodes of world / nodes ranks each; this node's ranks are LWS_WORKER_INDEX x (world /
+    nodes) + local rank; the group's rank 0 (TCPStore, HTTP) is on the leader, LWS_LEADER_ADDRESS
+    (MASTER_ADDR when that is unset, as torchrun names it)."""
+    try:
+        nodes = int(env.get("LWS_GROUP_SIZE") or 1)
+        index = int(env.get("LWS_WORKER_INDEX") or 0)
+    except ValueError:
+        raise RuntimeFailure(f"LeaderWorkerSet env: LWS_GROUP_SIZE={env.get('LWS_GROUP_SIZE')!r} and LWS_WORKER_INDEX="
+                             f"{env.get('LWS_WORKER_INDEX')!r} must be integers") from None
+    addr = env.get("LWS_LEADER_ADDRESS") or env.get("MASTER_ADDR") or ""
     if nodes < 1 or not 0 <= index < nodes:
         raise RuntimeFailure(f"LeaderWorkerSet env: LWS_WORKER_INDEX={index} outside 0..{nodes - 1} (LWS_GROUP_SIZE={nodes})")
     if world % nodes:
         raise RuntimeFailure(f"world of {world} ranks (max(--tp, --ep)) does not split over LWS_GROUP_SIZE={nodes} nodes")
+    if nodes > 1 and not addr:
+        raise RuntimeFailure(f"LeaderWorkerSet env: LWS_GROUP_SIZE={nodes} but no LWS_LEADER_ADDRESS (or MASTER_ADDR) "
+                             "to meet the group's rank 0 at")
+    addr = addr or "127.0.0.1"
     if port == 0:
         if nodes > 1:
             raise RuntimeFailure("--dist-port 0 (any free port) works on one node only; multi-node needs a fixed port")

@@ -195,6 +195,7 @@ def follow(args, rank) -> int:
     ck = load(prep, _shard_plan(prep, rank[0]))
     backend, deferred = select_backend(prep["resolution"], prep["device"], Metrics(), args.skip_selftest)
     model = build(ck, backend, deferred, prep["dtype"])
+    parallel.group_ready(group, args.dist_init_timeout)
     log("ready", f"rank {rank[0].rank}: following rank 0", rank=rank[0].rank, backend=backend)
     try:
         return parallel.follow(model, group)
@@ -262,8 +263,9 @@ def serve(args, rank=None) -> int:
                 backend=backend, deferred_finalize=deferred)
             model = build(ck, backend, deferred, prep["dtype"])
             if group is not None:
-                from .parallel import LeaderModel
+                from .parallel import LeaderModel, group_ready
 
+                group_ready(group, args.dist_init_timeout)  # /ready only once every rank (every node) is up
                 model = leader[0] = LeaderModel(model, group)  # every engine step reaches the other ranks
             metrics.load_seconds.set(ck.seconds)
             metrics.load_bytes.set(ck.nbytes)
