@@ -622,6 +622,49 @@ def _plan_bundled(b: _Builder) -> PlanMoE:
     return PlanMoE(runnerBackend=r.backend or user, a2aBackend=f.a2a, deferredFinalize=r.deferred)
 
 
+# ------------------------------------------------------------------------------------------
+# Where `auto` falls back (admission warnings, issue 16 item 3)
+
+# Decision rule id -> (does this value fall back, what is given up). A fallback is an automatic
+# choice made because the preferred path is unavailable for this format on this GPU (or in this
+# engine release / image): the plan runs, slower or without a default optimisation.
+FALLBACKS: dict[str, tuple[Callable[[str], bool], str]] = {
+    "S6": (lambda v: True, "no FP4 tensor cores before Blackwell: NVFP4 experts run weight-only (W4A16) on Marlin, "
+                           "slower than the FP4 MoE kernels of SM100/SM12x"),
+    "S7b": (lambda v: v != "flashinfer_mxfp4", "flashinfer_mxfp4 (the SM12x GPT-OSS default from sglang 0.5.17) is "
+                                               "not in this release"),
+    "S8": (lambda v: True, "triton_kernel (the GPT-OSS default) segfaults on Blackwell with NVIDIA driver >= 595, "
+                           "so the slower triton runner is used"),
+    "E4": (lambda v: v == "0", "MoE deferred finalize (sglang >= 0.5.18 default) is off: the image's FlashInfer < "
+                               "0.6.15 mislabels expert_weights (flashinfer#3595)"),
+}
+
+
+def auto_fallbacks(p: Plan) -> list[str]:
+    """Where this plan's automatic choices fall back (pure: plan in, messages out). Explicit values
+    are never fallbacks (Rule 0); a plan with errors has no choices to judge (the caller reports those)."""
+    if p.errors:
+        return []
+    out = []
+    for d in p.decisions:
+        fb = FALLBACKS.get(d.rule)
+        if fb and fb[0](d.value):
+            out.append(f"[{d.rule}] {d.key}={d.value}: {fb[1]}")
+    auto = [d for d in p.decisions if d.key == "moe.runnerBackend" and d.rule == "B2"]
+    if p.engine.name == "bundled" and auto:
+        from moe_core.formats import expert_format
+        wfmt = expert_format(p.checkpoint.format)
+        ranked = [b.name for b in registry.candidates(p.gpu.family, wfmt)] if wfmt else []
+        chosen = auto[-1].value
+        better = ranked[:ranked.index(chosen)] if chosen in ranked else []
+        for r in p.reasons:  # "[B3] NAME not used: WHY" (moe_core.bundled.resolve_bundled)
+            name, _, why = r.removeprefix("[B3] ").partition(" not used: ")
+            if r.startswith("[B3] ") and name in better:
+                out.append(f"[B3] moe.runnerBackend={chosen}: {name} ranks above it for {wfmt} experts but is not "
+                           f"used here: {why}")
+    return out
+
+
 def default_flashinfer(engine: str, version: str, gpu: GpuClass) -> str | None:
     """flashinfer-python in the engine's image when the user did not say."""
     if engine == "sglang":

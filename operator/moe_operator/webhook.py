@@ -18,14 +18,19 @@ from typing import Any, Callable
 
 import kopf
 from moe_core import sizing
-from moe_core.gpu import FAMILIES, from_name
+from moe_core.checkpoint import CheckpointInfo
+from moe_core.gpu import FAMILIES, GpuClass, from_name
+from moe_core.plan import Plan
 
 from pydantic import ValidationError
 
 from .api import MoEDeploymentSpec
 from . import inspection
 from .inspection import InspectionFailed, InspectionPending, inspect_spec
-from .placement import impossible_everywhere
+from . import inventory
+from .inventory import NodeInfo
+from .placement import choices_from_spec, impossible_everywhere
+from .planner import auto_fallbacks, plan
 
 log = logging.getLogger("moe_operator.webhook")
 CONFIGURATION_NAME = "validate.moe.serving.dev"
@@ -125,8 +130,78 @@ def layout_does_not_fit(spec: MoEDeploymentSpec, cfg: Any, status: dict[str, Any
     return f"{msg} (checkpoint {where})" if msg else None
 
 
+# The API server keeps at most 4096 characters of warnings per response and, past that, cuts each
+# to 256 (k8s.io/apiserver pkg/endpoints/filters/warning.go): warnings stay short and few; the
+# full reasons are in the plan (status.plan, `moe-operator plan`).
+WARNING_CHARS = 256
+MAX_WARNINGS = 10
+
+
+def auto_warnings(plans: dict[str, Plan]) -> list[str]:
+    """Admission warnings for a spec that is admitted (pure: its plan on each GPU class it may be
+    placed on -> warnings): where `auto` falls back on a class (planner.auto_fallbacks), and the
+    classes the spec cannot run on, which placement skips (or, when it is every class, the object
+    will not be placed)."""
+    out = []
+    refused = [k for k, p in plans.items() if p.errors]
+    for key, p in sorted(plans.items()):
+        if p.errors:
+            tail = "placement skips it" if len(refused) < len(plans) else "no class allowed can run it: it will not be placed"
+            out.append(f"cannot run on {key} ({tail}): {p.errors[0]}")
+        else:
+            out += [f"auto on {key} falls back: {w}" for w in auto_fallbacks(p)]
+    out = [w if len(w) <= WARNING_CHARS else w[:WARNING_CHARS - 3] + "..." for w in out]
+    if len(out) > MAX_WARNINGS:
+        out = out[:MAX_WARNINGS - 1] + [f"{len(out) - MAX_WARNINGS + 1} more: see `moe-operator plan` or status.plan"]
+    return out
+
+
+def _admission_checkpoint(spec: MoEDeploymentSpec, cfg: Any, status: dict[str, Any] | None) -> CheckpointInfo | None:
+    """The checkpoint as far as admission may know it without network calls or Jobs: an explicit
+    format, file:// headers, or an inspection this process already ran (inspection.cached)."""
+    if spec.model.format != "auto" or spec.model.uri.startswith("file://"):
+        try:
+            return inspect_spec(spec, local_models_dir=cfg.local_models_dir)
+        except (InspectionFailed, InspectionPending):
+            return None
+    hit = inspection.cached(spec.model.uri, status)
+    return hit[1] if hit else None
+
+
+def candidate_classes(spec: MoEDeploymentSpec, nodes: list[NodeInfo]) -> dict[str, GpuClass]:
+    """The GPU classes placement may choose for this spec: the cluster's classes (from the node
+    index) that the spec allows; with none, the allowed architectures and product themselves; with
+    no constraint either, none (a warning for every GPU family there is would be noise)."""
+    allowed = set(spec.gpu.allowedArchitectures)
+    have = {k: inv.gpu_class for k, inv in inventory.build(nodes, {}).items()
+            if (not allowed or inv.gpu_class.family in allowed)
+            and (not spec.gpu.product or inv.gpu_class.product == spec.gpu.product)}
+    if have:
+        return have
+    named = [from_name(spec.gpu.product)] if spec.gpu.product else [from_name(f) for f in sorted(allowed)]
+    return {g.key(): g for g in named}
+
+
+def fallback_warnings(spec_dict: dict[str, Any], cfg: Any, status: dict[str, Any] | None = None,
+                      nodes: list[NodeInfo] | None = None) -> list[str]:
+    """The admission warnings of an admitted spec (see auto_warnings); [] when the checkpoint is
+    not known at admission."""
+    try:
+        spec = MoEDeploymentSpec.model_validate(spec_dict)
+    except ValidationError:
+        return []
+    ckpt = _admission_checkpoint(spec, cfg, status)
+    classes = candidate_classes(spec, nodes or [])
+    if ckpt is None or not classes:
+        return []
+    choices = choices_from_spec(spec)
+    return auto_warnings({k: plan(ckpt, g, choices, engine=spec.engine.name, engine_version=spec.engine.version)
+                          for k, g in classes.items()})
+
+
 def admission_handler(cfg: Any) -> Callable[..., None]:
-    def admission(spec: kopf.Spec, status: Any = None, **_: Any) -> None:
+    def admission(spec: kopf.Spec, status: Any = None, warnings: list[str] | None = None, gpu_nodes: Any = None,
+                  **_: Any) -> None:
         try:
             msg = verdict(dict(spec), cfg, dict(status or {}))
         except Exception as e:  # noqa: BLE001 - a bug here must not block every write
@@ -134,4 +209,11 @@ def admission_handler(cfg: Any) -> Callable[..., None]:
             return
         if msg:
             raise kopf.AdmissionError(msg)
+        if warnings is None:
+            return
+        try:
+            nodes = [info for key in (gpu_nodes or {}) for info in gpu_nodes[key]]
+            warnings.extend(fallback_warnings(dict(spec), cfg, dict(status or {}), nodes))
+        except Exception as e:  # noqa: BLE001 - warnings are advice: a bug here admits without them
+            log.warning("admission could not compute warnings for a MoEDeployment: %s: %s", type(e).__name__, e)
     return admission
