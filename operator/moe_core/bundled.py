@@ -64,9 +64,11 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
     wfmt = expert_format(checkpoint_format)
     res = BundledResolution(wfmt, [], explicit, False)
     res.errors += runtime.problems(architecture, checkpoint_format, tp=tp, dp=dp, ep=ep, a2a=a2a, nodes=nodes)
-    if runtime.format_problem(checkpoint_format) or wfmt is None:
+    if runtime.format_problem(checkpoint_format, architecture=architecture) or wfmt is None:
         return res
-    fits = registry.candidates(family, wfmt, installed, backends=backends)
+    # an architecture whose experts only some backends compute (gpt-oss: torch) gets only those
+    only = runtime.BUNDLED.backends_for(architecture)
+    fits = [c for c in registry.candidates(family, wfmt, installed, backends=backends) if only is None or c.name in only]
     alt = ", ".join(c.name for c in fits) or "none"
     if backend != "auto":
         by_name = {b.name: b for b in backends}
@@ -79,6 +81,8 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
             problems.append(f"it runs on {', '.join(sorted(spec.families))}, not {where}")
         if wfmt not in spec.weight_formats:
             problems.append(f"it does not load {wfmt} experts (only {', '.join(sorted(spec.weight_formats))})")
+        if only is not None and backend not in only:
+            problems.append(f"{architecture}'s experts run only on {', '.join(only)} in the bundled runtime")
         if not problems:
             problems += spec.missing_requirements(family, installed)
         if problems:
@@ -105,11 +109,13 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
         why = f"best registry backend for {wfmt} experts on {where}: {chosen.summary}"
         if len(fits) > 1:
             why += f" (runtime self-test falls back to: {', '.join(res.backends[1:])})"
+        if only is not None:
+            why += f"; {architecture}'s experts run only on {', '.join(only)} in the bundled runtime"
         res.decisions.append(Decision(key="moe.runnerBackend", value=chosen.name, rule="B2",
                                       reason=f"Use {chosen.name} as MoE runner backend for {architecture}: {why}"
                                       + _unverified(chosen, True)))
         for s in registry.candidates(family, wfmt, backends=backends):
-            if s not in fits:
+            if s not in fits and (only is None or s.name in only):
                 res.notes.append(f"[B3] {s.name} not used: {'; '.join(s.missing_requirements(family, installed))}")
     if rocm and chosen.name == "torch":
         res.warnings.append("[B7] on ROCm the bundled runtime only has the torch reference experts (correct, slow); "

@@ -16,8 +16,15 @@ class RuntimeCapabilities(BaseModel):
 
     # config.json architectures[0] -> the runtime model module (moe_runtime.models.<module>)
     architectures: dict[str, str]
-    # checkpoint formats (moe_core.formats) whose tensors the loader reads
+    # checkpoint formats (moe_core.formats) whose tensors the loader reads, for some architecture
     checkpoint_formats: tuple[str, ...]
+    # architectures whose loader reads only some of checkpoint_formats (absent: all of them)
+    arch_formats: dict[str, tuple[str, ...]] = {}
+    # architectures whose experts only some MoE backends compute (absent: any backend the registry
+    # fits to the expert format)
+    arch_backends: dict[str, tuple[str, ...]] = {}
+    # architectures served on one GPU only (moe_runtime.parallel has no shard rules for them)
+    single_rank: tuple[str, ...] = ()
     # parallelism inside one replica
     max_tp: int = 1
     max_dp: int = 1
@@ -26,14 +33,29 @@ class RuntimeCapabilities(BaseModel):
     max_gpus_per_node: int = 8  # one process per GPU of a node
     a2a_backends: tuple[str, ...] = ("none",)
 
+    def formats_for(self, architecture: str) -> tuple[str, ...]:
+        return self.arch_formats.get(architecture, self.checkpoint_formats)
+
+    def backends_for(self, architecture: str) -> tuple[str, ...] | None:
+        return self.arch_backends.get(architecture)
+
 
 # Kimi-K2 checkpoints declare DeepseekV3ForCausalLM (model_type kimi_k2), so they are served too.
 BUNDLED = RuntimeCapabilities(
-    architectures={"DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3MoeForCausalLM": "qwen3_moe"},
+    architectures={"DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                   "GptOssForCausalLM": "gpt_oss"},
     # block-FP8 (weight_scale_inv per 128x128), ModelOpt NVFP4, OCP MXFP4 and bf16 tensor layouts;
     # per-tensor FP8 (modelopt_fp8, the FP8 layers of `mixed`), compressed-tensors names (ct_*) and
     # DeepSeek-V4 layouts are not read
     checkpoint_formats=("bf16", "fp8", "nvfp4", "mxfp4"),
+    # gpt-oss: its release layout (MXFP4 experts as `*_blocks` / `*_scales`, everything else bf16) and
+    # the bf16 one transformers writes (fused `experts.gate_up_proj`); no FP8/NVFP4 gpt-oss layouts.
+    # Its experts (biases, the clamped SwiGLU) run on moe_runtime.models.gpt_oss's own torch path:
+    # no kernel backend computes that activation, so the plan says torch rather than a backend the
+    # model would not use. One GPU: moe_runtime.parallel has no shard rules for its biases and sinks.
+    arch_formats={"GptOssForCausalLM": ("bf16", "mxfp4")},
+    arch_backends={"GptOssForCausalLM": ("torch",)},
+    single_rank=("GptOssForCausalLM",),
     # moe_runtime.parallel: tensor parallel (attention heads, dense layers, vocab) and expert parallel
     # (E/ep experts per rank, TP inside experts for the rest), one process per GPU over NCCL, on one node
     # or on up to max_nodes nodes of a LeaderWorkerSet (the runtime's rendezvous reads LWS_LEADER_ADDRESS /
@@ -58,23 +80,31 @@ def architecture_problem(architecture: str, caps: RuntimeCapabilities = BUNDLED)
             f" architecture{unknown}: {ELSEWHERE}")
 
 
-def format_problem(checkpoint_format: str, caps: RuntimeCapabilities = BUNDLED) -> str | None:
-    if checkpoint_format in caps.checkpoint_formats:
+def format_problem(checkpoint_format: str, caps: RuntimeCapabilities = BUNDLED,
+                   architecture: str | None = None) -> str | None:
+    """None when the loader reads `checkpoint_format` (for `architecture`, when given)."""
+    loads = caps.formats_for(architecture) if architecture else caps.checkpoint_formats
+    if checkpoint_format in loads:
         return None
     what = TABLE[checkpoint_format].what if checkpoint_format in TABLE else "unknown format"
-    same = [f for f in caps.checkpoint_formats if expert_format(f) == expert_format(checkpoint_format)
+    same = [f for f in loads if expert_format(f) == expert_format(checkpoint_format)
             and expert_format(checkpoint_format) is not None]
-    instead = f"a checkpoint of the model in {' or '.join(same or caps.checkpoint_formats)}"
-    return (f"[B0] the bundled runtime cannot load {checkpoint_format} checkpoints ({what}); its loader reads "
-            f"{', '.join(caps.checkpoint_formats)}: {ELSEWHERE}, or {instead}")
+    instead = f"a checkpoint of the model in {' or '.join(same or loads)}"
+    whose = f" {architecture}" if architecture in caps.arch_formats else ""
+    return (f"[B0] the bundled runtime cannot load{whose} {checkpoint_format} checkpoints ({what}); its loader reads "
+            f"{', '.join(loads)}{' for ' + architecture if whose else ''}: {ELSEWHERE}, or {instead}")
 
 
 def parallelism_problems(tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none", nodes: int = 1,
-                         caps: RuntimeCapabilities = BUNDLED) -> list[str]:
+                         caps: RuntimeCapabilities = BUNDLED, architecture: str | None = None) -> list[str]:
     out = []
     if a2a not in caps.a2a_backends:
         out.append(f"[B5] the bundled runtime has no all-to-all backend (moe.a2aBackend={a2a}; its expert "
                    f"parallelism combines with an all-reduce: moe.a2aBackend none); {ELSEWHERE} for all-to-all dispatch")
+    if architecture in caps.single_rank and max(tp, ep, nodes) > 1:
+        out.append(f"[B6] the bundled runtime serves {architecture} on one GPU only (here tp={tp} ep={ep} "
+                   f"nodes={nodes}); {ELSEWHERE} to shard it")
+        return out
     if tp > caps.max_tp or dp > caps.max_dp or ep > caps.max_ep or nodes > caps.max_nodes:
         out.append(f"[B6] the bundled runtime serves tp <= {caps.max_tp}, ep <= {caps.max_ep}, dp <= {caps.max_dp} "
                    f"on at most {caps.max_nodes} node{'s' if caps.max_nodes > 1 else ''} per replica (here tp={tp} "
@@ -90,5 +120,7 @@ def parallelism_problems(tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none
 def problems(architecture: str, checkpoint_format: str, *, tp: int = 1, dp: int = 1, ep: int = 1,
              a2a: str = "none", nodes: int = 1, caps: RuntimeCapabilities = BUNDLED) -> list[str]:
     """Everything in (architecture, format, parallelism) the bundled runtime cannot serve, with rule ids."""
-    out = [p for p in (architecture_problem(architecture, caps), format_problem(checkpoint_format, caps)) if p]
-    return out + parallelism_problems(tp, dp, ep, a2a, nodes, caps)
+    served = architecture in caps.architectures
+    out = [p for p in (architecture_problem(architecture, caps),
+                       format_problem(checkpoint_format, caps, architecture if served else None)) if p]
+    return out + parallelism_problems(tp, dp, ep, a2a, nodes, caps, architecture)

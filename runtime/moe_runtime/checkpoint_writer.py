@@ -15,7 +15,12 @@ Layouts written (formats-and-kernels.md section 4):
 - mxfp4: OCP MXFP4 on routed experts only (our documented layout, per expert like ModelOpt rather than
          gpt-oss's fused blocks): `weight` U8 [out, in/2] packed E2M1 (low nibble = even element),
          `weight_scale` U8 E8M0 [out, in/32]; `quantization_config = {quant_method: mxfp4,
-         modules_to_not_convert: [...]}`.
+         modules_to_not_convert: [...]}`. gpt-oss instead gets its release layout: per layer
+         `experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] / `_scales` U8 [E, 2I, H/32] and
+         `experts.down_proj_blocks` [E, H, I/32, 16] / `_scales` [E, H, I/32] (quantize_gpt_oss_experts),
+         biases in BF16.
+gpt-oss is written in bf16 and mxfp4 only (moe_core.runtime: the formats the runtime reads for it),
+with its own tensor names (model_spec.gpt_oss_shapes: fused, transposed, biased experts).
 Attention, dense MLPs, shared experts, router, norms and embeddings are BF16 except under fp8.
 
 Sizes: `tiny` (hidden 64, 3 layers, 8 experts; CPU tests in seconds) and `small`
@@ -71,6 +76,23 @@ _QWEN = {
 }
 
 
+_GPT_OSS = {
+    # sliding_window 8 (real: 128) so that short CPU prompts cross it; YaRN as the release writes it,
+    # scaled down (factor 32 over 4096 positions there)
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+                 max_position_embeddings=1024,
+                 rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                               "truncate": False, "original_max_position_embeddings": 256}),
+    # gpt-oss-20b's layer (hidden 2880, 32 experts top-4, 64 heads / 8 KV of 64), 4 layers, small vocab
+    "small": dict(vocab_size=16384, hidden_size=2880, intermediate_size=2880, num_hidden_layers=4,
+                  num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                  num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072,
+                  rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                "truncate": False, "original_max_position_embeddings": 4096}),
+}
+
+
 def make_config(arch: str, size: str) -> dict[str, Any]:
     if arch == "deepseek_v3":
         return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **_COMMON, **_DEEPSEEK[size],
@@ -82,6 +104,12 @@ def make_config(arch: str, size: str) -> dict[str, Any]:
                 "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "rope_theta": 1000000.0,
                 "rope_scaling": None, "use_sliding_window": False, "sliding_window": None,
                 "output_router_logits": False, "router_aux_loss_coef": 0.001}
+    if arch == "gpt_oss":
+        c = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", **_COMMON, **_GPT_OSS[size],
+             "rms_norm_eps": 1e-5, "attention_bias": True, "rope_theta": 150000.0, "swiglu_alpha": 1.702,
+             "swiglu_limit": 7.0, "router_aux_loss_coef": 0.9, "output_router_logits": False}
+        c["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(c["num_hidden_layers"])]
+        return c
     raise RuntimeFailure(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}")
 
 
@@ -97,6 +125,8 @@ def iter_dense_weights(cfg: dict[str, Any], gen: torch.Generator, device: str):
         for name, shape in shapes.items():
             if name == "model.embed_tokens.weight":
                 v = torch.randn(*shape, generator=gen, device=device)
+            elif name.endswith((".bias", "_proj_bias", ".sinks")):  # gpt-oss biases and attention sinks
+                v = (1.0 if name.endswith("sinks") else 0.1) * torch.randn(*shape, generator=gen, device=device)
             elif name.endswith("e_score_correction_bias"):
                 # noaux_tc bias, kept F32 as DeepSeek-V3 stores it; positive so that HF's masking of
                 # dropped groups cannot change the pick
@@ -134,6 +164,9 @@ def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torc
     for k, v in tensors.items():
         if k in done:
             continue
+        if fmt == "mxfp4" and k.endswith(("experts.gate_up_proj", "experts.down_proj")):  # gpt-oss
+            out.update(quantize_gpt_oss_experts(k, v))
+            continue
         if not is_routed_expert_weight(k):
             out[k] = _to_cpu(v)
             continue
@@ -166,8 +199,21 @@ def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torc
     return out
 
 
+def quantize_gpt_oss_experts(name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """gpt-oss's fused expert weight `name` as held in bf16, [E, K, N] (gate_up: [E, H, 2I] with gate
+    and up interleaved; down: [E, I, H]), in the release's MXFP4 layout: the blocks run along K of
+    the [E, N, K] weight, `name_blocks` U8 [E, N, K/32, 16] (byte j of a block holds elements 2j (low
+    nibble) and 2j+1) and `name_scales` U8 E8M0 [E, N, K/32]. The interleaved rows stay interleaved."""
+    q = quantize_mxfp4(w.float().transpose(1, 2))  # packed [E, N, K/2], scale [E, N, K/32]
+    E, N, half = q.packed.shape
+    return {name + "_blocks": _to_cpu(q.packed.reshape(E, N, half // 16, 16)), name + "_scales": _to_cpu(q.scale)}
+
+
 def quant_config(fmt: str, cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(config.json quantization_config, hf_quant_config.json) as the real producers write them."""
+    if fmt == "mxfp4" and cfg.get("model_type") == "gpt_oss":  # openai/gpt-oss-20b's config.json
+        return {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}, None
     not_converted = ["lm_head", "model.embed_tokens", "*.mlp.gate", "*self_attn*", "*shared_experts*", "*mlp.gate_proj",
                      "*mlp.up_proj", "*mlp.down_proj"]
     if fmt == "bf16":
@@ -196,9 +242,12 @@ def make_checkpoint(out_dir: str | Path, arch: str, fmt: str, size: str = "tiny"
         raise RuntimeFailure(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if size not in SIZES:
         raise RuntimeFailure(f"unknown --size {size!r}; choose one of {', '.join(SIZES)}")
+    cfg = make_config(arch, size)
+    if fmt not in BUNDLED.formats_for(cfg["architectures"][0]):
+        raise RuntimeFailure(f"--arch {arch} is written in {', '.join(BUNDLED.formats_for(cfg['architectures'][0]))}, "
+                             f"not {fmt} (the formats the runtime reads for it)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = make_config(arch, size)
     cfg.update(overrides or {})
     ids = build_tokenizer_files(out, min(cfg["vocab_size"], 512), cfg["max_position_embeddings"])
     cfg.update(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["eos"])

@@ -29,7 +29,10 @@ ALIASES: dict[str, dict[str, tuple[str, ...]]] = {
     "deepseek_v3": {"n_routed_experts": ("num_local_experts", "num_experts"),
                     "num_nextn_predict_layers": ("num_mtp_layers",)},
     "qwen3_moe": {"num_experts": ("num_local_experts",)},
-    "gpt_oss": {"num_local_experts": ("num_experts",)},
+    "gpt_oss": {"num_local_experts": ("num_experts",),
+                # not a transformers rename: GptOssConfig's intermediate_size is its experts' width,
+                # which the runtime's other families (and config checks) call moe_intermediate_size
+                "moe_intermediate_size": ("intermediate_size",)},
 }
 DEFAULT_THETA = {"gpt_oss": 150000.0}
 _SCALED = ("llama3", "yarn", "longrope")

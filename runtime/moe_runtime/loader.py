@@ -54,10 +54,11 @@ def validate_checkpoint(path: str | Path) -> Validated:
     config = json.loads((root / "config.json").read_text())
     arch = arch_of(config)
     config = normalize_config(config, arch)  # every spelling transformers has written (config_keys)
-    if info.format not in BUNDLED.checkpoint_formats:
+    loads = BUNDLED.formats_for(info.architecture)  # per architecture (gpt-oss: bf16, mxfp4)
+    if info.format not in loads:
         raise RuntimeFailure(
             f"{root}: unsupported checkpoint format {info.format!r} ({info.formatSource}); the bundled runtime "
-            f"loads {', '.join(BUNDLED.checkpoint_formats)} (moe_core.runtime)")
+            f"loads {', '.join(loads)} for {info.architecture} (moe_core.runtime)")
     expert_format = formats.expert_format(info.format)
     headers: dict[str, Any] = {}
     where: dict[str, str] = {}
@@ -227,6 +228,9 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
                     shard=None) -> LoadedCheckpoint:
     """`shard` (a moe_runtime.parallel.ShardPlan): read only this rank's slices (tensor/expert parallel)."""
     v = validated or validate_checkpoint(path)
+    if v.arch == "gpt_oss" and shard is not None and shard.lay.world > 1:
+        raise RuntimeFailure(f"{v.root}: gpt-oss is served on one GPU only (moe_runtime.parallel has no shard "
+                             "rules for its biases and sinks)")
     if v.ignored:
         log("load_ignored", f"{len(v.ignored)} tensors not used by the model (e.g. {v.ignored[0]})")
     if shard is not None:
@@ -241,7 +245,12 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
     for i in range(cfg["num_hidden_layers"]):
         if is_moe_layer(cfg, i):
             E = shard.local_experts if shard is not None else num_experts(cfg)
-            stacked = _stack_experts(raw, f"model.layers.{i}.mlp.", E, v.expert_format, log)
+            if v.arch == "gpt_oss":  # fused, transposed, interleaved, biased: its own layout
+                from .models.gpt_oss import stack_experts as gpt_oss_stack
+
+                stacked = gpt_oss_stack(raw, f"model.layers.{i}.mlp.", v.expert_format, dtype)
+            else:
+                stacked = _stack_experts(raw, f"model.layers.{i}.mlp.", E, v.expert_format, log)
             experts[i] = ExpertWeights.from_quantized(v.expert_format, **stacked)
     dense: dict[str, torch.Tensor] = {}
     for n in [n for n in raw if n.endswith(".weight")]:
@@ -258,6 +267,7 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
                 t = dequantize(MxFp4Tensor(t, bs), torch.float32)
         dense[n] = t.to(dtype)
     dense.update({n: t for n, t in raw.items() if n.endswith("e_score_correction_bias")})  # kept fp32
+    dense.update({n: t.to(dtype) for n, t in raw.items() if n.endswith((".bias", ".sinks"))})  # gpt-oss
     return LoadedCheckpoint(v, dense, experts, secs, v.nbytes)
 
 
@@ -265,4 +275,6 @@ def build_model(ck: LoadedCheckpoint, experts_factory: Callable[[Any], Any], def
     """Instantiate the architecture (moe_runtime.models) over loaded tensors. experts_factory(ExpertWeights) -> backend."""
     from . import models
 
+    if ck.validated.arch in models.OWN_EXPERTS:  # the model computes its experts itself (models.OWN_EXPERTS)
+        return models.build(ck.validated.arch, ck.config, ck.dense, lambda i: ck.experts[i], deferred)
     return models.build(ck.validated.arch, ck.config, ck.dense, lambda i: experts_factory(ck.experts[i]), deferred)

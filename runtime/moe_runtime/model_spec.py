@@ -44,6 +44,8 @@ def is_moe_layer(cfg: dict[str, Any], i: int) -> bool:
 
 def dense_shapes(cfg: dict[str, Any]) -> list[tuple[int | None, dict[str, tuple[int, ...]]]]:
     """[(layer or None, {name: shape})] of the unquantized model, in checkpoint order."""
+    if arch_of(cfg) == "gpt_oss":
+        return gpt_oss_shapes(cfg)
     ds = arch_of(cfg) == "deepseek_v3"
     H, V, nh = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
     groups: list[tuple[int | None, dict[str, tuple[int, ...]]]] = [(None, {"model.embed_tokens.weight": (V, H)})]
@@ -141,6 +143,8 @@ def tensor_specs(cfg: dict[str, Any], expert_format: str, quantized_linears: set
     nvfp4/mxfp4); real checkpoints differ in which of those they quantize (DeepSeek-V3 FP8: all,
     ModelOpt NVFP4: often dense MLPs and shared experts too), so those are accepted either way and
     dequantised at load. With None (fp8 only), every decoder linear is expected quantized."""
+    if arch_of(cfg) == "gpt_oss":
+        return gpt_oss_specs(cfg, expert_format)
     specs: dict[str, Spec] = {}
     for _, group in dense_shapes(cfg):
         for name, shape in group.items():
@@ -175,4 +179,66 @@ def tensor_specs(cfg: dict[str, Any], expert_format: str, quantized_linears: set
         E, inter, H = num_experts(cfg), cfg["moe_intermediate_size"], cfg["hidden_size"]
         specs[m + "experts.gate_up_proj"] = Spec((E, 2 * inter, H), FLOAT_DTYPES)
         specs[m + "experts.down_proj"] = Spec((E, H, inter), FLOAT_DTYPES)
+    return specs
+
+
+# ------------------------------------------------------------------------------------------------
+# gpt-oss (GptOssForCausalLM): its own names, read from transformers 5.24's modeling_gpt_oss.py and
+# the openai/gpt-oss release. Every layer is MoE; attention has q/k/v/o biases (attention_bias) and a
+# per-head `sinks` logit; the router is `mlp.router` with a bias; the experts are fused and stored
+# transposed against the other families: `experts.gate_up_proj` [E, H, 2I] (gate and up columns
+# interleaved: gate = [..., ::2], up = [..., 1::2]), `experts.down_proj` [E, I, H], each with a bias.
+# The release stores the experts in MXFP4 as `*_blocks` uint8 [E, N, K/32, 16] (two E2M1 codes per
+# byte, low nibble first) and `*_scales` uint8 E8M0 [E, N, K/32] over the untransposed [E, N, K]
+# weight (gate_up: N = 2I rows, interleaved, K = H; down: N = H, K = I).
+
+def gpt_oss_dims(cfg: dict[str, Any]) -> tuple[int, int, int, int, int, int, int]:
+    """(H, V, heads, kv heads, head_dim, experts, expert intermediate)."""
+    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    return (H, cfg["vocab_size"], nh, cfg.get("num_key_value_heads") or nh, cfg.get("head_dim") or H // nh,
+            num_experts(cfg), cfg["intermediate_size"])
+
+
+def gpt_oss_shapes(cfg: dict[str, Any]) -> list[tuple[int | None, dict[str, tuple[int, ...]]]]:
+    H, V, nh, nkv, hd, E, inter = gpt_oss_dims(cfg)
+    bias = cfg.get("attention_bias", True)  # GptOssConfig's default
+    groups: list[tuple[int | None, dict[str, tuple[int, ...]]]] = [(None, {"model.embed_tokens.weight": (V, H)})]
+    for i in range(cfg["num_hidden_layers"]):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        t: dict[str, tuple[int, ...]] = {p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,)}
+        for proj, out, inp in (("q_proj", nh * hd, H), ("k_proj", nkv * hd, H), ("v_proj", nkv * hd, H), ("o_proj", H, nh * hd)):
+            t[a + proj + ".weight"] = (out, inp)
+            if bias:
+                t[a + proj + ".bias"] = (out,)
+        t[a + "sinks"] = (nh,)
+        t[m + "router.weight"] = (E, H)
+        t[m + "router.bias"] = (E,)
+        t[m + "experts.gate_up_proj"] = (E, H, 2 * inter)
+        t[m + "experts.gate_up_proj_bias"] = (E, 2 * inter)
+        t[m + "experts.down_proj"] = (E, inter, H)
+        t[m + "experts.down_proj_bias"] = (E, H)
+        groups.append((i, t))
+    tail = {"model.norm.weight": (H,)}
+    if not cfg.get("tie_word_embeddings"):
+        tail["lm_head.weight"] = (V, H)
+    groups.append((None, tail))
+    return groups
+
+
+def gpt_oss_specs(cfg: dict[str, Any], expert_format: str) -> dict[str, Spec]:
+    """bf16: every tensor float. mxfp4: the experts' two weights as `*_blocks` / `*_scales` (their
+    biases stay float), as the release and transformers' Mxfp4 integration store them."""
+    if expert_format not in ("bf16", "mxfp4"):
+        raise RuntimeFailure(f"gpt-oss experts are read in bf16 or mxfp4 checkpoints, not {expert_format}")
+    specs: dict[str, Spec] = {}
+    for _, group in gpt_oss_shapes(cfg):
+        for name, shape in group.items():
+            if expert_format == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                E, k, n = shape  # stored transposed in bf16; the blocks are over [E, N, K]
+                if k % 32:
+                    raise RuntimeFailure(f"{name}: input dim {k} is not a multiple of the mxfp4 block 32")
+                specs[name + "_blocks"] = Spec((E, n, k // 32, 16), ("U8",))
+                specs[name + "_scales"] = Spec((E, n, k // 32), ("U8",))
+            else:
+                specs[name] = Spec(shape, FLOAT_DTYPES)
     return specs
