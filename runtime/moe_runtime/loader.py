@@ -9,6 +9,7 @@ byte of weight data is read, and raises RuntimeFailure naming the tensor and the
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,13 +18,14 @@ from typing import Any, Callable
 
 import torch
 from moe_core import formats
-from moe_core.checkpoint import InspectionError, inspect_dir, read_safetensors_header
+from moe_core.checkpoint import InspectionError, inspect_dir, read_json, read_safetensors_header
 from moe_core.runtime import BUNDLED
 from moe_kernels.experts import ExpertWeights, dequantize
 from moe_kernels.formats import Fp8BlockTensor, MxFp4Tensor, NvFp4Tensor
 
+from .config_check import check_consistency, check_types
 from .config_keys import normalize as normalize_config
-from .errors import RuntimeFailure
+from .errors import BadInput, RuntimeFailure
 from .log import log as _log
 from .model_spec import arch_of, fused_expert_layers, is_fp8_linear, is_moe_layer, is_routed_expert_weight, num_experts, tensor_specs
 
@@ -51,9 +53,15 @@ def validate_checkpoint(path: str | Path) -> Validated:
         info = inspect_dir(root)
     except InspectionError as e:
         raise RuntimeFailure(f"cannot load checkpoint: {e}") from None
-    config = json.loads((root / "config.json").read_text())
+    cfg_path = root / "config.json"
+    try:
+        config = read_json(cfg_path)  # (inspect_dir parsed it too: refusals name the line)
+    except InspectionError as e:
+        raise RuntimeFailure(f"cannot load checkpoint: {e}") from None
+    check_types(config, cfg_path)  # typed before anything reads a value (config_check)
     arch = arch_of(config)
     config = normalize_config(config, arch)  # every spelling transformers has written (config_keys)
+    check_consistency(config, arch, cfg_path)
     loads = BUNDLED.formats_for(info.architecture)  # per architecture (gpt-oss: bf16, mxfp4)
     if info.format not in loads:
         raise RuntimeFailure(
@@ -71,6 +79,7 @@ def validate_checkpoint(path: str | Path) -> Validated:
             if m.name in headers:
                 raise RuntimeFailure(f"tensor {m.name} appears in both {where[m.name]} and {f.name}")
             headers[m.name], where[m.name] = m, f.name
+    check_layers_present(config, headers, where, cfg_path)
     packed = {"fp8": "F8_E4M3", "nvfp4": "U8", "mxfp4": "U8"}.get(expert_format)
     quantized = {n for n, m in headers.items() if m.dtype == packed and is_fp8_linear(n)
                  and not is_routed_expert_weight(n)} if packed else None
@@ -105,6 +114,21 @@ def validate_checkpoint(path: str | Path) -> Validated:
     ignored = sorted(set(headers) - set(specs))
     nbytes = sum(headers[n].nbytes for n in specs if n in headers)
     return Validated(root, config, arch, info, expert_format, files, specs, ignored, nbytes)
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def check_layers_present(config: dict[str, Any], headers: dict[str, Any], where: dict[str, str], cfg_path: Path) -> None:
+    """A checkpoint with tensors of more layers than num_hidden_layers (plus DeepSeek's MTP layers,
+    num_nextn_predict_layers, which follow the decoder's) would be served without them: refused.
+    (Fewer layers than the config says are missing tensors, refused by the tensor specs.)"""
+    served = config["num_hidden_layers"] + int(config.get("num_nextn_predict_layers") or 0)
+    extra = sorted((int(m.group(1)), n) for n in headers if (m := _LAYER.match(n)) and int(m.group(1)) >= served)
+    if extra:
+        i, name = extra[0]
+        raise BadInput(f"{cfg_path}: num_hidden_layers = {config['num_hidden_layers']}, but {where[name]} has tensors of "
+                       f"layer {i} ({name}): that layer would be dropped; num_hidden_layers must count every layer")
 
 
 # ------------------------------------------------------------------------------------------------
