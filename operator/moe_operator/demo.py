@@ -4,6 +4,9 @@
 2. the Helm chart (CRDs, RBAC; the operator Deployment scaled to 0 because the GPU nodes are
    simulated, so the operator process runs here, against the same API server);
 3. the samples from deploy/samples, and a table of what was decided for each and where pods landed;
+3b. a model cache filling: a local server speaking the hub's file API serves a tiny checkpoint as an
+   hf:// model; the operator pins its revision and creates the cache PVC and its download Job; the
+   Job's container (kwok runs none) runs here as rendered, into the PV's directory, with progress;
 4. one bundled runtime started locally on a tiny generated checkpoint with the env and args the
    operator rendered for it, and a completion request.
 """
@@ -36,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local", action="store_true", help="always use the local control plane")
     p.add_argument("--down", action="store_true", help="stop the local control plane at the end")
     p.add_argument("--skip-runtime", action="store_true", help="do not start the bundled runtime")
+    p.add_argument("--skip-cache", action="store_true", help="do not show the model cache filling")
 
 
 def _reachable(kubeconfig: str, kubectl: Path) -> bool:
@@ -88,19 +92,24 @@ def run(args: argparse.Namespace) -> int:
         install(k)
     k("create", "namespace", NAMESPACE, check=False)
 
+    hub = _start_hub()
+    hf_home = tempfile.mkdtemp(prefix="moe-demo-hf-")
     log_path = Path(tempfile.gettempdir()) / "moe-operator-demo.log"
-    say(f"starting the operator (log: {log_path})")
+    say(f"starting the operator (log: {log_path}; HF_ENDPOINT={hub.url}, the local hub server)")
     op = subprocess.Popen([sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", kubeconfig,
                            "--standalone", "--metrics-port", "0", "--liveness", "",
                            "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints"),
                            # the samples' file:///models/... and the tiny checkpoint the demo writes
                            "--allow-host-path", "/models", "--allow-host-path", str(demo_cache())],
                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                          env={**env, "MOE_RESYNC_SECONDS": "3", "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                          env={**env, "MOE_RESYNC_SECONDS": "3", "PYTHONUNBUFFERED": "1", "HF_ENDPOINT": hub.url,
+                               "HF_HUB_DISABLE_XET": "1", "HF_HOME": hf_home}, start_new_session=True)
     try:
-        return _demo(args, k, op, kubeconfig, t0, cluster)
+        return _demo(args, k, op, kubeconfig, t0, cluster, hub)
     finally:
         _stop(op, 20)
+        hub.stop()
+        shutil.rmtree(hf_home, ignore_errors=True)
         if cluster is not None:
             if args.down:
                 cluster.down()
@@ -109,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                     "kubectl get moed -n moe-demo; stop it with `moe-operator dev-cluster down`")
 
 
-def _demo(args, k, op, kubeconfig: str, t0: float, cluster) -> int:
+def _demo(args, k, op, kubeconfig: str, t0: float, cluster, hub) -> int:
     samples = sorted((ROOT / "deploy" / "samples").glob("*.yaml"))
     names = []
     for f in samples:
@@ -123,6 +132,8 @@ def _demo(args, k, op, kubeconfig: str, t0: float, cluster) -> int:
     print()
     print(_table(objs, pods))
     print()
+    if not args.skip_cache and _model_cache(k, op, hub) != 0:
+        return 1
     if args.skip_runtime:
         return 0
     return _runtime(k, op, kubeconfig)
@@ -180,14 +191,127 @@ def demo_cache() -> Path:
     return Path(os.environ.get("MOE_CACHE_DIR", Path.home() / ".cache" / "moe-operator")) / "demo"
 
 
-def _runtime(k, op, kubeconfig: str) -> int:
-    cache = demo_cache()
-    ckpt = cache / "tiny-deepseek-v3-nvfp4"
-    runtime = shutil.which("moe-runtime") or str(Path(sys.executable).parent / "moe-runtime")
+def _tool(name: str) -> str:
+    return shutil.which(name) or str(Path(sys.executable).parent / name)
+
+
+def _tiny_checkpoint() -> Path:
+    ckpt = demo_cache() / "tiny-deepseek-v3-nvfp4"
     if not (ckpt / "config.json").is_file():
         say(f"generating a tiny DeepSeek-V3-shaped NVFP4 checkpoint in {ckpt}")
-        subprocess.run([runtime, "make-checkpoint", "--arch", "deepseek_v3", "--format", "nvfp4", "--size", "tiny",
-                        str(ckpt)], check=True)
+        subprocess.run([_tool("moe-runtime"), "make-checkpoint", "--arch", "deepseek_v3", "--format", "nvfp4",
+                        "--size", "tiny", str(ckpt)], check=True)
+    return ckpt
+
+
+def _start_hub():
+    """The local HTTP server speaking the hub's file API (tests/hub_server.py, in the checkout)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("moe_demo_hub_server", ROOT / "tests" / "hub_server.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    hub = mod.Hub()
+    hub.start()
+    return hub
+
+
+CACHE_CLASS = "moe-demo-cache"  # a class name only: the demo binds the claim to a hostPath PV it makes
+CACHE_REPO = "demo/tiny-deepseek-v3-nvfp4"
+
+
+def _model_cache(k, op, hub) -> int:
+    from . import model_cache
+    from .download_cli import READY_MARKER
+
+    ckpt = _tiny_checkpoint()
+    files = {p.relative_to(ckpt).as_posix(): p.read_bytes() for p in sorted(ckpt.rglob("*")) if p.is_file()}
+    files["README.md"] = f"demo upload {time.time()}\n".encode()  # a new commit each run (README.md is not fetched)
+    sha = hub.upload(CACHE_REPO, files)
+    claim = model_cache.claim_name(CACHE_REPO, sha)
+    pv_dir = demo_cache() / "model-cache" / claim
+    pv_dir.mkdir(parents=True, exist_ok=True)
+    say(f"model cache: the local hub server serves hf://{CACHE_REPO} (main = {sha[:12]}, {len(files)} files); "
+        f"a hostPath PV ({pv_dir}) waits for its cache claim")
+    k("delete", "moed", "demo-cached", "-n", NAMESPACE, "--ignore-not-found")  # a fresh object resolves main again
+    k("delete", "pv", "-l", "moe.serving.dev/demo-cache=true", "--wait=false", check=False)  # earlier runs' PVs
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume",
+          "metadata": {"name": f"{claim}-demo", "labels": {"moe.serving.dev/demo-cache": "true"}},
+          "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": CACHE_CLASS,
+                   "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(pv_dir)},
+                   "claimRef": {"namespace": NAMESPACE, "name": claim}}}
+    k("apply", "-f", "-", input=json.dumps(pv))
+    doc = {"apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment",
+           "metadata": {"name": "demo-cached", "namespace": NAMESPACE},
+           "spec": {"model": {"uri": f"hf://{CACHE_REPO}",
+                              "cache": {"enabled": True, "storageClassName": CACHE_CLASS, "size": "1Gi"}},
+                    "gpu": {"allowedArchitectures": ["sm90"]}}}
+    k("apply", "-f", "-", input=json.dumps(doc))
+    job = None
+    deadline = time.monotonic() + 60
+    while job is None and time.monotonic() < deadline:
+        r = k("get", "job", f"{claim}-fill", "-n", NAMESPACE, "-o", "json", check=False)
+        job = json.loads(r.stdout) if r.returncode == 0 else None
+        if op.poll() is not None:
+            raise SystemExit("[demo] the operator exited; see its log")
+        time.sleep(0.5)
+    if job is None:
+        say(f"the operator created no download Job for demo-cached (expected {claim}-fill)")
+        return 1
+    st = json.loads(k("get", "moed", "demo-cached", "-n", NAMESPACE, "-o", "json").stdout).get("status") or {}
+    say(f"the operator pinned hf://{CACHE_REPO} to {st.get('revision')}, created PVC {claim} and Job {claim}-fill")
+    say("kwok runs no containers: the Job's container runs here exactly as rendered, its cache volume on the "
+        "PV's directory (progress every 0.5 s instead of 5 s):")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    tmp = Path(tempfile.mkdtemp(prefix="moe-demo-job-"))
+    argv, env = model_cache.local_invocation(container, {"model-cache": str(pv_dir), "tmp": str(tmp)},
+                                             executables={"moe-operator": _tool("moe-operator")})
+    argv = [str(tmp / "termination-log") if a == "/dev/termination-log" else a for a in argv] + ["--interval", "0.5"]
+    print("   $ " + " ".join(container["command"]))
+    hub.throttle = 200_000  # bytes/s: a few seconds for the ~440 KiB, so the progress shows
+    base = {k_: v for k_, v in os.environ.items() if not k_.startswith("HF_")}
+    proc = subprocess.Popen(argv, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    last: dict = {}
+    shown: dict = {}
+    for line in proc.stdout:
+        try:
+            last = json.loads(line)
+        except json.JSONDecodeError:
+            print("   " + line.rstrip())
+            continue
+        if "bytesTotal" in last and "ready" not in last and "error" not in last and last != shown:
+            shown = last
+            done, total = last.get("bytesDone") or 0, last["bytesTotal"]
+            print(f"   {done / 1024:7.1f} / {total / 1024:.1f} KiB  ({100 * done / max(total, 1):3.0f}%)", flush=True)
+    proc.wait()
+    hub.throttle = None
+    shutil.rmtree(tmp, ignore_errors=True)
+    if proc.returncode != 0:
+        say(f"the download failed: {last.get('error')}")
+        return 1
+    marker = json.loads((pv_dir / READY_MARKER).read_text())
+    say(f"filled: {marker['files']} files, {marker['bytesTotal']} bytes, each checked against the hub's sha256 / git "
+        f"blob id; ready marker for {marker['revision'][:12]} written (the pods' init check greps it)")
+    ready = None
+    deadline = time.monotonic() + 30
+    while ready is None and time.monotonic() < deadline:
+        o = json.loads(k("get", "moed", "demo-cached", "-n", NAMESPACE, "-o", "json").stdout)
+        ready = next((c for c in (o.get("status") or {}).get("conditions", [])
+                      if c["type"] == "ModelCacheReady" and c["status"] == "True"), None)
+        time.sleep(0.5)
+    print("   " + "\n   ".join(k("get", "moed", "demo-cached", "-n", NAMESPACE, "-o", "wide").stdout.strip().splitlines()))
+    if ready is None:
+        say("ModelCacheReady did not become True within 30 s")
+        return 1
+    say(f"ModelCacheReady: {ready['message']} (here from the Job kwok marked complete; the bytes are the run above)")
+    return 0
+
+
+def _runtime(k, op, kubeconfig: str) -> int:
+    cache = demo_cache()
+    ckpt = _tiny_checkpoint()
+    runtime = _tool("moe-runtime")
     doc = {"apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment",
            "metadata": {"name": "demo-tiny", "namespace": NAMESPACE},
            "spec": {"model": {"uri": f"file://{ckpt}"}, "gpu": {"allowedArchitectures": ["sm90"]}}}
