@@ -77,6 +77,13 @@ class Tokenizer:
         if (root / "tokenizer_config.json").is_file():
             cfg = json.loads((root / "tokenizer_config.json").read_text())
         self.chat_template = cfg.get("chat_template")
+        if isinstance(self.chat_template, list):  # named templates [{name, template}]: transformers uses "default"
+            self.chat_template = next((t.get("template") for t in self.chat_template
+                                       if isinstance(t, dict) and t.get("name") == "default"), None)
+        # transformers >= 4.52 saves the template as its own file (gpt-oss ships one); like
+        # PreTrainedTokenizerBase.from_pretrained, the file wins over tokenizer_config.json's key
+        if (root / "chat_template.jinja").is_file():
+            self.chat_template = (root / "chat_template.jinja").read_text(encoding="utf-8")
         self.eos_token = cfg.get("eos_token") if isinstance(cfg.get("eos_token"), str) else None
         self.bos_token = cfg.get("bos_token") if isinstance(cfg.get("bos_token"), str) else None
         self.stop_ids = {i for i in (self.token_id(self.eos_token), self.token_id(IM_END)) if i is not None}
@@ -118,14 +125,25 @@ class Tokenizer:
     @functools.cached_property
     def _chat_template(self):
         """The chat template, compiled once (not on every request)."""
+        import datetime
+
+        import jinja2.ext
         import jinja2.sandbox
 
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # what transformers' chat_template_utils._compile_jinja_template gives templates (gpt-oss's
+        # calls strftime_now for its "Current date" line)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                           extensions=[jinja2.ext.loopcontrols])
 
         def raise_exception(message):  # HF templates call this to reject a conversation
             raise ValueError(message)
 
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        env.filters["tojson"] = tojson  # jinja's own escapes HTML characters; transformers' does not
         return env.from_string(self.chat_template or CHAT_TEMPLATE)
 
 
