@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from moe_core.checkpoint import read_safetensors_header
+from moe_operator import model_cache
 from moe_operator.sample_checkpoints import write_sample
 
 from .operator_fixture import OperatorProcess, chart_service_account_kubeconfig, condition, forbidden_lines, get_json, \
@@ -116,6 +118,13 @@ def test_two_deployments_share_one_cache_filled_once_then_it_goes(hub, hub_opera
     # the hub was asked for the revision and headers, never for the weights (the Job downloads them)
     assert not [p for m, p, _ in hub.requests if m == "GET" and p.endswith(".safetensors") and "resolve" in p
                 and not _ranged(hub, p)]
+    # kwok ran no container: the Job as the API server stores it runs here, into the PV's directory
+    # (HF_ENDPOINT from the operator's own, in the Job's env), and the pods' init check accepts it
+    assert {"name": "HF_ENDPOINT", "value": hub.url} in c["env"]
+    pv_dir = tmp_path / f"{namespace}-pv"
+    assert run_here(c, {"model-cache": pv_dir, "tmp": tmp_path}, tmp_path).returncode == 0
+    assert json.loads((pv_dir / ".moe-ready").read_text())["revision"] == sha
+    assert [p for m, p, _ in hub.requests if m == "GET" and p.endswith(".safetensors") and "resolve" in p]
 
     for n in ("alpha", "beta"):
         dep = wait_for(lambda: get_json(kubectl, "deployment", n, "-n", namespace), 60, f"Deployment {n}",
@@ -125,6 +134,7 @@ def test_two_deployments_share_one_cache_filled_once_then_it_goes(hub, hub_opera
         assert vol["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
         init = next(i for i in pod["initContainers"] if i["name"] == "model-cache-ready")
         assert sha in init["command"][-1] and ".moe-ready" in init["command"][-1]
+        assert run_here(init, {"model-cache": pv_dir}, tmp_path).returncode == 0
         eng = pod["containers"][0]
         assert eng["args"][eng["args"].index("--model-path") + 1] == "/models/cache"
         assert {"name": "HF_REVISION", "value": sha} in eng["env"]
@@ -152,6 +162,68 @@ def test_two_deployments_share_one_cache_filled_once_then_it_goes(hub, hub_opera
     wait_for(lambda: get_json(kubectl, "pvc", claim, "-n", namespace) is None
              or get_json(kubectl, "pvc", claim, "-n", namespace)["metadata"].get("deletionTimestamp"),
              30 + GRACE, "cache PVC deleted", hub_operator.log_tail)
+
+
+def run_here(container: dict, dirs: dict, tmp: Path) -> subprocess.CompletedProcess:
+    """A container of an object the API server stores, run on this machine as rendered, its volumes'
+    mountPaths mapped to local directories (model_cache.local_invocation)."""
+    argv, env = model_cache.local_invocation(container, {k: str(v) for k, v in dirs.items()},
+                                             executables={"moe-operator": str(Path(sys.executable).parent / "moe-operator")})
+    argv = [str(tmp / "termination-log") if a == "/dev/termination-log" else a for a in argv]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    r = subprocess.run(argv, env={**base, **env}, capture_output=True, text=True, timeout=120)
+    return r
+
+
+def test_a_pvc_model_is_copied_to_a_faster_class_when_asked(hub_operator, kubectl, namespace, tmp_path):
+    """pvc:// with model.cache.enabled: a cache PVC of the asked class, a copy Job mounting the source
+    claim read-only, pods mounting the copy (not the source) once it is Ready; the stored Job's
+    container, run here on the two PVs' directories, copies what engines read."""
+    src_dir = tmp_path / "source"
+    write_sample("deepseek-v3-nvfp4", src_dir / "dsv3")
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"models-{namespace}"},
+          "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                   "hostPath": {"path": str(src_dir)}, "claimRef": {"namespace": namespace, "name": "models"}}}
+    src = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": namespace},
+           "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": f"models-{namespace}",
+                    "resources": {"requests": {"storage": "1Gi"}}}}
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [pv, src]}))
+    static_pv(kubectl, f"{namespace}-fast", tmp_path)
+    doc = moed("copied", namespace, "pvc://models/dsv3")
+    doc["spec"]["model"].update(format="nvfp4", architecture="DeepseekV3ForCausalLM")  # kwok runs no inspection Job
+    doc["spec"]["parallelism"] = {"tp": 8}
+    kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+    def ready():
+        obj = get_json(kubectl, "moed", "copied", "-n", namespace)
+        c = condition(obj, "ModelCacheReady")
+        return obj if c and c["status"] == "True" else None
+    obj = wait_for(ready, 120, "ModelCacheReady of the copy", hub_operator.log_tail)
+    claim = obj["status"]["modelCache"]["claimName"]
+    assert "copied from pvc://models/dsv3" in condition(obj, "ModelCacheReady")["message"]
+    pvc = get_json(kubectl, "pvc", claim, "-n", namespace)
+    assert pvc["spec"]["storageClassName"] == STORAGE_CLASS
+    assert pvc["metadata"]["annotations"]["moe.serving.dev/model"] == "pvc://models/dsv3"
+    job = get_json(kubectl, "job", f"{claim}-fill", "-n", namespace)
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"][:4] == ["moe-operator", "download-model", "--from", "/models/source/dsv3"]
+    assert {"name": "model-source", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
+    fast_dir = tmp_path / f"{namespace}-fast"
+    assert run_here(c, {"model-cache": fast_dir, "model-source": src_dir, "tmp": tmp_path}, tmp_path).returncode == 0
+    for p in (src_dir / "dsv3").iterdir():
+        assert (fast_dir / p.name).read_bytes() == p.read_bytes()
+
+    dep = wait_for(lambda: get_json(kubectl, "deployment", "copied", "-n", namespace), 60, "Deployment copied",
+                   hub_operator.log_tail)
+    pod = dep["spec"]["template"]["spec"]
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if v.get("persistentVolumeClaim")]
+    assert claims == [claim]  # the copy, not the source
+    eng = pod["containers"][0]
+    assert eng["args"][eng["args"].index("--model-path") + 1] == "/models/cache"
+    assert eng["args"][eng["args"].index("--served-model-name") + 1] == "/models/models/dsv3"
+    init = next(i for i in pod["initContainers"] if i["name"] == "model-cache-ready")
+    assert run_here(init, {"model-cache": fast_dir}, tmp_path).returncode == 0
 
 
 def _ranged(hub, path):
