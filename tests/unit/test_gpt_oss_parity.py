@@ -16,7 +16,9 @@ the window):
   transformers' own decoder (integrations.mxfp4.convert_moe_packed_tensors) and the kernels' MXFP4
   decoder give identical weights, hand-packed bytes come out where the layout says, and transformers
   loads the checkpoint itself (Mxfp4Config(dequantize=True)). The runtime's logits on it equal that
-  transformers model's within 1e-4 in fp32 and its greedy tokens equal `generate`.
+  transformers model's within 1e-4 in fp32 and its greedy tokens equal `generate`;
+- `moe-runtime serve` (bf16, CPU) on the checkpoint plus tokenizer files: completions equal the text
+  of transformers' bf16 `generate`.
 """
 
 import json
@@ -276,3 +278,71 @@ def test_mxfp4_logits_and_greedy_match_transformers(mxfp4):
         diff = (runtime_logits(m, p) - hf_logits(hf, p)).abs().max().item()
         assert diff <= ATOL, (p, diff)
         assert runtime_greedy(m, p, N_NEW) == hf_greedy(hf, p, N_NEW), p
+
+
+# ------------------------------------------------------------------------------------------------
+# through `moe-runtime serve`
+
+def test_moe_runtime_serve_completions_equal_transformers_bf16_generate(saved, tmp_path):
+    """The transformers-written checkpoint (plus tokenizer files) served by `moe-runtime serve` in
+    bf16 on CPU: greedy completions of token prompts decode to the text of transformers' bf16
+    generate, and the chat endpoint renders the checkpoint's chat_template.jinja."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
+
+    path, hf = saved
+    d = tmp_path / "served"
+    shutil.copytree(path, d)
+    build_tokenizer_files(d, 256, 256)
+    (d / "chat_template.jinja").write_text("{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}"
+                                           "<|end|>{% endfor %}<|start|>assistant")
+    hf16 = _model().eval()
+    hf16.load_state_dict(hf.state_dict())
+    hf16 = hf16.to(torch.bfloat16)
+    tok = Tokenizer(d)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": ":".join(str(root / p) for p in ("operator", "runtime", "kernels"))}
+    env.pop("MOE_RUNNER_BACKEND", None)
+    log = open(tmp_path / "server.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "moe_runtime.cli", "serve", "--model", str(d), "--host", "127.0.0.1",
+                             "--port", str(port), "--dtype", "bfloat16", "--threads", "1"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.time()
+        while True:
+            assert proc.poll() is None and time.time() - t0 < 120, open(tmp_path / "server.log").read()
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        for p in PROMPTS:
+            r = httpx.post(url + "/v1/completions", timeout=60, json={
+                "prompt": p, "max_tokens": N_NEW, "temperature": 0, "ignore_eos": True}).json()
+            text = tok.decode(hf_greedy(hf16, p, N_NEW))
+            assert len(text) >= N_NEW and r["choices"][0]["text"] == text, (p, r)
+        chat = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+        assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == len(
+            tok.encode(tok.apply_chat_template([{"role": "user", "content": "hi"}])))
+        assert "gpt-oss experts" in open(tmp_path / "server.log").read()
+    finally:
+        proc.send_signal(__import__("signal").SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
