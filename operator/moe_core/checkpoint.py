@@ -196,6 +196,9 @@ class CheckpointInfo(BaseModel):
     hiddenSize: int | None = None
     intermediateSize: int | None = None
     moeIntermediateSize: int | None = None
+    weightBlockSize: list[int] | None = Field(None, description=(
+        "config.json quantization_config.weight_block_size [n, k] (block-quantized checkpoints; sglang checks "
+        "the MoE intermediate size per tensor-parallel rank against n at start-up)"))
     numLayers: int | None = None
     numAttentionHeads: int | None = None
     numKeyValueHeads: int | None = None
@@ -476,6 +479,7 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
         hiddenSize=fact("hiddenSize", *CONFIG_KEYS["hiddenSize"]),
         intermediateSize=fact("intermediateSize", *CONFIG_KEYS["intermediateSize"]),
         moeIntermediateSize=fact("moeIntermediateSize", *CONFIG_KEYS["moeIntermediateSize"]),
+        weightBlockSize=_weight_block_size(qc),
         numLayers=fact("numLayers", *CONFIG_KEYS["numLayers"]),
         **_attention_facts(fact, notes, get(*CONFIG_KEYS["hiddenSize"]) or defaults[1].get("hiddenSize", ("", None))[1]),
         kvCacheFp8=bool(kv_fp8) or arch in DEEPSEEK_V4_ARCHS,
@@ -483,6 +487,14 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
         numTensors=len(tensors),
         notes=notes,
     )
+
+
+def _weight_block_size(q: dict[str, Any]) -> list[int] | None:
+    """quantization_config.weight_block_size when it is a list of positive integers, else None."""
+    b = q.get("weight_block_size")
+    if isinstance(b, list) and b and all(type(x) is int and 0 < x < _MAX_FACT for x in b):
+        return b
+    return None
 
 
 def _format_of(arch: str, config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: list[TensorMeta],

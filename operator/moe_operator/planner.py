@@ -480,6 +480,55 @@ def _deepseek_shared_unfused(f: Facts) -> bool:
     return f.arch in DEEPSEEK_FAMILY and (f.ckpt.numSharedExperts or 0) > 0 and f.a2a == "none"
 
 
+def _sglang_moe_shape_problem(ck: CheckpointInfo, tp: int, ep: int, env: dict[str, str], rocm: bool) -> str | None:
+    """sglang's check_quantized_moe_compatibility for one (tp, ep): the message it raises, or None."""
+    block = ck.weightBlockSize
+    inter = ck.moeIntermediateSize
+    if not block:
+        return None  # the check runs only for checkpoints with quantization_config.weight_block_size
+    if tp % ep:
+        return f"tp_size {tp} must be divisible by ep_size {ep}"
+    moe_tp = tp // ep  # --moe-dp-size is never passed: 1
+    if inter is None:
+        return None
+    if inter % moe_tp:
+        return (f"moe_intermediate_size {inter} must be divisible by moe_tp_size ({moe_tp}) which is tp_size ({tp}) "
+                f"divided by moe_ep_size ({ep}).")
+    exempt = truthy(env.get("SGLANG_SHARED_EXPERT_TP1")) or (rocm and truthy(env.get("SGLANG_USE_AITER")))
+    if (inter // moe_tp) % block[0] and not exempt:
+        return (f"For quantized MoE models, please make sure (moe_intermediate_size={inter} / moe_tp_size={moe_tp}) % "
+                f"weight_block_size_n={block[0]} == 0 where moe_tp_size is equal to tp_size ({tp}) divided by ep_size ({ep}).")
+    return None
+
+
+def sglang_moe_shape_errors(f: Facts) -> list[str]:
+    """K40: sglang refuses a block-quantized MoE checkpoint whose MoE intermediate size does not split
+    into whole weight blocks per tensor-parallel rank (any runner, auto included). Read in
+    check_quantized_moe_compatibility: sglang/srt/model_executor/model_runner.py:855-886 (0.5.10),
+    model_runner.py:1107-1143 (0.5.14), model_runner_components/moe_ep_setup.py:107-149 (0.5.17) and
+    :134-176 (0.5.23), run by ModelRunner.__init__ before the weights load. From 0.5.14 the
+    SGLANG_SHARED_EXPERT_TP1 env and ROCm aiter (SGLANG_USE_AITER=1) skip the block check.
+    An all-to-all backend makes ep = tp (handle_a2a_moe), so moe_tp_size is 1 there."""
+    if f.ver < (0, 5, 10) or not f.ckpt.weightBlockSize:
+        return []
+    tp = f.choices.tp
+    ep = tp if f.a2a not in ("none", "ascend_tp") else f.choices.ep
+    env = dict(f.choices.env)
+    if f.ver < (0, 5, 14):  # 0.5.10 has no exemption
+        env.pop("SGLANG_SHARED_EXPERT_TP1", None), env.pop("SGLANG_USE_AITER", None)
+    msg = _sglang_moe_shape_problem(f.ckpt, tp, ep, env, f.rocm)
+    if msg is None:
+        return []
+    eps = [e for e in range(2, tp + 1) if tp % e == 0 and _sglang_moe_shape_problem(f.ckpt, tp, e, env, f.rocm) is None]
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and _sglang_moe_shape_problem(f.ckpt, t, 1, env, f.rocm) is None]
+    works = "; ".join(x for x in (
+        f"parallelism.ep {', '.join(map(str, eps))} with tp {tp}" if eps else "",
+        f"tp {', '.join(map(str, tps))} with ep 1" if tps else "") if x)
+    return [f"[K40] sglang {f.version} refuses this layout at start-up: {msg} (check_quantized_moe_compatibility, "
+            f"srt/model_executor/model_runner_components/moe_ep_setup.py:134-176, sglang 0.5.23; in every release "
+            f"read from 0.5.10). Works instead: {works or 'no tp/ep split of this checkpoint'}."]
+
+
 def _plan_sglang(b: _Builder) -> PlanMoE:
     f = b.f
     runner, _ = _choose_runner(b, SGLANG_SELECT, "--moe-runner-backend")
@@ -492,6 +541,7 @@ def _plan_sglang(b: _Builder) -> PlanMoE:
         runner = "cutlass"
         b.decide("moe.runnerBackend", runner, "E2", "SGLANG_CUTLASS_MOE is ignored since sglang 0.5.18; using --moe-runner-backend cutlass")
     _run_checks(b, SGLANG_CHECKS, runner)
+    b.errors.extend(sglang_moe_shape_errors(f))
     if runner != "auto":
         b.args[:0] = ["--moe-runner-backend", runner]
     if f.a2a != "none":

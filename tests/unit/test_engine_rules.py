@@ -466,3 +466,55 @@ def test_fused_function_registry_per_release():
     assert [r.rule.id for r in engine_rules.check(case)] == ["SG-FUSED"]
     assert not engine_rules.check(Case("sglang", "0.5.19", "fp8", DSV3, "sm100", "flashinfer_trtllm", a2a="flashinfer",
                                        tp=8, ep=8, dp=8))
+
+
+# ---- shape-dependent checks (item 3 of the previous note) ----
+
+def _block_fp8(arch=QWEN3, inter=1536):
+    return CheckpointInfo(architecture=arch, format="fp8", formatSource="test", quantMethod="fp8", numExperts=128,
+                          moeIntermediateSize=inter, hiddenSize=4096, weightBlockSize=[128, 128])
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.14", "0.5.17", "0.5.19", "0.5.21", "0.5.22", "0.5.23"])
+@pytest.mark.parametrize("runner", ["auto", "triton", "deep_gemm"])
+def test_sglang_block_fp8_intermediate_split_per_rank(version, runner):
+    """Qwen3-235B-A22B-FP8 (moe_intermediate_size 1536, weight_block_size [128, 128]) at tp 8: 1536 / 8 = 192 is
+    not a multiple of 128. check_quantized_moe_compatibility raises 'For quantized MoE models, please make sure
+    (moe_intermediate_size=... / moe_tp_size=...) % weight_block_size_n=... == 0' for every runner:
+    model_runner.py:882-886 (0.5.10), model_runner.py:1134-1143 (0.5.14), moe_ep_setup.py:166-176 (0.5.23)."""
+    p = plan(_block_fp8(), from_name("H200"), Choices(runner_backend=runner, tp=8), engine="sglang", engine_version=version)
+    [err] = [e for e in p.errors if e.startswith("[K40]")]
+    assert "moe_tp_size=8" in err and "weight_block_size_n=128" in err
+    assert "parallelism.ep 2, 4, 8 with tp 8" in err and "tp 1, 2, 4 with ep 1" in err
+    # ep 2: moe_tp_size 4, 1536 / 4 = 384 = 3 x 128 (moe_ep_setup.py:154 moe_tp_size = tp_size // moe_ep_size // moe_dp_size)
+    ok = plan(_block_fp8(), from_name("H200"), Choices(runner_backend=runner, tp=8, ep=2), engine="sglang",
+              engine_version=version)
+    assert not [e for e in ok.errors if e.startswith("[K40]")]
+
+
+def test_sglang_block_fp8_split_exemptions_and_other_engines():
+    ck = _block_fp8()
+    # SGLANG_SHARED_EXPERT_TP1 skips the block check from 0.5.14 (moe_ep_setup.py:166, 0.5.23; model_runner.py:1135,
+    # 0.5.14); 0.5.10 has no such condition (model_runner.py:882)
+    env = {"SGLANG_SHARED_EXPERT_TP1": "1"}
+    assert not plan(ck, from_name("H200"), Choices(tp=8, env=env), engine="sglang").errors
+    assert plan(ck, from_name("H200"), Choices(tp=8, env=env), engine="sglang", engine_version="0.5.10").errors
+    # an indivisible split is refused before the block check (moe_ep_setup.py:162-165, 0.5.23)
+    [err] = plan(_block_fp8(inter=1000), from_name("H200"), Choices(tp=16, ep=1), engine="sglang").errors
+    assert "must be divisible by moe_tp_size (16)" in err
+    # no weight_block_size (per-tensor FP8, NVFP4): the check does not run (moe_ep_setup.py:141-147, the walrus at :146)
+    assert not plan(ck.model_copy(update={"weightBlockSize": None}), from_name("H200"), Choices(tp=8), engine="sglang").errors
+    # an a2a backend makes ep = tp (moe_hook.py handle_a2a_moe): moe_tp_size 1
+    assert not [e for e in plan(ck, from_name("H200"), Choices(tp=8, ep=8, a2a_backend="deepep"), engine="sglang").errors
+                if e.startswith("[K40]")]
+    # vLLM is not modelled by this row
+    assert not plan(ck, from_name("H200"), Choices(tp=8), engine="vllm").errors
+
+
+def test_checkpoint_reads_weight_block_size():
+    from moe_core.checkpoint import classify
+    cfg = {"architectures": [QWEN3], "model_type": "qwen3_moe", "num_experts": 128, "moe_intermediate_size": 1536,
+           "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    assert classify(cfg, None, []).weightBlockSize == [128, 128]
+    cfg["quantization_config"] = {"quant_method": "fp8"}
+    assert classify(cfg, None, []).weightBlockSize is None
