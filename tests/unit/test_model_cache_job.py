@@ -145,3 +145,58 @@ def test_a_copy_resumes_from_its_part_file(tmp_path):
     r = subprocess.run([EXE["moe-operator"], "download-model", "--from", str(tmp_path / "nothing"), "--revision",
                         "pvc://c/y", "--dir", str(tmp_path / "c2")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "no *.safetensors" in r.stdout.splitlines()[-1]
+
+
+class FakeKube:
+    """What model_cache.ensure() calls, in memory; the Job's pod is the real program run here."""
+
+    def __init__(self):
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.termination: dict | None = None
+        self.log = ""
+
+    def get(self, kind, ns, name):
+        return self.objects.get((kind, ns, name))
+
+    def apply(self, obj):
+        self.objects[(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])] = json.loads(json.dumps(obj))
+
+    def merge_patch_metadata(self, kind, ns, name, patch):
+        meta = self.objects[(kind, ns, name)]["metadata"]
+        for part in ("labels", "annotations"):
+            for k, v in (patch.get(part) or {}).items():
+                if v is None:
+                    (meta.get(part) or {}).pop(k, None)
+                else:
+                    meta.setdefault(part, {})[k] = v
+
+    def job_termination_message(self, ns, job):
+        return self.termination
+
+    def job_log_tail(self, ns, job):
+        return self.log
+
+
+def test_the_operator_reports_a_checksum_mismatch_of_its_job_naming_the_file(hub, tmp_path):
+    """ensure(): the Job created, its progress lines as Downloading, then a failed Job whose pod left
+    the program's own termination message (a corrupted weights file) as Failed with the file's name."""
+    files = checkpoint_files(tmp_path)
+    sha = hub.upload("org/dsv3", files)
+    st = next(n for n in files if n.endswith(".safetensors"))
+    hub.corrupt("org/dsv3", sha, st)
+    s = spec(f"hf://org/dsv3@{sha}")
+    kube = FakeKube()
+    first = model_cache.ensure(kube, "ns", "alpha", s, None, "img:1")
+    assert first.state == "Pending" and "created" in first.message
+    job = kube.get("Job", "ns", f"{first.claimName}-fill")
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    home = tmp_path / "home"
+    home.mkdir()
+    r = run_here(c, {"model-cache": tmp_path / "cache", "tmp": home}, tmp_path, env_extra={"HF_ENDPOINT": hub.url})
+    assert r.returncode == 1
+    kube.log = r.stdout  # the pod's log while it ran
+    assert model_cache.ensure(kube, "ns", "alpha", s, None, "img:1").state == "Downloading"
+    job["status"] = {"failed": 7, "conditions": [{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}]}
+    kube.termination = json.loads((tmp_path / "term").read_text())
+    failed = model_cache.ensure(kube, "ns", "alpha", s, None, "img:1")
+    assert failed.state == "Failed" and st in failed.message and "ChecksumMismatch" in failed.message
