@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="tokens per engine step (decode rows + prefill chunks): a longer prompt is prefilled in chunks")
     s.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV blocks of a prompt prefix computed before (default on)")
-    s.add_argument("--skip-selftest", action="store_true", help="do not self-test the MoE backend (tests only)")
+    s.add_argument("--skip-selftest", action="store_true",
+                   help="do not self-test the MoE backend kernels (tests only; the forward of the loaded model still runs)")
     s.add_argument("--tp", type=int, default=1, help="tensor parallel size (attention, dense layers, vocab)")
     s.add_argument("--ep", type=int, default=1, help="expert parallel size (routed experts split E/ep); "
                    "one process per rank, max(tp, ep) ranks")
@@ -140,10 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.cmd == "serve":
         from .flags import validate_serve
 
-        validate_serve(args)  # before anything loads or listens
-        from . import server
-
-        server.configure(server.ServerOptions(api_key=args.api_key, max_body_bytes=args.max_body_bytes))
+        validate_serve(args)  # before anything loads; serve binds the port first thing
         if max(args.tp, args.ep) > 1:
             from .serve import serve_parallel
 

@@ -1,6 +1,6 @@
 """Checks of the `serve` and `make-checkpoint` flags that argparse's types cannot express, run
-before anything is loaded or any port is opened. Each failure is a BadInput (exit 1) whose
-message names the flag, the value and what would work."""
+before anything is loaded, and the listening socket of `serve` (bound before the model loads).
+Each failure is a BadInput (exit 1) whose message names the flag, the value and what would work."""
 
 from __future__ import annotations
 
@@ -33,28 +33,51 @@ def model_max_len(model_dir: str | Path) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
-def check_bind(host: str, port: int) -> None:
-    """The address can be listened on: the host resolves and the port is free (checked by binding
-    and closing a socket, so an unusable address is refused before the model loads)."""
+def addresses(host: str, port: int) -> list:
+    """getaddrinfo of the --host to listen on; a host that does not resolve is a BadInput."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError, ValueError) as e:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, ValueError, OverflowError) as e:
         raise _bad("--host", host, f"cannot be resolved ({e})") from None
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket of `serve`, bound before anything loads (a busy port or a host that
+    does not resolve fails in milliseconds, not after the model loaded) and then handed to uvicorn,
+    so no other process can take the port in between. Bound as uvicorn binds (SO_REUSEADDR), with
+    the first address of the host that works."""
     last: OSError | None = None
-    for family, kind, proto, _, addr in infos:
+    for family, kind, proto, _, addr in addresses(host, port):
+        s = socket.socket(family, kind, proto)
         try:
-            with socket.socket(family, kind, proto) as s:
-                if os.name != "nt":
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-                s.bind(addr)
-            return
+            if os.name != "nt":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+            s.listen(2048)  # uvicorn's default backlog
+            s.set_inheritable(True)
+            return s
         except OSError as e:
+            s.close()
             last = e
     if last is not None and last.errno == errno.EADDRINUSE:
         raise BadInput(f"--port {port}: address {host}:{port} is already in use") from None
     if last is not None and last.errno in (errno.EACCES, errno.EPERM):
         raise BadInput(f"--port {port}: permission denied to listen on {host}:{port}") from None
     raise BadInput(f"--host {host!r} --port {port}: cannot listen there ({last})") from None
+
+
+def check_bind(host: str, port: int) -> None:
+    """`listen` and close: for the launcher of `serve --tp/--ep`, whose rank 0 (another process)
+    listens itself; a busy port is refused before any rank is spawned."""
+    listen(host, port).close()
+
+
+def server_options(args):
+    """The HTTP layer's settings from the serve flags (server.ServerOptions), passed to its state."""
+    from .server import ServerOptions
+
+    return ServerOptions(api_key=getattr(args, "api_key", None),
+                         max_body_bytes=getattr(args, "max_body_bytes", ServerOptions.max_body_bytes))
 
 
 def check_plan_errors(path: str) -> None:
@@ -114,7 +137,7 @@ def validate_serve(args) -> None:
         if limit is not None and args.max_model_len > limit:
             raise _bad("--max-model-len", args.max_model_len,
                        f"is beyond the model's max_position_embeddings ({limit}) in {model / 'config.json'}")
-    check_bind(args.host, args.port)
+    addresses(args.host, args.port)  # the port itself: serve binds it first (listen), before the checkpoint is read
 
 
 def engine_options(args) -> dict:

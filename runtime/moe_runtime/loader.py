@@ -8,7 +8,6 @@ byte of weight data is read, and raises RuntimeFailure naming the tensor and the
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -101,9 +100,11 @@ def validate_checkpoint(path: str | Path) -> Validated:
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:
-            wm = json.loads(index.read_text()).get("weight_map", {})
-        except json.JSONDecodeError as e:
-            raise RuntimeFailure(f"{index}: invalid JSON: {e}") from None
+            wm = read_json(index).get("weight_map", {})
+        except InspectionError as e:
+            raise RuntimeFailure(str(e)) from None
+        if not isinstance(wm, dict) or not all(isinstance(f, str) for f in wm.values()):
+            raise RuntimeFailure(f"{index}: weight_map must map tensor names to file names, found {str(wm)[:80]}")
         for n, fname in wm.items():
             if n in specs and where.get(n) != fname:
                 raise RuntimeFailure(f"{index}: maps {n} to {fname}, but it is in {where.get(n, 'no file')}")

@@ -1,13 +1,17 @@
 """`moe-runtime serve`, one stage after the other, never back:
 
-  probe (the GPU) -> plan check (checkpoint headers, plan.json, resolve_bundled) -> listen (not
-  ready) -> load (this rank's weights, with progress) -> self-test (the candidates in order, with
-  fallback) -> engine (build the model on the chosen backend, serve; SIGTERM drains, then exit 0).
+  bind (the listening socket, so a busy port fails in milliseconds) -> probe (the GPU) -> plan
+  check (checkpoint headers, config.json typed and consistent, plan.json, resolve_bundled) -> serve
+  the socket (not ready) -> load (this rank's weights, with progress) -> self-test (the backend
+  candidates in order, with fallback) -> engine (the model on the chosen backend, its KV cache) ->
+  forward self-test (a short prompt through the real model: finite logits) -> ready (SIGTERM
+  drains, then exit 0).
 
-Everything that can be refused is refused before the port opens (one `error:` line, exit 1, or 2
-for a plan with errors): unknown/unsupported checkpoint, corrupt headers, missing tensors, plan for
-another GPU or checkpoint, impossible backend. Loading and the self-test run after the port opens,
-so /health answers and /ready says 503 meanwhile; a failure there also exits non-zero.
+Everything that can be refused is refused before the server answers (one `error:` line, exit 1,
+or 2 for a plan with errors): a busy port, unknown/unsupported checkpoint, corrupt headers, a
+config that cannot work, missing tensors, plan for another GPU or checkpoint, impossible backend.
+Loading and the self-tests run while /health answers and /ready says 503; a failure there also
+exits non-zero with the cause.
 """
 
 from __future__ import annotations
@@ -147,6 +151,40 @@ def build(ck, backend: str, deferred: bool, dtype):
     return model
 
 
+def forward_problem(logits, tokens: int, vocab: int) -> str | None:
+    """Why the self-test forward's logits ([1, tokens, V] fp32) show a model that cannot answer, or None."""
+    import torch
+
+    if tuple(logits.shape) != (1, tokens, vocab):
+        return f"logits of shape {list(logits.shape)}, expected {[1, tokens, vocab]} (vocab_size {vocab})"
+    bad = int((~torch.isfinite(logits)).sum())
+    if bad:
+        return (f"{bad} of {logits.numel()} logits are not finite (NaN/Inf): the weights, their scales or the "
+                "config (rms_norm_eps, rope) give a model whose every answer would be garbage")
+    return None
+
+
+def forward_selftest(model, device: str, block: int, block_size: int, vocab: int, backend: str) -> None:
+    """Stage 6, after the engine allocated the KV cache and before Ready: a short prompt through the
+    real loaded model on the chosen backend (what the kernel self-test of stage 4 cannot see:
+    these weights, this config, the whole forward). It writes only the engine's scratch block,
+    which no sequence owns. A failure exits non-zero naming the problem."""
+    import torch
+
+    t0 = time.time()
+    n = min(8, block_size)  # one block of the table
+    ids = ((torch.arange(n) * 7919 + 3) % vocab)[None].to(device)
+    try:
+        logits = model(ids, torch.arange(n)[None].to(device), torch.full((1, 1), block, dtype=torch.long).to(device))
+    except Exception as e:  # noqa: BLE001 - any failure of the real model is the message
+        raise RuntimeFailure(f"self-test forward of the loaded model on the {backend} backend failed: "
+                             f"{type(e).__name__}: {e}") from None
+    if (problem := forward_problem(logits, n, vocab)):
+        raise RuntimeFailure(f"self-test forward of the loaded model on the {backend} backend: {problem}")
+    log("selftest", f"model forward on {backend}: {n} tokens, logits finite", backend=backend, tokens=n,
+        seconds=round(time.time() - t0, 3))
+
+
 def _shard_plan(prep, layout):
     from .parallel import ShardPlan
 
@@ -171,7 +209,10 @@ def serve_parallel(args) -> int:
     """`serve --tp N --ep M` (world max(N, M) > 1): refuse what cannot work here, then one process per
     local rank (parallel.launch); global rank 0 serves HTTP, the others follow its engine steps."""
     from . import parallel
+    from .flags import check_bind
 
+    if os.environ.get("LWS_WORKER_INDEX") in (None, "", "0"):  # the node whose rank 0 serves HTTP
+        check_bind(args.host, args.port)  # a busy port before any rank spawns (rank 0 binds it again)
     prep = prepare(args)  # headers and plan only; refused before anything is spawned
     _shard_plan(prep, parallel.Layout(args.tp, args.ep))
     log("decision", f"tensor parallel {args.tp}, expert parallel {args.ep}: {max(args.tp, args.ep)} ranks "
@@ -205,15 +246,25 @@ def follow(args, rank) -> int:
 
 def serve(args, rank=None) -> int:
     """`rank` (layout, local rank, device, rendezvous): global rank 0 of a tensor/expert-parallel group."""
+    from .flags import listen
+
+    sock = listen(args.host, args.port)  # first: a busy port fails in milliseconds, then uvicorn serves it
+    try:
+        return _serve(args, rank, sock)
+    finally:
+        sock.close()
+
+
+def _serve(args, rank, sock) -> int:
     import uvicorn
 
     from .engine import Engine
-    from .flags import engine_options
+    from .flags import engine_options, server_options
     from .metrics import Metrics
     from .server import ServerState, create_app
     from .tokenizer import Tokenizer
 
-    prep = prepare(args)  # raises RuntimeFailure before the port opens
+    prep = prepare(args)  # raises RuntimeFailure before the server answers
     try:  # `kill -USR1 PID` dumps every thread's stack (stuck-server diagnosis)
         import faulthandler
 
@@ -223,11 +274,14 @@ def serve(args, rank=None) -> int:
     metrics = Metrics()
     v = prep["validated"]
     name = args.served_model_name or v.root.name
-    state = ServerState(model_name=name, metrics=metrics)
+    state = ServerState(model_name=name, metrics=metrics, options=server_options(args))
     try:
         state.tokenizer = Tokenizer(v.root)
     except Exception as e:  # missing/corrupt tokenizer files: refuse before the port opens
         raise RuntimeFailure(f"{v.root / 'tokenizer.json'}: cannot load the tokenizer ({type(e).__name__}: {e})") from None
+    if state.tokenizer.vocab_size > v.config["vocab_size"]:  # those token ids would index past the embeddings
+        raise RuntimeFailure(f"{v.root / 'tokenizer.json'}: {state.tokenizer.vocab_size} tokens, more than config.json "
+                             f"vocab_size = {v.config['vocab_size']} (the model has no embedding for the others)")
     max_len = args.max_model_len or min(int(v.config.get("max_position_embeddings", 2048)), 2048)
     app = create_app(state)
     failure: list[RuntimeFailure] = []
@@ -250,7 +304,8 @@ def serve(args, rank=None) -> int:
 
             threading.Thread(target=drain, daemon=True).start()
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+    host, port = sock.getsockname()[:2]  # the bound address (--port 0: the port the kernel chose)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=30)
     server = Server(config)
 
@@ -272,6 +327,8 @@ def serve(args, rank=None) -> int:
             # CUDA graphs would capture the collectives without rank 0's broadcast of each step
             engine = Engine(model, prep["device"], args.max_batch, args.max_queue, max_len,
                             state.tokenizer.stop_ids, metrics, **engine_options(args), cuda_graphs=args.cuda_graphs and rank is None)
+            forward_selftest(model, prep["device"], engine.scratch_block, engine.block_size, int(v.config["vocab_size"]),
+                             backend)
             engine.start()
             state.engine = engine
             metrics.backend.labels(backend, prep["resolution"].expert_format, prep["family"], str(deferred).lower()).set(1)
@@ -279,7 +336,7 @@ def serve(args, rank=None) -> int:
                           "format": v.info.format}
             state.ready = True
             metrics.ready.set(1)
-            log("ready", f"serving {name} on {args.host}:{args.port}", backend=backend)
+            log("ready", f"serving {name} on {args.host}:{port}", backend=backend, port=port)
         except RuntimeFailure as e:
             failure.append(e)
             server.should_exit = True
@@ -288,7 +345,7 @@ def serve(args, rank=None) -> int:
             server.should_exit = True
 
     threading.Thread(target=startup, name="moe-startup", daemon=True).start()
-    server.run()
+    server.run(sockets=[sock])
     if state.engine is not None:
         state.engine.stop()
     if leader[0] is not None:

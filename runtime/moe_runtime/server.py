@@ -43,20 +43,10 @@ _JSON_PIECE = 65536  # token ids rendered per event-loop turn in a long /tokeniz
 
 @dataclass
 class ServerOptions:
-    """HTTP-layer settings from the serve flags (cli.py configures the defaults)."""
+    """HTTP-layer settings from the serve flags (flags.server_options), given to ServerState."""
 
     api_key: str | None = None  # Bearer token for /v1/*, /tokenize, /detokenize (None: open)
     max_body_bytes: int = 32 * 1024 * 1024
-
-
-DEFAULT_OPTIONS = ServerOptions()
-
-
-def configure(options: ServerOptions) -> None:
-    """Set the options every ServerState created afterwards gets (the serve path builds its state
-    without them)."""
-    global DEFAULT_OPTIONS
-    DEFAULT_OPTIONS = options
 
 
 @dataclass
@@ -68,7 +58,7 @@ class ServerState:
     ready: bool = False
     draining: bool = False
     info: dict[str, Any] = field(default_factory=dict)
-    options: ServerOptions = field(default_factory=lambda: DEFAULT_OPTIONS)
+    options: ServerOptions = field(default_factory=ServerOptions)
 
 
 # ---------------------------------------------------------------------------------------- errors

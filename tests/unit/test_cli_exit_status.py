@@ -92,6 +92,11 @@ def test_serve_model_path_and_busy_port(model, tmp_path, busy_port, capsys, monk
     f.write_text("x")
     rc, _, err = run_main(runtime_main, ["serve", "--model", str(f)], capsys)
     assert rc == 1 and "is not a directory" in err
+    # the busy port is found by serve's first step, binding the socket: before the checkpoint is read
+    import moe_runtime.serve as serve_mod
+
+    monkeypatch.undo()
+    monkeypatch.setattr(serve_mod, "prepare", lambda args: pytest.fail("serve read the checkpoint before binding"))
     rc, _, err = run_main(runtime_main, ["serve", "--model", str(model), "--host", "127.0.0.1",
                                          "--port", str(busy_port)], capsys)
     assert rc == 1 and "already in use" in err
@@ -101,15 +106,16 @@ def test_good_serve_flags_reach_serve_with_options(model, capsys, monkeypatch):
     import moe_runtime.serve as serve_mod
     from moe_runtime import server
 
+    from moe_runtime.flags import server_options
+
     seen = {}
     monkeypatch.setattr(serve_mod, "serve", lambda args: seen.setdefault("args", args) and 0)
-    monkeypatch.setattr(server, "DEFAULT_OPTIONS", server.ServerOptions())
     rc, _, err = run_main(runtime_main, ["serve", "--model", str(model), "--host", "127.0.0.1", "--port", "0",
                                          "--max-model-len", "64", "--api-key", "k", "--max-body-bytes", "4096"], capsys)
     assert rc == 0, err
     a = seen["args"]
     assert a.threads == 1 and a.max_batch == 8 and a.max_model_len == 64
-    assert server.DEFAULT_OPTIONS == server.ServerOptions(api_key="k", max_body_bytes=4096)
+    assert server_options(a) == server.ServerOptions(api_key="k", max_body_bytes=4096)  # what serve's state gets
 
 
 @pytest.mark.parametrize("argv,status,needle", [
