@@ -56,8 +56,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="also write the JSON here (default: /dev/termination-log when writable)")
 
     m = sub.add_parser("make-checkpoint", help="write a random-weight checkpoint in the HF layout", parents=common)
-    m.add_argument("--arch", required=True, choices=["deepseek_v3", "qwen3_moe"])
-    m.add_argument("--format", required=True, choices=["bf16", "fp8", "nvfp4", "mxfp4"])
+    from moe_core.runtime import BUNDLED  # torch-free: the writer's table (every pair it can write)
+
+    m.add_argument("--arch", required=True, choices=list(dict.fromkeys(BUNDLED.architectures.values())))
+    m.add_argument("--format", required=True, choices=list(BUNDLED.checkpoint_formats),
+                   help="gpt_oss: bf16 or mxfp4 (its release layout)")
     m.add_argument("--size", default="tiny", choices=["tiny", "small"])
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--device", default="cpu", help="where to generate/quantize: cpu, cuda, cuda:N "
