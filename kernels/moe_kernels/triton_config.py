@@ -1,11 +1,18 @@
 """Launch configurations of the Triton MoE experts and the default choice by rows per expert.
 
 All numbers behind the defaults and thresholds are H200 measurements in bench/README.md.
+A tuned table (JSON data written by `python -m moe_kernels.tune`, one file per GPU model) overrides
+the defaults per shape and token bucket where present (choose_config; tables at the end of this file).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 
 @dataclass(frozen=True)
@@ -149,3 +156,113 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
     if rows <= 96:
         return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
     return MoEConfig(128, TILE128, TILE128)
+
+
+# ------------------------------------------------------------------------------- tuned tables (data)
+# A table written by `python -m moe_kernels.tune` (kernels/moe_kernels/tune.py) for one GPU model:
+#   {"format_version": 1, "device": "NVIDIA H200",
+#    "entries": {"nvfp4 E=256,H=7168,I=256,topk=8": {"1": {config}, "8": {...}, ...}}, "meta": {...}}
+# Keys of an entry are token counts (the buckets the sweep ran); a forward of T tokens takes the bucket
+# nearest to T in ratio (log distance; a tie goes to the smaller). A shape, format or top-k with no
+# entry, or a config this experts object cannot run (fragment kernel without the fragment copy), falls
+# back to default_config. No table ships with the package: one appears only where the tune ran.
+TABLE_VERSION = 1
+TABLE_ENV = "MOE_KERNELS_TUNED_CONFIGS"   # a table file, or a directory of <device>.json files
+TABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def device_file_name(device_name: str) -> str:
+    """'NVIDIA H200' -> 'NVIDIA_H200.json' (the way sglang names its per-device files)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", device_name.strip()) + ".json"
+
+
+def table_path(device_name: str, env: dict | None = None, table_dir: str = TABLE_DIR) -> str:
+    """Where the table of this GPU model is looked for: $MOE_KERNELS_TUNED_CONFIGS (a file, or a
+    directory holding <device>.json), else kernels/moe_kernels/configs/<device>.json."""
+    env = os.environ if env is None else env
+    p = env.get(TABLE_ENV, "")
+    if p:
+        return os.path.join(p, device_file_name(device_name)) if os.path.isdir(p) else p
+    return os.path.join(table_dir, device_file_name(device_name))
+
+
+def shape_key(fmt: str, num_experts: int, hidden: int, inter: int, top_k: int) -> str:
+    return f"{fmt} E={num_experts},H={hidden},I={inter},topk={top_k}"
+
+
+def config_to_dict(cfg: MoEConfig) -> dict:
+    def gemm(g):
+        if isinstance(g, FragConfig):
+            return {"kind": "frag", **dataclasses.asdict(g)}
+        return {"kind": "tile", **dataclasses.asdict(g)}
+    d = {"block_m": cfg.block_m, "gemm1": gemm(cfg.gemm1), "gemm2": gemm(cfg.gemm2)}
+    d["small"] = None if cfg.small is None else [gemm(g) for g in cfg.small]
+    d["tail"] = None if cfg.tail is None else [gemm(g) for g in cfg.tail]
+    for f in ("tail_rows", "gate_up_pdl", "pdl", "fuse_finalize", "coalesce", "asm"):
+        d[f] = getattr(cfg, f)
+    return d
+
+
+def config_from_dict(d: dict) -> MoEConfig:
+    """Inverse of config_to_dict; unknown or missing fields are errors (a table of another version)."""
+    def gemm(g):
+        g = dict(g)
+        kind = g.pop("kind", None)
+        cls = {"frag": FragConfig, "tile": GemmConfig}.get(kind)
+        if cls is None:
+            raise ValueError(f"unknown GEMM config kind {kind!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(g) - names:
+            raise ValueError(f"unknown {kind} config fields {sorted(set(g) - names)}")
+        return cls(**g)
+    d = dict(d)
+    names = {f.name for f in dataclasses.fields(MoEConfig)}
+    if set(d) - names or "block_m" not in d or "gemm1" not in d or "gemm2" not in d:
+        raise ValueError(f"not a MoEConfig: fields {sorted(d)}")
+    for f in ("gemm1", "gemm2"):
+        d[f] = gemm(d[f])
+    for f in ("small", "tail"):
+        if d.get(f) is not None:
+            d[f] = tuple(gemm(g) for g in d[f])
+    return MoEConfig(**d)
+
+
+def load_table(path: str) -> dict | None:
+    """The table at path, None when there is none. A file that exists but is not a table of this
+    version raises (a broken table is a setup error, not a reason to run untuned silently)."""
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        table = json.load(f)
+    if not isinstance(table, dict) or table.get("format_version") != TABLE_VERSION \
+            or not isinstance(table.get("entries"), dict):
+        raise ValueError(f"{path}: not a tuned-config table of format_version {TABLE_VERSION}")
+    return table
+
+
+def tuned_configs(table: dict | None, fmt: str, num_experts: int, hidden: int, inter: int,
+                  top_k: int) -> dict[int, MoEConfig]:
+    """{token bucket: MoEConfig} of one shape from a loaded table ({} when absent)."""
+    if not table:
+        return {}
+    entry = table.get("entries", {}).get(shape_key(fmt, num_experts, hidden, inter, top_k))
+    if not entry:
+        return {}
+    return {int(t): config_from_dict(c["config"] if "config" in c else c) for t, c in entry.items()}
+
+
+def nearest_bucket(buckets, num_tokens: int) -> int:
+    """The bucket nearest to num_tokens in ratio (log distance); a tie goes to the smaller bucket."""
+    t = max(1, int(num_tokens))
+    return min(sorted(buckets), key=lambda b: Fraction(max(t, b), max(1, min(t, b))))   # exact ratio
+
+
+def choose_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = False, *,
+                  top_k: int | None = None, tuned: dict[int, MoEConfig] | None = None) -> MoEConfig:
+    """The tuned config of the nearest token bucket when `tuned` (tuned_configs of this shape and
+    top_k) has one this object can run, else default_config."""
+    if tuned and top_k:
+        cfg = tuned[nearest_bucket(tuned, num_pairs // top_k)]
+        if frag or not (cfg.frag or cfg.tail is not None or cfg.small is not None):
+            return cfg
+    return default_config(fmt, num_pairs, num_experts, frag)

@@ -29,7 +29,8 @@ from .finalize import DeferredMoEOutput, _check as _check_finalize, moe_finalize
 from .pdl import pdl_supported
 from .reference import _check_inputs
 from .triton_align import TAIL_M, Alignment, align_by_expert, align_mixed, align_split
-from .triton_config import FragConfig, GemmConfig, MoEConfig, default_config
+from .triton_config import (FragConfig, GemmConfig, MoEConfig, choose_config, default_config,  # noqa: F401
+                            load_table, table_path, tuned_configs)
 from .triton_frag import STEP_K, FragWeights, coalesce_activations, frag_asm_args, frag_moe_kernel
 from .triton_layout import FMT_FP8, FMT_ID, FMT_NVFP4, FP4_KT, GROUP, Operand, prepare
 from .triton_tile import moe_gemm_kernel
@@ -74,10 +75,14 @@ class _FusedFinalize:
 class TritonExperts:
     """Weight-only (W4A16 / W8A16 / bf16) grouped-GEMM MoE experts in Triton. CUDA tensors only.
 
-    config: one MoEConfig for every batch (sweeps, A/Bs), or None: default_config per batch.
-    frag: keep the fragment-order FP4 copy (None: where the kernel applies; False saves its memory)."""
+    config: one MoEConfig for every batch (sweeps, A/Bs), or None: per batch, the tuned table's config
+    where there is one (triton_config.choose_config), else default_config.
+    frag: keep the fragment-order FP4 copy (None: where the kernel applies; False saves its memory).
+    tuned_table: a loaded tuned-config table (triton_config.load_table), {} for none, or None: the
+    table of this GPU model where one was written (triton_config.table_path; python -m moe_kernels.tune)."""
 
-    def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None, frag: bool | None = None):
+    def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None, frag: bool | None = None,
+                 tuned_table: dict | None = None):
         if weights.device.type != "cuda" and not _INTERPRET:
             raise ValueError("TritonExperts needs the expert weights on a CUDA device")
         # (the ExpertWeights are not kept: only the re-laid-out copies below live on the GPU)
@@ -112,10 +117,21 @@ class TritonExperts:
         # forwards: the last program of a block resets its own), per device. Forwards of this object
         # must therefore not run concurrently on two streams.
         self._fin_counts: dict = {}
+        if tuned_table is None and weights.device.type == "cuda":
+            tuned_table = load_table(table_path(torch.cuda.get_device_name(weights.device)))
+        self.tuned_table = tuned_table or {}
+        self._tuned: dict = {}   # top_k -> {token bucket: MoEConfig} of this shape
 
-    def config_for(self, num_pairs: int) -> MoEConfig:
-        """The config a forward of num_pairs (token, expert) pairs runs."""
-        return self.config or default_config(self.fmt, num_pairs, self.E, self.frag)
+    def config_for(self, num_pairs: int, top_k: int | None = None) -> MoEConfig:
+        """The config a forward of num_pairs (token, expert) pairs runs (top_k: for the tuned table)."""
+        if self.config is not None:
+            return self.config
+        tuned = None
+        if top_k and getattr(self, "tuned_table", None):   # (bench stubs are made without __init__)
+            if top_k not in self._tuned:
+                self._tuned[top_k] = tuned_configs(self.tuned_table, self.fmt, self.E, self.H, self.I, top_k)
+            tuned = self._tuned[top_k]
+        return choose_config(self.fmt, num_pairs, self.E, self.frag, top_k=top_k, tuned=tuned)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                 shared_output: torch.Tensor | None = None, routed_scale: float = 1.0,
@@ -123,7 +139,7 @@ class TritonExperts:
         _check_inputs(x, topk_weights, topk_ids, self.H)
         t, top_k = topk_ids.shape
         num_pairs = t * top_k
-        cfg = self.config_for(num_pairs)
+        cfg = self.config_for(num_pairs, top_k)
         if (cfg.frag or cfg.tail is not None) and not self.frag:
             raise ValueError("a fragment-kernel config (or tail blocks, MoEConfig.tail) needs TritonExperts(frag=True) "
                              "FP4 weights on an SM80+ GPU")
