@@ -189,6 +189,11 @@ def _shard_plan(prep, layout):
     from .parallel import ShardPlan
 
     v = prep["validated"]
+    from moe_core.runtime import BUNDLED
+
+    if v.info.architecture in BUNDLED.single_rank:  # before any rank is spawned (gpt-oss: no shard rules)
+        raise RuntimeFailure(f"{v.root}: {v.info.architecture} is served on one GPU only by the bundled runtime "
+                             f"(here --tp {layout.tp} --ep {layout.ep}); use engine sglang or vllm to shard it")
     plan = ShardPlan(v.config, v.expert_format, layout)
     if (problems := plan.problems()):
         raise RuntimeFailure(f"{v.root}: cannot shard {v.arch} over --tp {layout.tp} --ep {layout.ep}: "

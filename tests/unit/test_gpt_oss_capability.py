@@ -128,6 +128,10 @@ def test_loader_refuses_what_the_table_refuses(written, tmp_path):
     two_ranks = SimpleNamespace(lay=SimpleNamespace(world=2, rank=0))
     with pytest.raises(RuntimeFailure, match="one GPU only"):
         load_checkpoint(written["mxfp4"], "cpu", torch.bfloat16, log=lambda *a, **k: None, shard=two_ranks)
+    from moe_runtime import parallel, serve
+
+    with pytest.raises(RuntimeFailure, match="one GPU only"):  # serve --tp 2: refused before ranks spawn
+        serve._shard_plan({"validated": validate_checkpoint(written["mxfp4"])}, parallel.Layout(2, 1))
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
