@@ -158,6 +158,12 @@ def _gpt_oss_sm12x(f: Facts) -> str:
     return "marlin" if f.ver >= (0, 5, 14) else "triton_kernel"
 
 
+def _dsv4_fi_misaligned(f: Facts) -> str | None:
+    from .engine_rules.sglang import fi_mxfp4_cutlass_misaligned, moe_tp_size
+    return fi_mxfp4_cutlass_misaligned(f.fam, f.version, f.ckpt.hiddenSize, f.ckpt.moeIntermediateSize,
+                                       moe_tp_size(f.choices.tp, f.choices.ep, f.a2a))
+
+
 SGLANG_SELECT: tuple[Select, ...] = (
     Select("S1", lambda f: f.arch == DSV4 and f.fmt == "dsv4_nvfp4" and f.fam == "sm100",
            "flashinfer_trtllm_routed",
@@ -174,6 +180,17 @@ SGLANG_SELECT: tuple[Select, ...] = (
            and f.fam == "sm90" and f.fi_below("0.6.11"), None,
            "flashinfer_mxfp4 on SM90 needs FlashInfer >= 0.6.11 (interleave helpers, flashinfer#3084); "
            "this image has {fi}: use sglang >= 0.5.14 or set moe.runnerBackend=marlin"),
+    # S2e: the SM90/SM12x FlashInfer CUTLASS MXFP4 method needs 128-aligned hidden and per-rank intermediate
+    # sizes (mxfp4_flashinfer_cutlass_moe.py:67-74 create_weights, 0.5.23); sglang's own override would still
+    # pick flashinfer_mxfp4 (model_overrides/deepseek_v4.py:75-89) and fail. Marlin pads both
+    # (Mxfp4MarlinMoEMethod.create_weights: hidden round_up 256, intermediate round_up 128 off SM90 and
+    # tile padding in the Hopper repack, mxfp4_marlin_moe.py:83-90 and check_moe_marlin_supports_layer(...,
+    # allow_tile_padding=True), 0.5.23) and runs on SM90/SM120 (:160).
+    Select("S2e", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and not f.rocm and f.a2a == "none"
+           and f.fam in ("sm90", "sm120", "sm121") and f.ver >= (0, 5, 14) and _dsv4_fi_misaligned(f) is not None,
+           "marlin", "DeepSeek-V4 FP4 experts on {gpu}: flashinfer_mxfp4 (CUTLASS) needs hidden and per-rank "
+           "intermediate sizes that are multiples of 128 (mxfp4_flashinfer_cutlass_moe.py:67-74, sglang 0.5.23); "
+           "this layout has {shape}: Marlin W4A16 pads them"),
     Select("S2", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and not f.rocm and f.a2a == "none"
            and f.fam in ("sm90", "sm100", "sm120", "sm121"),
            "flashinfer_mxfp4",
@@ -422,7 +439,8 @@ def _engine_case(f: Facts, runner: str) -> engine_rules.Case:
         engine=f.engine, version=f.version, fmt=f.fmt, arch=f.arch, family=f.fam, runner=runner, a2a=f.a2a,
         tp=f.choices.tp, ep=f.choices.ep, dp=f.choices.dp, cc=f.gpu.computeCapability,
         driver=getattr(f.gpu, "driverVersion", None) or (str(f.gpu.driverMajor) if f.gpu.driverMajor else None),
-        flashinfer=f.flashinfer, quant_method=f.ckpt.quantMethod, env=dict(f.choices.env))
+        flashinfer=f.flashinfer, quant_method=f.ckpt.quantMethod, env=dict(f.choices.env),
+        hidden=f.ckpt.hiddenSize, moe_inter=f.ckpt.moeIntermediateSize)
 
 
 def _engine_start_checks(b: _Builder, checks: tuple[Check, ...], runner: str, fired: frozenset[str],
@@ -452,6 +470,7 @@ def _engine_start_checks(b: _Builder, checks: tuple[Check, ...], runner: str, fi
 
 def _reason(row: Select, f: Facts, value: str) -> str:
     return row.reason.format(arch=f.arch, fmt=f.fmt, gpu=f.gpu_name, value=value, version=f.version,
+                             shape=_dsv4_fi_misaligned(f) if "{shape}" in row.reason else "",
                              fi=f.flashinfer or "none", a2a=f.a2a)
 
 
@@ -679,6 +698,8 @@ def _plan_bundled(b: _Builder) -> PlanMoE:
 # choice made because the preferred path is unavailable for this format on this GPU (or in this
 # engine release / image): the plan runs, slower or without a default optimisation.
 FALLBACKS: dict[str, tuple[Callable[[str], bool], str]] = {
+    "S2e": (lambda v: True, "flashinfer_mxfp4 (the DeepSeek-V4 FP4 default) needs 128-aligned hidden and per-rank "
+                            "intermediate sizes, so the experts run W4A16 on Marlin"),
     "S6": (lambda v: True, "no FP4 tensor cores before Blackwell: NVFP4 experts run weight-only (W4A16) on Marlin, "
                            "slower than the FP4 MoE kernels of SM100/SM12x"),
     "S7b": (lambda v: v != "flashinfer_mxfp4", "flashinfer_mxfp4 (the SM12x GPT-OSS default from sglang 0.5.17) is "

@@ -211,6 +211,14 @@ MATRIX = [
      "0.22.1 oracle/fp8.py:204-219 map_fp8_backend has no humming"),
     ("vllm", "0.33.0", "H200", "fp8", QWEN3, "humming", "none", (1, 1, 1), "ok",
      "0.33.0 oracle/fp8.py:271-289 adds humming"),
+    # ---- sglang: FP4-packed DeepSeek-V4 experts on the FP8 Triton path ----
+    ("sglang", "0.5.23", "H200", "dsv4_fp4", DSV4, "triton", "none", (1, 1, 1), "SG-FP4EXPERT-TRITON",
+     "sglang/srt/layers/quantization/fp8.py:3018-3038 get_triton_quant_info use_fp8_w8a8 with FP4-packed experts -> "
+     "moe_runner/triton_utils/fused_moe.py:1118-1121 'Hidden size mismatch'"),
+    ("sglang", "0.5.14", "rtx-pro-6000", "dsv4_fp4", DSV4, "triton", "none", (1, 1, 1), "SG-FP4EXPERT-TRITON",
+     "0.5.14 fp8.py:1817-1835 get_triton_quant_info use_fp8_w8a8=True; triton_utils/fused_moe.py:855-859"),
+    ("sglang", "0.5.23", "H200", "dsv4_fp4", DSV4, "marlin", "none", (1, 1, 1), "ok",
+     "fp8.py:445-450 Mxfp4MarlinMoEMethod for FP4 experts; mxfp4_marlin_moe.py:160 is_sm90"),
 ]
 
 
@@ -518,3 +526,33 @@ def test_checkpoint_reads_weight_block_size():
     assert classify(cfg, None, []).weightBlockSize == [128, 128]
     cfg["quantization_config"] = {"quant_method": "fp8"}
     assert classify(cfg, None, []).weightBlockSize is None
+
+
+
+@pytest.mark.parametrize("version,gpu,tp,expected", [
+    # 2048 / 8 = 256 = 2 x 128: aligned (mxfp4_flashinfer_cutlass_moe.py:67-74, 0.5.23)
+    ("0.5.23", "H200", 8, None),
+    # 2048 / 32 = 64: "requires hidden_size and intermediate_size_per_partition to be multiples of 128"
+    ("0.5.23", "H200", 32, "SG-FP4EXPERT-FI-ALIGN"),
+    ("0.5.23", "rtx-pro-6000", 32, "SG-FP4EXPERT-FI-ALIGN"),   # SM120 builds the CUTLASS method too (fp8.py:459-466)
+    ("0.5.14", "H200", 32, "SG-FP4EXPERT-FI-ALIGN"),          # 0.5.14 mxfp4_flashinfer_cutlass_moe.py:97-103
+    # 0.5.14 builds the CUTLASS method only for is_sm90 and not is_sm100 (fp8.py:291-300); SM120 took TRT-LLM
+    ("0.5.14", "rtx-pro-6000", 32, None),
+    # SM100 builds Mxfp4FlashinferTrtllmMoEMethod (fp8.py:468-472, 0.5.23): no such check
+    ("0.5.23", "B200", 32, None),
+])
+def test_dsv4_fp4_flashinfer_mxfp4_alignment(version, gpu, tp, expected):
+    ck = CheckpointInfo(architecture=DSV4, format="dsv4_fp4", formatSource="test", quantMethod="fp8", numExperts=256,
+                        numSharedExperts=1, hiddenSize=4096, moeIntermediateSize=2048, expertsFp4=True)
+    p = plan(ck, from_name(gpu), Choices(runner_backend="flashinfer_mxfp4", tp=tp), engine="sglang", engine_version=version)
+    hits = [e for e in p.errors if e.startswith("[SG-FP4EXPERT-FI-ALIGN]")]
+    if expected is None:
+        assert not hits, p.errors
+        return
+    [err] = hits
+    assert "intermediate=64 (moe_intermediate_size 2048 / moe_tp_size 32)" in err and "marlin" in err.split("Works instead")[1]
+    # auto never takes the misaligned flashinfer_mxfp4 (sglang's own override would, deepseek_v4.py:75-89): S2e marlin,
+    # an admission warning (auto falls back)
+    from moe_operator.planner import auto_fallbacks
+    a = plan(ck, from_name(gpu), Choices(tp=tp), engine="sglang", engine_version=version)
+    assert a.moe.runnerBackend == "marlin" and not a.errors and auto_fallbacks(a)[0].startswith("[S2e]")

@@ -197,6 +197,28 @@ def _no_jit_deepgemm(c: Case) -> bool:
     return c.family in ("sm80", "sm89") or (v is not None and v.strip().lower() in ("0", "false", "no", "off"))
 
 
+def moe_tp_size(tp: int, ep: int, a2a: str) -> int:
+    """sglang's moe_tp_size = tp_size // moe_ep_size // moe_dp_size (moe_ep_setup.py:154, 0.5.23); an all-to-all
+    backend makes ep = tp (handle_a2a_moe); --moe-dp-size is never passed (1)."""
+    ep = tp if a2a not in ("none", "ascend_tp") else ep
+    return max(tp // max(ep, 1), 1)
+
+
+def fi_mxfp4_cutlass_misaligned(family: str, version: str, hidden: int | None, moe_inter: int | None,
+                                moe_tp: int) -> str | None:
+    """DeepSeek-V4 FP4 experts with flashinfer_mxfp4 build Mxfp4FlashinferCutlassMoEMethod on SM90 (from 0.5.14)
+    and SM120/SM121 (from 0.5.17: fp8.py Fp8Config.get_quant_method, :459-466 in 0.5.23), whose create_weights
+    raises unless hidden_size and intermediate_size_per_partition (= moe_intermediate_size // moe_tp_size,
+    FusedMoE.__init__ fused_moe_triton/layer.py:427-428) are multiples of 128. Returns the numbers, or None."""
+    on = family == "sm90" or (family in ("sm120", "sm121") and vt(version) >= (0, 5, 17))
+    if not on or hidden is None or moe_inter is None or vt(version) < (0, 5, 14):
+        return None
+    per = moe_inter // moe_tp
+    if hidden % 128 or per % 128:
+        return f"hidden={hidden}, intermediate={per} (moe_intermediate_size {moe_inter} / moe_tp_size {moe_tp})"
+    return None
+
+
 def _quant(c: Case) -> tuple[bool, str | None]:
     if c.arch in QUANT_RESOLVING_ANYWHERE:
         return False, None
@@ -426,6 +448,23 @@ RULES: tuple[Rule, ...] = (
          "MXFP4 Marlin requires SM90 or SM120.",
          _src("sglang/srt/layers/quantization/mxfp4_marlin_moe.py", "160-161", "Mxfp4MarlinMoEMethod.process_weights_after_loading",
               "0.5.14", "MXFP4 Marlin requires SM90 or SM120")),
+    Rule("SG-FP4EXPERT-FI-ALIGN", "sglang",
+         lambda c: c.fmt == "dsv4_fp4" and c.runner == "flashinfer_mxfp4"
+         and fi_mxfp4_cutlass_misaligned(c.family, c.version, c.hidden, c.moe_inter, moe_tp_size(c.tp, c.ep, c.a2a)) is not None,
+         "Mxfp4FlashinferCutlassMoEMethod requires hidden_size and intermediate_size_per_partition to be multiples of "
+         "128 (got {shape}).",
+         _src("sglang/srt/layers/quantization/mxfp4_flashinfer_cutlass_moe.py", "67-74",
+              "Mxfp4FlashinferCutlassMoEMethod.create_weights", "0.5.14", "requires hidden_size and"),
+         extra=lambda c: {"shape": fi_mxfp4_cutlass_misaligned(c.family, c.version, c.hidden, c.moe_inter,
+                                                                moe_tp_size(c.tp, c.ep, c.a2a))}),
+    # Fp8MoEMethod keeps FP4-packed (int8) experts for an explicit triton runner and get_triton_quant_info passes
+    # them as use_fp8_w8a8 (fp8.py:3018-3038, 0.5.23), so fused_experts_impl's shape assert fires at the first
+    # forward (moe_runner/triton_utils/fused_moe.py:1118-1121). SGLANG_DSV4_FP4_DEQUANT=1 makes them FP8 first.
+    Rule("SG-FP4EXPERT-TRITON", "sglang",
+         lambda c: c.fmt == "dsv4_fp4" and c.runner == "triton" and not c.rocm and not c.truthy("SGLANG_DSV4_FP4_DEQUANT"),
+         "Hidden size mismatch (the triton runner gets the packed FP4 expert weights as FP8 W8A8)",
+         _src(_F8, "1501,3018-3038", "Fp8MoEMethod.__init__ / get_triton_quant_info", "0.5.14",
+              "self.is_fp4_expert = self.quant_config.is_fp4_experts")),
     Rule("SG-FP8-CUTLASS", "sglang",
          lambda c: c.fmt in FP8_METHOD and c.runner == "cutlass" and c.family not in SM90_SM100_SM12X,
          "cutlass_fp8 MoE requires SM90, SM100, or SM120 GPUs",
