@@ -61,7 +61,7 @@ from moe_kernels.experts import ExpertWeights  # noqa: E402
 from moe_kernels.reference import TorchExperts  # noqa: E402
 from moe_kernels.routing import softmax_topk  # noqa: E402
 from moe_kernels.triton_moe import TritonExperts  # noqa: E402
-from peer_sglang import PeerMoE, SglangPeer, nearest  # noqa: E402
+from peer_sglang import PeerMoE, SglangPeer, clear_fp8, nearest  # noqa: E402
 
 DEV = "cuda"
 
@@ -288,6 +288,7 @@ def main():
                                 f"{dtype}_rel_err": best[3]})
                     if "ours_us" in row:
                         row[f"{dtype}_ratio"] = best[0] / row["ours_us"]
+            clear_fp8()
             results["rows"].append(row)
             dump()
             ours = (f"ours {row['ours_us']:8.1f} us ({100 * row['limit_fp4_us'] / row['ours_us']:4.0f}% of "

@@ -76,6 +76,11 @@ def register_fp8(q: torch.Tensor, scale: torch.Tensor) -> None:
     _PREQUANT[(q.data_ptr(), tuple(q.shape))] = (q, scale)
 
 
+def clear_fp8() -> None:
+    """Forget the registered activations (they are kept alive while registered)."""
+    _PREQUANT.clear()
+
+
 def _group_quant_fp8(x, group_size, *args, **kwargs):
     if x.dtype == torch.float8_e4m3fn:
         hit = _PREQUANT.get((x.data_ptr(), tuple(x.shape)))
