@@ -4,9 +4,10 @@
 2. the Helm chart (CRDs, RBAC; the operator Deployment scaled to 0 because the GPU nodes are
    simulated, so the operator process runs here, against the same API server);
 3. the samples from deploy/samples, and a table of what was decided for each and where pods landed;
-3b. a model cache filling: a local server speaking the hub's file API serves a tiny checkpoint as an
-   hf:// model; the operator pins its revision and creates the cache PVC and its download Job; the
-   Job's container (kwok runs none) runs here as rendered, into the PV's directory, with progress;
+3b. a model cache filling (local control plane only): a local server speaking the hub's file API
+   serves a tiny checkpoint as an hf:// model; the operator pins its revision and creates the cache
+   PVC and its download Job; the Job's container (kwok runs none) runs here as rendered, into the
+   PV's directory, with progress;
 4. one bundled runtime started locally on a tiny generated checkpoint with the env and args the
    operator rendered for it, and a completion request.
 """
@@ -92,23 +93,27 @@ def run(args: argparse.Namespace) -> int:
         install(k)
     k("create", "namespace", NAMESPACE, check=False)
 
-    hub = _start_hub()
+    # The cache step runs on the local control plane only: there the operator's hub is the local
+    # server (HF_ENDPOINT), which would be wrong for the hf:// models of a real cluster.
+    hub = _start_hub() if cluster is not None and not args.skip_cache else None
     hf_home = tempfile.mkdtemp(prefix="moe-demo-hf-")
+    hub_env = {"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HOME": hf_home} if hub else {}
     log_path = Path(tempfile.gettempdir()) / "moe-operator-demo.log"
-    say(f"starting the operator (log: {log_path}; HF_ENDPOINT={hub.url}, the local hub server)")
+    say(f"starting the operator (log: {log_path}" + (f"; HF_ENDPOINT={hub.url}, the local hub server)" if hub else ")"))
     op = subprocess.Popen([sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", kubeconfig,
                            "--standalone", "--metrics-port", "0", "--liveness", "",
                            "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints"),
                            # the samples' file:///models/... and the tiny checkpoint the demo writes
                            "--allow-host-path", "/models", "--allow-host-path", str(demo_cache())],
                           stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                          env={**env, "MOE_RESYNC_SECONDS": "3", "PYTHONUNBUFFERED": "1", "HF_ENDPOINT": hub.url,
-                               "HF_HUB_DISABLE_XET": "1", "HF_HOME": hf_home}, start_new_session=True)
+                          env={**env, "MOE_RESYNC_SECONDS": "3", "PYTHONUNBUFFERED": "1", **hub_env},
+                          start_new_session=True)
     try:
         return _demo(args, k, op, kubeconfig, t0, cluster, hub)
     finally:
         _stop(op, 20)
-        hub.stop()
+        if hub is not None:
+            hub.stop()
         shutil.rmtree(hf_home, ignore_errors=True)
         if cluster is not None:
             if args.down:
@@ -132,7 +137,7 @@ def _demo(args, k, op, kubeconfig: str, t0: float, cluster, hub) -> int:
     print()
     print(_table(objs, pods))
     print()
-    if not args.skip_cache and _model_cache(k, op, hub) != 0:
+    if hub is not None and _model_cache(k, op, hub) != 0:
         return 1
     if args.skip_runtime:
         return 0
