@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from moe_kernels.routing import grouped_topk, softmax_topk
 
-from .. import parallel
+from .. import dispatch, parallel
 
 
 @dataclass(frozen=True)
@@ -51,15 +51,16 @@ class MoEBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H] in x's dtype. Under expert/tensor parallelism (moe_runtime.parallel) this
         rank's experts see only the pairs routed to them (other ids -1) and the routed + shared partial
-        sums are all-reduced once over the world."""
+        sums are combined once over the world (moe_runtime.dispatch: all-reduce, or all-to-all for large batches)."""
         weights, ids = self.route(x)
+        global_ids = ids
         ids = parallel.localize_expert_ids(ids, self.experts)
         scale = self.routing.routed_scale
         if self.deferred:
             d = self.experts.forward(x, weights, ids, routed_scale=scale, defer_finalize=True)
             shared = self.shared(x) if self.shared is not None else None
-            return parallel.all_reduce_world(d.finalize(shared).to(x.dtype))
+            return dispatch.combine(d.finalize(shared).to(x.dtype), global_ids, self.experts, shared is not None)
         y = self.experts.forward(x, weights, ids, routed_scale=scale).to(x.dtype)
         if self.shared is not None:
             y = y + self.shared(x)
-        return parallel.all_reduce_world(y)
+        return dispatch.combine(y, global_ids, self.experts, self.shared is not None)
