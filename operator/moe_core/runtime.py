@@ -100,7 +100,7 @@ def parallelism_problems(tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none
     out = []
     if a2a not in caps.a2a_backends:
         out.append(f"[B5] the bundled runtime has no all-to-all backend (moe.a2aBackend={a2a}; its expert "
-                   f"parallelism combines with an all-reduce: moe.a2aBackend none); {ELSEWHERE} for all-to-all dispatch")
+                   f"parallelism combines with its own all-reduce / all-to-all, moe_runtime.dispatch: moe.a2aBackend none); {ELSEWHERE} for all-to-all dispatch")
     if architecture in caps.single_rank and max(tp, ep, nodes) > 1:
         out.append(f"[B6] the bundled runtime serves {architecture} on one GPU only (here tp={tp} ep={ep} "
                    f"nodes={nodes}); {ELSEWHERE} to shard it")
@@ -111,6 +111,9 @@ def parallelism_problems(tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none
                    f"dp={dp} ep={ep} nodes={nodes}); {ELSEWHERE} for larger replicas")
     elif max(tp, ep) % min(tp, ep):
         out.append(f"[B6] the bundled runtime runs max(tp, ep) ranks and needs one of tp={tp}, ep={ep} to divide the other")
+    elif max(tp, ep) % nodes or max(tp, ep) // nodes > caps.max_gpus_per_node:
+        out.append(f"[B6] the bundled runtime runs max(tp, ep)={max(tp, ep)} ranks, one process per GPU, the same number "
+                   f"on each of the {nodes} node(s) of a replica and at most {caps.max_gpus_per_node} per node")
     elif max(tp, ep) % nodes or max(tp, ep) // nodes > caps.max_gpus_per_node:
         out.append(f"[B6] the bundled runtime runs max(tp, ep)={max(tp, ep)} ranks, one process per GPU, the same number "
                    f"on each of the {nodes} node(s) of a replica and at most {caps.max_gpus_per_node} per node")

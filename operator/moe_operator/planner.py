@@ -434,13 +434,15 @@ def _run_checks(b: _Builder, checks: tuple[Check, ...], runner: str) -> None:
         _engine_start_checks(b, checks, runner, frozenset(fired), first_error)
 
 
-def _engine_case(f: Facts, runner: str) -> engine_rules.Case:
+def _engine_case(f: Facts, runner: str, args: list[str] | None = None) -> engine_rules.Case:
+    args = args or []
+    deepep_mode = args[args.index("--deepep-mode") + 1] if "--deepep-mode" in args[:-1] else "auto"
     return engine_rules.Case(
         engine=f.engine, version=f.version, fmt=f.fmt, arch=f.arch, family=f.fam, runner=runner, a2a=f.a2a,
         tp=f.choices.tp, ep=f.choices.ep, dp=f.choices.dp, cc=f.gpu.computeCapability,
         driver=getattr(f.gpu, "driverVersion", None) or (str(f.gpu.driverMajor) if f.gpu.driverMajor else None),
         flashinfer=f.flashinfer, quant_method=f.ckpt.quantMethod, env=dict(f.choices.env),
-        hidden=f.ckpt.hiddenSize, moe_inter=f.ckpt.moeIntermediateSize)
+        hidden=f.ckpt.hiddenSize, moe_inter=f.ckpt.moeIntermediateSize, deepep_mode=deepep_mode)
 
 
 def _engine_start_checks(b: _Builder, checks: tuple[Check, ...], runner: str, fired: frozenset[str],
@@ -448,7 +450,7 @@ def _engine_start_checks(b: _Builder, checks: tuple[Check, ...], runner: str, fi
     """Explicit sglang/vLLM choices against the engine version's own start-up checks (engine_rules),
     then every refusal of the explicit choice says what works instead (issue 16)."""
     f = b.f
-    case = _engine_case(f, runner)
+    case = _engine_case(f, runner, b.args)
     b.errors.extend(r.text for r in engine_rules.check(case, skip_same_as=fired))
     note = engine_rules.coverage_note(f.engine, f.version)
     if note:
@@ -559,6 +561,13 @@ def _plan_sglang(b: _Builder) -> PlanMoE:
     if truthy(f.env("SGLANG_CUTLASS_MOE")) and f.ver >= (0, 5, 18) and f.choices.runner_backend == "auto":
         runner = "cutlass"
         b.decide("moe.runnerBackend", runner, "E2", "SGLANG_CUTLASS_MOE is ignored since sglang 0.5.18; using --moe-runner-backend cutlass")
+    if runner == "flashinfer_cutedsl" and f.a2a == "deepep" and "--deepep-mode" not in b.args:
+        # S15b: the CuTeDSL FP4 runner has only a DeepEP low-latency handler; sglang < 0.5.17 does not force the
+        # mode and --deepep-mode auto sends prefill through normal dispatch (engine row SG-CUTEDSL-DEEPEP-AUTO)
+        b.args += ["--deepep-mode", "low_latency"]
+        b.decide("args.--deepep-mode", "low_latency", "S15b",
+                 "flashinfer_cutedsl has only a DeepEP low-latency (masked) handler (moe_runner/flashinfer_cutedsl.py "
+                 "fused_experts_deepep_to_flashinfer_cutedsl_fp4); sglang >= 0.5.17 forces the same (moe_hook.py:363-375)")
     _run_checks(b, SGLANG_CHECKS, runner)
     b.errors.extend(sglang_moe_shape_errors(f))
     if runner != "auto":

@@ -13,8 +13,9 @@ is accepted too): world W = max(tp, ep), the larger a multiple of the smaller. R
   with their intermediate split etp ways (TP inside experts). Activations are replicated on every
   rank after the attention all-reduce, so dispatch is the all-gather of the degenerate kind (each
   rank already has every token); a rank runs its experts on the pairs routed to them (other ids become
-  -1, which the experts backends and the deferred finalize skip) and the combine is one all-reduce
-  over the world of (routed partial + shared partial): the reduce-scatter + all-gather pair in one.
+  -1, which the experts backends and the deferred finalize skip) and the combine of (routed partial +
+  shared partial) over the world is moe_runtime.dispatch's: one fp32 all-reduce for small batches, or
+  all_to_all_single of the rows to the tokens' owners + all_gather_into_tensor for large ones.
 
 All reductions run in fp32 (the bf16 partials summed once in fp32, then rounded).
 

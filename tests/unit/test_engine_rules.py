@@ -349,8 +349,9 @@ def test_automatic_choices_pass_the_engines_start_up_checks():
         p = _plan(engine, version, gpu, fmt, arch, "auto", a2a, par)
         if p.errors or p.moe.runnerBackend == "auto":
             continue
+        mode = p.args[p.args.index("--deepep-mode") + 1] if "--deepep-mode" in p.args else "auto"
         case = Case(engine, version, fmt, arch, from_name(gpu).family, p.moe.runnerBackend, a2a=a2a, tp=par[0],
-                    ep=par[1], dp=par[2], quant_method=QM.get(fmt))
+                    ep=par[1], dp=par[2], quant_method=QM.get(fmt), deepep_mode=mode)
         refused = [r.rule.id for r in engine_rules.check(case)]
         if refused:
             failing.append((engine, version, gpu, fmt, arch, a2a, p.moe.runnerBackend, refused))
@@ -556,3 +557,31 @@ def test_dsv4_fp4_flashinfer_mxfp4_alignment(version, gpu, tp, expected):
     from moe_operator.planner import auto_fallbacks
     a = plan(ck, from_name(gpu), Choices(tp=tp), engine="sglang", engine_version=version)
     assert a.moe.runnerBackend == "marlin" and not a.errors and auto_fallbacks(a)[0].startswith("[S2e]")
+
+
+# ---- --deepep-mode (sglang) ----
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.17", "0.5.23"])
+def test_explicit_cutedsl_under_deepep_gets_low_latency(version):
+    """S15b: the ('deepep', 'flashinfer_cutedsl') fused function takes DeepEPLLDispatchOutput only
+    (moe_runner/flashinfer_cutedsl.py:460-476, 0.5.14); --deepep-mode auto sends prefill through normal dispatch
+    (exec_.py:898-901 help, 0.5.23). sglang >= 0.5.17 forces low_latency itself (moe_hook.py:363-375, 0.5.23)."""
+    p = _plan("sglang", version, "B200", "nvfp4", DSV3, "flashinfer_cutedsl", "deepep", (8, 8, 1))
+    assert p.args[p.args.index("--deepep-mode") + 1] == "low_latency" and "S15b" in {d.rule for d in p.decisions}
+    assert not [e for e in p.errors if "DEEPEP-AUTO" in e or "DEEPEP-NORMAL" in e]
+    auto = _plan("sglang", version, "B200", "nvfp4", DSV3, "auto", "deepep", (8, 8, 1))  # S15 adds it once
+    assert auto.args.count("--deepep-mode") == 1
+
+
+@pytest.mark.parametrize("version,a2a,runner,mode,expected", [
+    ("0.5.14", "deepep", "flashinfer_cutedsl", "auto", "SG-CUTEDSL-DEEPEP-AUTO"),  # flashinfer_cutedsl.py:460-476
+    ("0.5.17", "deepep", "flashinfer_cutedsl", "auto", None),  # forced to low_latency (server_args.py:6691, 0.5.17)
+    ("0.5.23", "deepep", "flashinfer_cutedsl", "normal", "SG-CUTEDSL-DEEPEP-NORMAL"),  # moe_hook.py:376-382
+    ("0.5.23", "deepep", "flashinfer_cutedsl", "low_latency", None),
+    ("0.5.23", "pplx", "deep_gemm", "normal", "SG-PPLX-NORMAL"),  # moe_hook.py:576-580
+    ("0.5.23", "pplx", "deep_gemm", "auto", None),  # resolved to low_latency (moe_hook.py:581-587)
+])
+def test_deepep_mode_rows(version, a2a, runner, mode, expected):
+    case = Case("sglang", version, "nvfp4", DSV3, "sm100", runner, a2a=a2a, tp=8, ep=8, dp=8, deepep_mode=mode)
+    ids = {r.rule.id for r in engine_rules.check(case)} & {"SG-CUTEDSL-DEEPEP-AUTO", "SG-CUTEDSL-DEEPEP-NORMAL", "SG-PPLX-NORMAL"}
+    assert ids == ({expected} if expected else set())

@@ -79,6 +79,7 @@ class Case:
     driver: str | None = None  # NVIDIA driver version "595.58.03"
     flashinfer: str | None = None
     quant_method: str | None = None  # config.json quantization_config.quant_method as written
+    deepep_mode: str = "auto"  # sglang --deepep-mode as the planner passes it (auto | normal | low_latency)
     hidden: int | None = None  # config.json hidden_size
     moe_inter: int | None = None  # config.json moe_intermediate_size (per expert, before tensor-parallel split)
     env: Mapping[str, str] = field(default_factory=dict)

@@ -339,6 +339,30 @@ RULES: tuple[Rule, ...] = (
          "moe_a2a_backend='pplx' is only supported with --moe-runner-backend deep_gemm (or auto).",
          _src(_MH, "596-602", "handle_a2a_moe", "0.5.17", "is only supported with --moe-runner-backend"), flag="both"),
 
+    # --deepep-mode (auto = low_latency for decode batches, normal for prefill: srt/arg_groups/fields/exec_.py:898-901)
+    Rule("SG-CUTEDSL-DEEPEP-NORMAL", "sglang",
+         lambda c: c.a2a == "deepep" and c.runner == "flashinfer_cutedsl" and c.deepep_mode == "normal",
+         "flashinfer_cutedsl FP4 MoE only supports DeepEP low_latency dispatch (masked layout). DeepEP normal (prefill) "
+         "dispatch has no CuteDSL FP4 handler. Pass --deepep-mode low_latency or auto.",
+         _src(_MH, "362-382", "handle_a2a_moe", "0.5.17", "flashinfer_cutedsl FP4 MoE only supports DeepEP"), flag="both"),
+    # Before 0.5.17 nothing forces low_latency (the forcing is moe_hook.py:363-375 in 0.5.23, first in 0.5.17), and
+    # the only ('deepep', 'flashinfer_cutedsl') fused function unpacks a DeepEPLLDispatchOutput
+    # (srt/layers/moe/moe_runner/flashinfer_cutedsl.py:460-476, fused_experts_deepep_to_flashinfer_cutedsl_fp4, 0.5.14),
+    # so the first prefill batch (normal dispatch under --deepep-mode auto) fails. The planner passes
+    # --deepep-mode low_latency with this pair (S15/S15b); this row holds only for a Case without it.
+    Rule("SG-CUTEDSL-DEEPEP-AUTO", "sglang",
+         lambda c: c.a2a == "deepep" and c.runner == "flashinfer_cutedsl" and c.deepep_mode == "auto"
+         and vt(c.version) < (0, 5, 17),
+         "flashinfer_cutedsl under DeepEP has only a low-latency (masked) handler; --deepep-mode auto dispatches prefill "
+         "batches in normal mode and the first prefill fails (sglang {version} does not force low_latency)",
+         Source("sglang/srt/layers/moe/moe_runner/flashinfer_cutedsl.py", "460-476",
+                "fused_experts_deepep_to_flashinfer_cutedsl_fp4", version="0.5.14", since="0.5.14",
+                marker='@register_fused_func("deepep", "flashinfer_cutedsl")'),
+         flag="both"),
+    Rule("SG-PPLX-NORMAL", "sglang", lambda c: c.a2a == "pplx" and c.deepep_mode == "normal",
+         "moe_a2a_backend='pplx' only supports low-latency mode; set --deepep-mode to 'low_latency' or 'auto'.",
+         _src(_MH, "575-580", "handle_a2a_moe", "0.5.17", "only supports low-latency mode"), flag="a2a"),
+
     # ---- per-model override modules -----------------------------------------------------------
     # NemotronH normalises ModelOpt quantization itself (model_overrides/nemotron_h.py:35-55), so a
     # W4A16_NVFP4-expert checkpoint (planner format mixed_w4a16) is known to be modelopt_mixed here.
