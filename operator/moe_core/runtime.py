@@ -114,9 +114,6 @@ def parallelism_problems(tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none
     elif max(tp, ep) % nodes or max(tp, ep) // nodes > caps.max_gpus_per_node:
         out.append(f"[B6] the bundled runtime runs max(tp, ep)={max(tp, ep)} ranks, one process per GPU, the same number "
                    f"on each of the {nodes} node(s) of a replica and at most {caps.max_gpus_per_node} per node")
-    elif max(tp, ep) % nodes or max(tp, ep) // nodes > caps.max_gpus_per_node:
-        out.append(f"[B6] the bundled runtime runs max(tp, ep)={max(tp, ep)} ranks, one process per GPU, the same number "
-                   f"on each of the {nodes} node(s) of a replica and at most {caps.max_gpus_per_node} per node")
     return out
 
 
