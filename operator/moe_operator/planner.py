@@ -302,8 +302,11 @@ SGLANG_CHECKS: tuple[Check, ...] = (
           "{value} is a CUDA (FlashInfer) runner; {gpu} is ROCm: use auto (aiter) or triton"),
     Check("K25", lambda f, r: f.a2a == "flashinfer" and f.choices.dp != f.choices.tp, "reject",
           "Flashinfer MoE A2A requires --attn-dp-size equal to --tp-size"),
-    Check("K28", lambda f, r: "normal" in (f.env("SGLANG_DEEPEP_MODE") or ""), "warn",
-          "DeepEP normal mode disables CUDA graphs for decode and prefill"),
+    # K28: SGLANG_DEEPEP_MODE is not an sglang setting: no release read (0.5.10-0.5.23) has it in srt/environ.py or
+    # anywhere in the package; the mode is the --deepep-mode argument (srt/arg_groups/fields/exec_.py:898-901, 0.5.23).
+    Check("K28", lambda f, r: f.env("SGLANG_DEEPEP_MODE") is not None, "warn",
+          "SGLANG_DEEPEP_MODE is not read by sglang (no such environment variable in 0.5.10-0.5.23); the DeepEP mode "
+          "is --deepep-mode, which the planner sets only to low_latency for flashinfer_cutedsl (S15/S15b)"),
 )
 
 

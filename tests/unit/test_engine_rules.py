@@ -585,3 +585,12 @@ def test_deepep_mode_rows(version, a2a, runner, mode, expected):
     case = Case("sglang", version, "nvfp4", DSV3, "sm100", runner, a2a=a2a, tp=8, ep=8, dp=8, deepep_mode=mode)
     ids = {r.rule.id for r in engine_rules.check(case)} & {"SG-CUTEDSL-DEEPEP-AUTO", "SG-CUTEDSL-DEEPEP-NORMAL", "SG-PPLX-NORMAL"}
     assert ids == ({expected} if expected else set())
+
+
+def test_sglang_deepep_mode_env_is_not_an_sglang_setting():
+    """No released sglang read (0.5.10-0.5.23) has SGLANG_DEEPEP_MODE (srt/environ.py has no such key); the
+    mode is --deepep-mode (exec_.py:898-901, 0.5.23). Setting it neither disables a refusal nor goes unmentioned."""
+    env = {"SGLANG_DEEPEP_MODE": "normal", "SGLANG_ENABLE_JIT_DEEPGEMM": "0"}
+    p = _plan("sglang", "0.5.23", "H200", "fp8", DSV3, "auto", "deepep", (8, 8, 1), env=env)
+    assert any(e.startswith("[SG-DEEPEP-DEEPGEMM]") for e in p.errors)
+    assert any(w.startswith("[K28]") and "not read by sglang" in w for w in p.warnings)

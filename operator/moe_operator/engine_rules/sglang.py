@@ -392,7 +392,7 @@ RULES: tuple[Rule, ...] = (
               "is_humming = backend is not None and backend.is_humming()"), flag="both"),
     Rule("SG-DEEPEP-DEEPGEMM", "sglang",
          lambda c: c.a2a in _DEEPEP_MOE_A2A and not c.rocm and _no_jit_deepgemm(c) and c.fmt not in ("bf16", "w4afp8")
-         and not _deepep_modern(c) and "normal" not in (c.env.get("SGLANG_DEEPEP_MODE") or ""),
+         and not _deepep_modern(c) and c.deepep_mode != "normal",
          "DeepEP auto mode requires deep_gemm (low-latency dispatch; DeepGEMM JIT is off below SM90 or with "
          "SGLANG_ENABLE_JIT_DEEPGEMM=0: layers/deep_gemm_wrapper/configurer.py:31-37)",
          _src("sglang/srt/layers/moe/ep_moe/layer.py", "166-177", "DeepEPMoE.__init__", "0.5.10", "mode requires deep_gemm"),
