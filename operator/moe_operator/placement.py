@@ -174,6 +174,8 @@ def sized_for_cli(ckpt: CheckpointInfo, gpu, engine: str, kw: dict, gpus_per_nod
     layout = size_layout(spec, ckpt, inv)
     if isinstance(layout, str):
         return None, lambda p: p.errors.append(layout)
+    if layout.nodes > 1:
+        kw["nodes"] = layout.nodes  # the planner's choices: the bundled runtime's flags depend on the node count
     return layout.gpus, lambda p: _record_layout(p, layout, spec)
 
 

@@ -92,3 +92,23 @@ def test_crd_cel_rule_bounds_bundled_nodes_by_the_table():
     text = json.dumps(crd())
     assert f"self.nodesPerReplica <= {BUNDLED.max_nodes} || self.engine.name != 'bundled'" in text
     assert "the bundled engine serves one node per replica" not in text
+
+
+def test_plan_cli_sizing_over_two_nodes_plans_the_bundled_flags_for_them(tmp_path):
+    """`moe-operator plan --engine bundled --nodes 2`: sizing spans 2 nodes (380.8 GiB on L40S) and the
+    planner's bundled rules get the node count (else they would refuse 16 ranks on one node)."""
+    from moe_core.gpu import from_name
+    from moe_operator.placement import sized_for_cli
+    from moe_operator.planner import Choices, plan
+    from moe_operator.sample_checkpoints import write_full_size
+
+    ck = inspect_dir(write_full_size("deepseek-v3-nvfp4", tmp_path / "c"))
+    gpu = from_name("L40S")
+    kw: dict = {}
+    tp, record = sized_for_cli(ck, gpu, "bundled", kw, 8, 2, None, None)
+    assert tp == 16 and kw["nodes"] == 2
+    kw["tp"] = tp
+    p = plan(ck, gpu, Choices(**kw), engine="bundled")
+    record(p)
+    assert p.errors == [] and p.layout.nodes == 2 and p.args[-4:] == ["--tp", "16", "--ep", "1"]
+    assert [d.value for d in p.decisions if d.key == "parallel"] == ["tp=16 ep=1 nodes=2"]
