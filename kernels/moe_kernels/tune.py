@@ -149,11 +149,12 @@ def tune(shape: tuple[int, int, int, int], fmt: str, tokens: list[int], *, max_c
     from .triton_moe import TritonExperts
     e, h, i, k = shape
     weights = weights if weights is not None else random_weights(fmt, e, h, i, seed=seed)
+    dev = weights.device
     ex = TritonExperts(weights, tuned_table={})
     ref = TorchExperts(weights)
     winners = {}
     for t in tokens:
-        x, w, ids = _inputs(t, e, h, k, seed + t)
+        x, w, ids = _inputs(t, e, h, k, seed + t, dev)
         want = ref.forward(x, w, ids)
         cands = candidate_configs(fmt, t * k, e, ex.frag, max_candidates)
         print(f"  T={t}: {len(cands)} candidates", flush=True)
@@ -184,7 +185,8 @@ def tune(shape: tuple[int, int, int, int], fmt: str, tokens: list[int], *, max_c
               + f"  {cfg}", flush=True)
         del x, w, ids, want
     del ex
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return winners
 
 
@@ -222,7 +224,7 @@ def verify_table(path: str, shape, fmt: str, tokens: list[int], tol: float, seed
     for t in tokens:
         if t not in want_cfgs:
             continue
-        x, w, ids = _inputs(t, e, h, k, seed + 1000 + t)
+        x, w, ids = _inputs(t, e, h, k, seed + 1000 + t, weights.device)
         cfg = ex.config_for(t * k, k)
         err = _rel(ex.forward(x, w, ids), ref.forward(x, w, ids))
         good = cfg == want_cfgs[t] and err <= tol
