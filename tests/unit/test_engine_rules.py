@@ -211,6 +211,13 @@ MATRIX = [
      "0.22.1 oracle/fp8.py:204-219 map_fp8_backend has no humming"),
     ("vllm", "0.33.0", "H200", "fp8", QWEN3, "humming", "none", (1, 1, 1), "ok",
      "0.33.0 oracle/fp8.py:271-289 adds humming"),
+    # ---- sglang: ROCm aiter ----
+    ("sglang", "0.5.23", "H200", "fp8", DSV3, "aiter", "none", (1, 1, 1), "SG-FP8-AITER",
+     "sglang/srt/layers/quantization/fp8.py:3139-3149 aiter branch only under _is_hip; :3356-3359 'Unsupported runner backend'"),
+    ("sglang", "0.5.23", "MI300X", "fp8", DSV3, "aiter", "none", (1, 1, 1), "SG-FP8-AITER",
+     "fp8.py:3414-3415 maybe_get_hip_aiter_quant_info returns None without SGLANG_USE_AITER=1 (fp8.py:149)"),
+    ("sglang", "0.5.14", "MI355X", "fp8", QWEN3, "aiter", "none", (1, 1, 1), "SG-FP8-AITER",
+     "0.5.14 fp8.py:2124-2125 'if not (_use_aiter or _use_hip_int4): return None'"),
     # ---- sglang: FP4-packed DeepSeek-V4 experts on the FP8 Triton path ----
     ("sglang", "0.5.23", "H200", "dsv4_fp4", DSV4, "triton", "none", (1, 1, 1), "SG-FP4EXPERT-TRITON",
      "sglang/srt/layers/quantization/fp8.py:3018-3038 get_triton_quant_info use_fp8_w8a8 with FP4-packed experts -> "
@@ -594,3 +601,12 @@ def test_sglang_deepep_mode_env_is_not_an_sglang_setting():
     p = _plan("sglang", "0.5.23", "H200", "fp8", DSV3, "auto", "deepep", (8, 8, 1), env=env)
     assert any(e.startswith("[SG-DEEPEP-DEEPGEMM]") for e in p.errors)
     assert any(w.startswith("[K28]") and "not read by sglang" in w for w in p.warnings)
+
+
+
+def test_aiter_with_sglang_use_aiter_on_rocm_passes():
+    """fp8.py:149 _use_aiter = SGLANG_USE_AITER and _is_hip; with it the aiter branch runs (fp8.py:3139-3149, 0.5.23)."""
+    p = _plan("sglang", "0.5.23", "MI300X", "fp8", DSV3, "aiter", "none", (1, 1, 1), env={"SGLANG_USE_AITER": "1"})
+    assert not p.errors
+    p = _plan("sglang", "0.5.23", "H200", "fp8", DSV3, "aiter", "none", (1, 1, 1), env={"SGLANG_USE_AITER": "1"})
+    assert any(e.startswith("[SG-FP8-AITER]") for e in p.errors)  # the env does nothing off ROCm (_is_hip)

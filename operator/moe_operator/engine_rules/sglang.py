@@ -489,6 +489,18 @@ RULES: tuple[Rule, ...] = (
          "Hidden size mismatch (the triton runner gets the packed FP4 expert weights as FP8 W8A8)",
          _src(_F8, "1501,3018-3038", "Fp8MoEMethod.__init__ / get_triton_quant_info", "0.5.14",
               "self.is_fp4_expert = self.quant_config.is_fp4_experts")),
+    # Fp8MoEMethod builds a MoeRunner for an explicit aiter runner anywhere (create_moe_runner, fp8.py:2986-2991), but
+    # apply() takes the aiter path only on ROCm with aiter on (maybe_get_hip_aiter_quant_info returns None unless
+    # SGLANG_USE_AITER=1 or SGLANG_INT4_WEIGHT=1 on HIP: fp8.py:148-149,3409-3415) and then raises
+    # "Unsupported runner backend" (fp8.py:3356-3359, 0.5.23) at the first forward.
+    Rule("SG-FP8-AITER", "sglang",
+         lambda c: c.fmt in FP8_METHOD and c.runner == "aiter"
+         and not (c.rocm and (c.truthy("SGLANG_USE_AITER") or c.truthy("SGLANG_INT4_WEIGHT"))),
+         "Unsupported runner backend: MoeRunnerBackend.AITER (the aiter MoE path of Fp8MoEMethod needs a ROCm GPU "
+         "and SGLANG_USE_AITER=1; here {family}, SGLANG_USE_AITER {aiter_env})",
+         _src(_F8, "148-149,3139-3149,3356-3359,3409-3415", "Fp8MoEMethod.apply / maybe_get_hip_aiter_quant_info",
+              "0.5.14", "def maybe_get_hip_aiter_quant_info"),
+         extra=lambda c: {"aiter_env": c.env.get("SGLANG_USE_AITER", "unset")}),
     Rule("SG-FP8-CUTLASS", "sglang",
          lambda c: c.fmt in FP8_METHOD and c.runner == "cutlass" and c.family not in SM90_SM100_SM12X,
          "cutlass_fp8 MoE requires SM90, SM100, or SM120 GPUs",
