@@ -59,11 +59,12 @@ POS_FLOAT, BOOL, STR = Key("float", 0, True), Key("bool"), Key("str")
 KEYS: dict[str, Key] = {
     **dict.fromkeys(("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
                      "intermediate_size", "moe_intermediate_size", "num_experts_per_tok", "head_dim",
-                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank", "n_group",
+                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "n_group",
                      "topk_group", "moe_layer_freq", "decoder_sparse_step", "max_position_embeddings",
                      "original_max_position_embeddings", "sliding_window"), POSITIVE),
     **dict.fromkeys(("n_routed_experts", "num_experts", "num_local_experts", "n_shared_experts", "first_k_dense_replace",
-                     "num_nextn_predict_layers", "num_mtp_layers"), COUNT),
+                     "num_nextn_predict_layers", "num_mtp_layers",
+                     "q_lora_rank"), COUNT),  # q_lora_rank 0 (or null): no query compression, as the model reads it
     **dict.fromkeys(("rms_norm_eps", "rope_theta", "routed_scaling_factor", "swiglu_alpha", "swiglu_limit"), POS_FLOAT),
     **dict.fromkeys(("tie_word_embeddings", "norm_topk_prob", "rope_interleave", "attention_bias"), BOOL),
     **dict.fromkeys(("scoring_func", "topk_method", "model_type"), STR),
