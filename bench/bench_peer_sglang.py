@@ -10,8 +10,11 @@ GPU RUN (for the lead; one H200, torch 2.11, Triton 3.6, no sglang installed, no
   DeepSeek-V3 layer, gpt-oss-120b) x 1 / 64 / 4096 tokens, 2 peer configs per dtype per cell.
   A time guard (--budget-s, 150 s with --quick) starts no new cell past it: the cells already run are
   printed and in the JSON (written after every cell). Each cell and each candidate fails on its own:
-  an error is printed and the run goes on. Full run (no --quick): 6 shapes x 6 token counts, ~10 min:
-  split it with --shapes.
+  an error is printed and the run goes on. Give the run tool timeout_s=420 (the guard plus the
+  cell in flight, the DeepSeek-V3-layer setup and compiles). Not yet run on a GPU: check the first
+  lines (peer loaded, copy bandwidth) and the rel err columns (ours ~5e-3, sglang bf16 ~5e-3, sglang
+  FP8 W8A8 a few 1e-2) before reading the ratios. Full run (no --quick): 6 shapes x 6 token counts,
+  ~220 peer candidates, well over 10 minutes: split it with --shapes (and raise --budget-s).
 
 What is timed (CUDA-graph replays, triton.testing.do_bench_cudagraph: warm-up, CUDA events, median
 of 10 replays of a ~rep-ms graph; bench_moe.bench):
