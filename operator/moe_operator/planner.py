@@ -186,11 +186,21 @@ SGLANG_SELECT: tuple[Select, ...] = (
     # (Mxfp4MarlinMoEMethod.create_weights: hidden round_up 256, intermediate round_up 128 off SM90 and
     # tile padding in the Hopper repack, mxfp4_marlin_moe.py:83-90 and check_moe_marlin_supports_layer(...,
     # allow_tile_padding=True), 0.5.23) and runs on SM90/SM120 (:160).
+    # Without FlashInfer in the image flashinfer_mxfp4 cannot load either (SG-FI-ABSENT), and sglang's override
+    # picks it regardless (deepseek_v4.py:75-89 has no is_flashinfer_available check): marlin on SM90/SM12x,
+    # a refusal on SM100 (S2f), where marlin raises (mxfp4_marlin_moe.py:160).
     Select("S2e", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and not f.rocm and f.a2a == "none"
-           and f.fam in ("sm90", "sm120", "sm121") and f.ver >= (0, 5, 14) and _dsv4_fi_misaligned(f) is not None,
-           "marlin", "DeepSeek-V4 FP4 experts on {gpu}: flashinfer_mxfp4 (CUTLASS) needs hidden and per-rank "
-           "intermediate sizes that are multiples of 128 (mxfp4_flashinfer_cutlass_moe.py:67-74, sglang 0.5.23); "
-           "this layout has {shape}: Marlin W4A16 pads them"),
+           and f.fam in ("sm90", "sm120", "sm121") and f.ver >= (0, 5, 14)
+           and (_dsv4_fi_misaligned(f) is not None or f.choices.flashinfer_version == "none"),
+           "marlin", "DeepSeek-V4 FP4 experts on {gpu}: flashinfer_mxfp4 cannot run this layout ({shape}; the CUTLASS "
+           "method needs hidden and per-rank intermediate sizes that are multiples of 128, "
+           "mxfp4_flashinfer_cutlass_moe.py:67-74, sglang 0.5.23): Marlin W4A16 runs it"),
+    Select("S2f", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and not f.rocm and f.a2a == "none"
+           and f.fam == "sm100" and f.choices.flashinfer_version == "none", None,
+           "DeepSeek-V4 FP4 experts on {gpu} need FlashInfer (flashinfer_mxfp4, TRT-LLM) and the image has none "
+           "(engine.flashinferVersion none); marlin raises 'MXFP4 Marlin requires SM90 or SM120.' "
+           "(mxfp4_marlin_moe.py:160, sglang 0.5.23). Works instead: an image with FlashInfer (the sglang image's pin), "
+           "or SGLANG_DSV4_FP4_DEQUANT=1 (FP8 experts, twice the expert memory)"),
     Select("S2", lambda f: f.arch == DSV4 and f.fmt == "dsv4_fp4" and not f.rocm and f.a2a == "none"
            and f.fam in ("sm90", "sm100", "sm120", "sm121"),
            "flashinfer_mxfp4",
@@ -412,12 +422,22 @@ class _Builder:
         self.decide(f"env.{key}", value, rule, reason)
 
 
-def _select(rows: tuple[Select, ...], f: Facts) -> tuple[Select, str | None]:
+def _select(rows: tuple[Select, ...], f: Facts, skipped: list | None = None) -> tuple[Select, str | None]:
     for row in rows:
         if row.when(f):
             value = row.value(f) if callable(row.value) else row.value
+            if skipped is not None and _needs_absent_flashinfer(f, value):
+                skipped.append((row, value))
+                continue
             return row, value
     raise AssertionError("select tables end with a catch-all row")
+
+
+def _needs_absent_flashinfer(f: Facts, value: str | None) -> bool:
+    """FI0: a FlashInfer runner for an sglang image without FlashInfer (engine.flashinferVersion none) is one sglang
+    refuses (engine row SG-FI-ABSENT): such a select row is passed over, the next one decides."""
+    return (f.engine == "sglang" and f.choices.flashinfer_version == "none" and isinstance(value, str)
+            and value.startswith("flashinfer"))
 
 
 def _run_checks(b: _Builder, checks: tuple[Check, ...], runner: str) -> None:
@@ -444,7 +464,8 @@ def _engine_case(f: Facts, runner: str, args: list[str] | None = None) -> engine
         engine=f.engine, version=f.version, fmt=f.fmt, arch=f.arch, family=f.fam, runner=runner, a2a=f.a2a,
         tp=f.choices.tp, ep=f.choices.ep, dp=f.choices.dp, cc=f.gpu.computeCapability,
         driver=getattr(f.gpu, "driverVersion", None) or (str(f.gpu.driverMajor) if f.gpu.driverMajor else None),
-        flashinfer=f.flashinfer, quant_method=f.ckpt.quantMethod, env=dict(f.choices.env),
+        flashinfer="none" if f.choices.flashinfer_version == "none" else f.flashinfer,
+        quant_method=f.ckpt.quantMethod, env=dict(f.choices.env),
         hidden=f.ckpt.hiddenSize, moe_inter=f.ckpt.moeIntermediateSize, deepep_mode=deepep_mode)
 
 
@@ -475,7 +496,7 @@ def _engine_start_checks(b: _Builder, checks: tuple[Check, ...], runner: str, fi
 
 def _reason(row: Select, f: Facts, value: str) -> str:
     return row.reason.format(arch=f.arch, fmt=f.fmt, gpu=f.gpu_name, value=value, version=f.version,
-                             shape=_dsv4_fi_misaligned(f) if "{shape}" in row.reason else "",
+                             shape=(_dsv4_fi_misaligned(f) or "the image has no FlashInfer") if "{shape}" in row.reason else "",
                              fi=f.flashinfer or "none", a2a=f.a2a)
 
 
@@ -486,7 +507,11 @@ def _choose_runner(b: _Builder, rows: tuple[Select, ...], flag_name: str) -> tup
     if user != "auto":
         b.decide("moe.runnerBackend", user, "user", f"{flag_name} {user} set explicitly by the user (validated, never changed)")
         return user, None
-    row, value = _select(rows, f)
+    skipped: list = []
+    row, value = _select(rows, f, skipped)
+    for r, v in skipped:
+        b.warnings.append(f"[FI0] {r.id} would pick {v}, but the image has no FlashInfer (engine.flashinferVersion "
+                          f"none): passed over, {row.id} decides")
     if value is None:
         b.errors.append(f"[{row.id}] {_reason(row, f, '')}")
         return "auto", row
@@ -710,8 +735,8 @@ def _plan_bundled(b: _Builder) -> PlanMoE:
 # choice made because the preferred path is unavailable for this format on this GPU (or in this
 # engine release / image): the plan runs, slower or without a default optimisation.
 FALLBACKS: dict[str, tuple[Callable[[str], bool], str]] = {
-    "S2e": (lambda v: True, "flashinfer_mxfp4 (the DeepSeek-V4 FP4 default) needs 128-aligned hidden and per-rank "
-                            "intermediate sizes, so the experts run W4A16 on Marlin"),
+    "S2e": (lambda v: True, "flashinfer_mxfp4 (the DeepSeek-V4 FP4 default) cannot run this layout (128-aligned "
+                            "hidden and per-rank intermediate sizes, FlashInfer in the image): W4A16 on Marlin"),
     "S6": (lambda v: True, "no FP4 tensor cores before Blackwell: NVFP4 experts run weight-only (W4A16) on Marlin, "
                            "slower than the FP4 MoE kernels of SM100/SM12x"),
     "S7b": (lambda v: v != "flashinfer_mxfp4", "flashinfer_mxfp4 (the SM12x GPT-OSS default from sglang 0.5.17) is "
@@ -733,6 +758,7 @@ def auto_fallbacks(p: Plan) -> list[str]:
         fb = FALLBACKS.get(d.rule)
         if fb and fb[0](d.value):
             out.append(f"[{d.rule}] {d.key}={d.value}: {fb[1]}")
+    out += [w for w in p.warnings if w.startswith("[FI0] ")]
     auto = [d for d in p.decisions if d.key == "moe.runnerBackend" and d.rule == "B2"]
     if p.engine.name == "bundled" and auto:
         from moe_core.formats import expert_format

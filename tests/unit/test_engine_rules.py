@@ -610,3 +610,45 @@ def test_aiter_with_sglang_use_aiter_on_rocm_passes():
     assert not p.errors
     p = _plan("sglang", "0.5.23", "H200", "fp8", DSV3, "aiter", "none", (1, 1, 1), env={"SGLANG_USE_AITER": "1"})
     assert any(e.startswith("[SG-FP8-AITER]") for e in p.errors)  # the env does nothing off ROCm (_is_hip)
+
+
+@pytest.mark.parametrize("runner,a2a,par", [("flashinfer_trtllm", "none", (1, 1, 1)), ("flashinfer_cutlass", "none", (1, 1, 1)),
+                                            ("flashinfer_cutedsl", "none", (1, 1, 1)),
+                                            ("flashinfer_cutlass", "flashinfer", (8, 8, 8))])
+def test_flashinfer_runners_need_flashinfer_in_the_image(runner, a2a, par):
+    """flashinfer_cutlass.py:157-162 'flashinfer_cutlass MoE runner backend requires flashinfer to be installed',
+    flashinfer_cutedsl.py:316-322, flashinfer_trtllm_moe.py:73-79 (sglang 0.5.23): an image without FlashInfer
+    (engine.flashinferVersion none) cannot run them; what works instead has no flashinfer runner."""
+    ck = CheckpointInfo(architecture=DSV3, format="nvfp4", formatSource="test", quantMethod="NVFP4", numExperts=64,
+                        numSharedExperts=1)
+    p = plan(ck, from_name("B200"), Choices(runner_backend=runner, a2a_backend=a2a, tp=par[0], ep=par[1], dp=par[2],
+                                            flashinfer_version="none"), engine="sglang")
+    [err] = [e for e in p.errors if e.startswith("[SG-FI-ABSENT]")]
+    assert "flashinfer_" not in err.split("Works instead:")[1].split("--moe-a2a-backend values")[0].replace(
+        "--moe-runner-backend values that pass its start-up checks for nvfp4 on sm100 with sglang 0.5.23", "")
+    ok = plan(ck, from_name("B200"), Choices(runner_backend=runner, a2a_backend=a2a, tp=par[0], ep=par[1], dp=par[2]),
+              engine="sglang")
+    assert not [e for e in ok.errors if e.startswith("[SG-FI-ABSENT]")]
+
+
+@pytest.mark.parametrize("gpu", ["H200", "B200", "rtx-pro-6000"])
+def test_auto_never_picks_a_flashinfer_runner_for_an_image_without_flashinfer(gpu):
+    """FI0: select rows that would pick a FlashInfer runner are passed over when engine.flashinferVersion is none
+    (SG-FI-ABSENT: flashinfer_cutlass.py:157-162, sglang 0.5.23), and say so (an admission fallback)."""
+    from moe_operator.planner import auto_fallbacks
+    for fmt, arch in (("fp8", DSV3), ("nvfp4", DSV3), ("mxfp4", GPTOSS), ("dsv4_fp4", DSV4), ("bf16", QWEN3)):
+        ck = CheckpointInfo(architecture=arch, format=fmt, formatSource="test", quantMethod=QM.get(fmt), numExperts=64,
+                            numSharedExperts=1 if arch in (DSV3, DSV4) else 0)
+        p = plan(ck, from_name(gpu), Choices(flashinfer_version="none"), engine="sglang")
+        assert not p.moe.runnerBackend.startswith("flashinfer"), (fmt, p.moe.runnerBackend)
+        with_fi = plan(ck, from_name(gpu), Choices(), engine="sglang")
+        if with_fi.moe.runnerBackend.startswith("flashinfer") and not p.errors:
+            assert auto_fallbacks(p), (fmt, p.decisions)
+        if not p.errors and p.moe.runnerBackend != "auto":
+            case = Case("sglang", "0.5.23", fmt, arch, from_name(gpu).family, p.moe.runnerBackend, flashinfer="none",
+                        quant_method=QM.get(fmt))
+            assert not engine_rules.check(case), (fmt, p.moe.runnerBackend)
+    # DeepSeek-V4 FP4 on SM100 has nothing without FlashInfer (marlin is SM90/SM120 only): refused with alternatives
+    ck = CheckpointInfo(architecture=DSV4, format="dsv4_fp4", formatSource="test", numExperts=64, numSharedExperts=1)
+    p = plan(ck, from_name("B200"), Choices(flashinfer_version="none"), engine="sglang")
+    assert any(e.startswith("[S2f]") and "Works instead" in e for e in p.errors)

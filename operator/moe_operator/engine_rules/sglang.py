@@ -501,6 +501,16 @@ RULES: tuple[Rule, ...] = (
          _src(_F8, "148-149,3139-3149,3356-3359,3409-3415", "Fp8MoEMethod.apply / maybe_get_hip_aiter_quant_info",
               "0.5.14", "def maybe_get_hip_aiter_quant_info"),
          extra=lambda c: {"aiter_env": c.env.get("SGLANG_USE_AITER", "unset")}),
+    # The FlashInfer runners and a2a backends import flashinfer when the layer is built or first runs:
+    # flashinfer_cutlass.py:157-162 _flashinfer_cutlass_fused_moe ("... requires flashinfer to be installed"),
+    # flashinfer_cutedsl.py:316-322, flashinfer_trtllm.py:1697-1712 and layers/moe/flashinfer_trtllm_moe.py:73-79
+    # (ImportError "Please check flashinfer version"), 0.5.23. engine.flashinferVersion: none says the image has none.
+    Rule("SG-FI-ABSENT", "sglang",
+         lambda c: c.flashinfer == "none" and (c.runner.startswith("flashinfer") or c.a2a in ("flashinfer", "flashinfer_megamoe")),
+         "{runner} / a2a {a2a} needs FlashInfer and the image has none (engine.flashinferVersion none): "
+         "'MoE runner backend requires flashinfer to be installed' / ImportError from flashinfer.fused_moe",
+         _src("sglang/srt/layers/moe/moe_runner/flashinfer_cutlass.py", "157-162", "_flashinfer_cutlass_fused_moe",
+              "0.5.14", "requires flashinfer to be installed"), flag="both"),
     Rule("SG-FP8-CUTLASS", "sglang",
          lambda c: c.fmt in FP8_METHOD and c.runner == "cutlass" and c.family not in SM90_SM100_SM12X,
          "cutlass_fp8 MoE requires SM90, SM100, or SM120 GPUs",
