@@ -10,9 +10,12 @@ is refused by the forward self-test before Ready.
 """
 
 import json
+import os
 import random
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,8 @@ from moe_runtime.config_check import KEYS
 from moe_runtime.errors import RuntimeFailure
 
 SEED = 17
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": ":".join(str(ROOT / s) for s in ("operator", "runtime", "kernels"))}
 
 
 @pytest.fixture(scope="module")
@@ -381,7 +386,13 @@ def test_nan_weights_are_refused_by_the_forward_selftest_before_ready(copy, caps
         if "model.norm.weight" in t:
             t["model.norm.weight"] = torch.full_like(t["model.norm.weight"], float("nan"))
             save_file(t, str(f), metadata={"format": "pt"})
-    rc, line = run(["serve", "--model", str(d), "--host", "127.0.0.1", "--port", "0", "--device", "cpu",
-                    "--dtype", "float32"], capsys)
-    assert rc == 1, line
+    try:  # a subprocess: a server that reports Ready instead would serve until the timeout
+        p = subprocess.run([sys.executable, "-m", "moe_runtime.cli", "serve", "--model", str(d), "--host", "127.0.0.1",
+                            "--port", "0", "--device", "cpu", "--dtype", "float32"], env=ENV, capture_output=True,
+                           text=True, timeout=180)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"serve kept running with NaN weights: {(e.stderr or b'')[-500:]!r}")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    line = p.stderr.strip().splitlines()[-1]
     assert "self-test forward of the loaded model on the torch backend" in line and "logits are not finite" in line, line
+    assert '"event": "ready"' not in p.stdout + p.stderr
