@@ -534,7 +534,12 @@ def _sglang_moe_shape_problem(ck: CheckpointInfo, tp: int, ep: int, env: dict[st
     block = ck.weightBlockSize
     inter = ck.moeIntermediateSize
     if not block:
-        return None  # the check runs only for checkpoints with quantization_config.weight_block_size
+        # check_quantized_moe_compatibility runs only with quantization_config.weight_block_size; every MoE layer
+        # asserts the split itself (FusedMoE.__init__, layers/moe/fused_moe_triton/layer.py:427, 0.5.23; :207 in 0.5.10)
+        if inter is not None and tp % ep == 0 and inter % (tp // ep):
+            return (f"AssertionError in FusedMoE.__init__: intermediate_size % self.moe_tp_size == 0 "
+                    f"(moe_intermediate_size {inter}, moe_tp_size {tp // ep} = tp {tp} / ep {ep})")
+        return None
     if tp % ep:
         return f"tp_size {tp} must be divisible by ep_size {ep}"
     moe_tp = tp // ep  # --moe-dp-size is never passed: 1
@@ -558,7 +563,7 @@ def sglang_moe_shape_errors(f: Facts) -> list[str]:
     :134-176 (0.5.23), run by ModelRunner.__init__ before the weights load. From 0.5.14 the
     SGLANG_SHARED_EXPERT_TP1 env and ROCm aiter (SGLANG_USE_AITER=1) skip the block check.
     An all-to-all backend makes ep = tp (handle_a2a_moe), so moe_tp_size is 1 there."""
-    if f.ver < (0, 5, 10) or not f.ckpt.weightBlockSize:
+    if f.ver < (0, 5, 10) or f.ckpt.moeIntermediateSize is None and not f.ckpt.weightBlockSize:
         return []
     tp = f.choices.tp
     ep = tp if f.a2a not in ("none", "ascend_tp") else f.choices.ep
@@ -573,9 +578,10 @@ def sglang_moe_shape_errors(f: Facts) -> list[str]:
     works = "; ".join(x for x in (
         f"parallelism.ep {', '.join(map(str, eps))} with tp {tp}" if eps else "",
         f"tp {', '.join(map(str, tps))} with ep 1" if tps else "") if x)
-    return [f"[K40] sglang {f.version} refuses this layout at start-up: {msg} (check_quantized_moe_compatibility, "
-            f"srt/model_executor/model_runner_components/moe_ep_setup.py:134-176, sglang 0.5.23; in every release "
-            f"read from 0.5.10). Works instead: {works or 'no tp/ep split of this checkpoint'}."]
+    where = ("FusedMoE.__init__, srt/layers/moe/fused_moe_triton/layer.py:427" if msg.startswith("AssertionError")
+             else "check_quantized_moe_compatibility, srt/model_executor/model_runner_components/moe_ep_setup.py:134-176")
+    return [f"[K40] sglang {f.version} refuses this layout at start-up: {msg} ({where}, sglang 0.5.23; in every "
+            f"release read from 0.5.10). Works instead: {works or 'no tp/ep split of this checkpoint'}."]
 
 
 def _plan_sglang(b: _Builder) -> PlanMoE:

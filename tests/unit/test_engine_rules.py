@@ -652,3 +652,13 @@ def test_auto_never_picks_a_flashinfer_runner_for_an_image_without_flashinfer(gp
     ck = CheckpointInfo(architecture=DSV4, format="dsv4_fp4", formatSource="test", numExperts=64, numSharedExperts=1)
     p = plan(ck, from_name("B200"), Choices(flashinfer_version="none"), engine="sglang")
     assert any(e.startswith("[S2f]") and "Works instead" in e for e in p.errors)
+
+
+def test_sglang_moe_split_assert_without_block_quantization():
+    """FusedMoE.__init__ asserts intermediate_size % self.moe_tp_size == 0 for every MoE layer
+    (srt/layers/moe/fused_moe_triton/layer.py:427 in 0.5.23, :207 in 0.5.10), block-quantized or not."""
+    ck = CheckpointInfo(architecture=QWEN3, format="bf16", formatSource="test", numExperts=128, moeIntermediateSize=1000)
+    [err] = plan(ck, from_name("H200"), Choices(tp=16), engine="sglang").errors
+    assert err.startswith("[K40]") and "layer.py:427" in err and "moe_tp_size 16" in err and "tp 1, 2, 4, 8 with ep 1" in err
+    assert not plan(ck, from_name("H200"), Choices(tp=8), engine="sglang").errors  # 1000 / 8 = 125
+    assert not plan(ck, from_name("H200"), Choices(tp=16, ep=16), engine="sglang").errors
