@@ -155,3 +155,15 @@ def test_the_handler_adds_warnings_to_an_admitted_object_and_refuses_an_impossib
         handler(spec={**_doc("file:///models/dsv4", allowedArchitectures=["sm80"]),
                       "moe": {"runnerBackend": "marlin"}}, warnings=warnings, gpu_nodes=nodes)
     assert warnings == []
+
+
+def test_a_layout_sglang_refuses_is_a_warning_when_the_runner_is_auto(tmp_path):
+    """Qwen3-235B-FP8 (moe_intermediate_size 1536, weight_block_size [128, 128]) at tp 8: sglang's
+    check_quantized_moe_compatibility refuses it on every class (K40); with the runner at auto the object is
+    admitted, and the warning says it will not be placed and which tp/ep would be."""
+    write_sample("qwen3-moe-235b-fp8", tmp_path / "q")
+    cfg = Config(local_models_dir=str(tmp_path), policy=Policy(allowed_host_paths=("/models",)))
+    doc = {**_doc("file:///models/q", allowedArchitectures=["sm90"]), "parallelism": {"tp": 8}}
+    [w] = fallback_warnings(doc, cfg)
+    assert w.startswith("cannot run on sm90/") and "[K40]" in w and "it will not be placed" in w
+    assert fallback_warnings({**doc, "parallelism": {"tp": 8, "ep": 2}}, cfg) == []
