@@ -13,7 +13,14 @@ Where the checks run (0.5.23):
     (`@register_fused_func` in `srt/layers/moe/moe_runner/*.py`) or a permute method for the
     dispatch format (`PermuteMethodPool.get_pre_permute`, `moe_runner/base.py`). The first forward
     (CUDA-graph capture / warm-up) runs before the server reports ready, so `apply` errors are
-    start-up errors too.
+    start-up errors too;
+  * `--deepep-mode` (auto | normal | low_latency) in `handle_a2a_moe`: Case.deepep_mode is what the planner
+    passes (it passes low_latency only, for flashinfer_cutedsl under deepep: S15/S15b);
+  * the FlashInfer package itself: the flashinfer runners import it when a layer builds or first runs
+    (SG-FI-ABSENT, for an image declared without it: engine.flashinferVersion none);
+  * shapes: the layer methods' alignment checks take Case.hidden / Case.moe_inter (config.json) and the
+    per-rank split moe_tp_size(tp, ep, a2a). The split checks that hold for every runner (FusedMoE.__init__,
+    check_quantized_moe_compatibility) are the planner's K40, which runs on automatic choices too.
 """
 
 from __future__ import annotations
