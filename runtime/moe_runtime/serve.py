@@ -267,6 +267,7 @@ def _serve(args, rank, sock) -> int:
     from .flags import engine_options, server_options
     from .metrics import Metrics
     from .server import ServerState, create_app
+    from .tokenize_worker import LongEncoder
     from .tokenizer import Tokenizer
 
     prep = prepare(args)  # raises RuntimeFailure before the server answers
@@ -287,6 +288,7 @@ def _serve(args, rank, sock) -> int:
     if state.tokenizer.vocab_size > v.config["vocab_size"]:  # those token ids would index past the embeddings
         raise RuntimeFailure(f"{v.root / 'tokenizer.json'}: {state.tokenizer.vocab_size} tokens, more than config.json "
                              f"vocab_size = {v.config['vocab_size']} (the model has no embedding for the others)")
+    state.long_encoder = LongEncoder(v.root / "tokenizer.json")  # started at the first long text
     max_len = args.max_model_len or min(int(v.config.get("max_position_embeddings", 2048)), 2048)
     app = create_app(state)
     failure: list[RuntimeFailure] = []
@@ -351,6 +353,7 @@ def _serve(args, rank, sock) -> int:
 
     threading.Thread(target=startup, name="moe-startup", daemon=True).start()
     server.run(sockets=[sock])
+    state.long_encoder.close()
     if state.engine is not None:
         state.engine.stop()
     if leader[0] is not None:

@@ -9,9 +9,11 @@ limit, an unexpected exception), is OpenAI-shaped JSON: {"error": {"message", "t
 `--max-body-bytes`, 429 queue full, 503 while loading or draining, 500 otherwise.
 
 The event loop never runs a long computation: tokenizing (which releases the GIL) and chat
-templating run in worker threads, and a prompt that cannot fit the context is refused from its
-length before it is tokenized. A client that disconnects, streaming or not, has its sequences
-cancelled (their batch slots freed at the next step). Metric labels are route templates.
+templating run in worker threads, a text of 256K characters or more in the tokenizer's child
+process (what tokenizers does with the GIL held grows with the tokens: 0.6 s for 10 MB), and a
+prompt that cannot fit the context is refused from its length before it is tokenized. A client
+that disconnects, streaming or not, has its sequences cancelled (their batch slots freed at the
+next step). Metric labels are route templates.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .engine import Draining, Finished, QueueFull, Request as EngineRequest, SamplingParams
+from .tokenize_worker import LONG_TEXT_CHARS
 from .tokenizer import IncrementalDecoder
 
 MAX_N = 16  # choices per request
@@ -59,6 +62,7 @@ class ServerState:
     draining: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     options: ServerOptions = field(default_factory=ServerOptions)
+    long_encoder: Any = None  # tokenize_worker.LongEncoder (serve sets it): long texts off the GIL
 
 
 # ---------------------------------------------------------------------------------------- errors
@@ -648,7 +652,12 @@ def create_app(state: ServerState) -> FastAPI:
                 if not r.done:
                     state.engine.cancel(r)
 
-    async def _encode(text: str) -> list[int]:
+    async def _encode(text: str, packed: bool = False):
+        """Token ids of `text`, in a worker thread; a long text in the tokenizer's child process
+        (tokenize_worker: the GIL stays free), as an array('I') with `packed` (for /tokenize's JSON)."""
+        if state.long_encoder is not None and len(text) >= LONG_TEXT_CHARS:
+            ids = await asyncio.to_thread(state.long_encoder.encode, text)
+            return ids if packed else await asyncio.to_thread(ids.tolist)
         return await asyncio.to_thread(state.tokenizer.encode, text)
 
     @app.post("/v1/completions")
@@ -701,10 +710,10 @@ def create_app(state: ServerState) -> FastAPI:
                 return text
         else:
             text = body.prompt
-        ids = await _encode(text)
+        ids = await _encode(text, packed=True)
         head = {"count": len(ids), "max_model_len": _max_len()}
         if len(ids) <= _JSON_PIECE:
-            return {**head, "tokens": ids}
+            return {**head, "tokens": list(ids)}
 
         async def pieces():  # millions of ids: rendered piece by piece, the event loop keeps serving
             yield json.dumps(head)[:-1] + ', "tokens": ['
