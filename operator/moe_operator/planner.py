@@ -12,6 +12,7 @@ The bundled engine's rows are derived from the kernel-backend registry (`moe_cor
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -688,6 +689,7 @@ def _plan_vllm(b: _Builder) -> PlanMoE:
                 b.set_env(k, v, "W7r", f"vLLM {f.version} predates --moe-backend: {runner} expressed as {k}={v}")
     else:
         _run_checks(b, VLLM_CHECKS, runner)
+    b.errors.extend(vllm_moe_shape_errors(f, runner))
     if f.choices.tp > 1:
         b.args += ["--tensor-parallel-size", str(f.choices.tp)]
     if f.choices.dp > 1:
@@ -699,6 +701,63 @@ def _plan_vllm(b: _Builder) -> PlanMoE:
     if f.choices.deferred_finalize == "on":
         b.errors.append("[DF4] moe.deferredFinalize=on: vLLM has no deferred-finalize switch; use engine sglang or bundled")
     return PlanMoE(runnerBackend=runner, a2aBackend=f.a2a, deferredFinalize=False)
+
+
+def _vllm_moe_shape_problem(ck: CheckpointInfo, tp: int, dp: int, ep: int, runner: str) -> str | None:
+    """vLLM 0.33.0's MoE split checks for one layout: the message it raises, or None.
+
+    Without expert parallelism the MoE layer is tensor-parallel over tp x dp (FusedMoEParallelConfig.make,
+    model_executor/layers/fused_moe/config.py:1198-1225, flatten_tp_across_dp_and_pcp :1112); with it, tp 1."""
+    inter, hidden, block = ck.moeIntermediateSize, ck.hiddenSize, ck.weightBlockSize
+    moe_tp = 1 if ep > 1 and tp * dp > 1 else tp * dp
+    if inter is None or moe_tp == 1:
+        return None
+    if inter % moe_tp:  # FusedMoEConfig.__post_init__, fused_moe/config.py:1352
+        return f"AssertionError in FusedMoEConfig.__post_init__: intermediate_size {inter} % tp_size {moe_tp} == 0"
+    if not block or len(block) != 2 or ck.format != "fp8" or hidden is None:
+        return None
+    bn, bk = block
+    ispp = inter // moe_tp
+    if ispp % bn == 0 and ispp % bk == 0:
+        return None
+    # refine_fp8_moe_block_shape (oracle/fp8.py:292-321): a finer block gcd(bn, bk, ispp, hidden) >= 32
+    refinable = math.gcd(bn, bk, ispp, hidden) >= 32
+    if runner == "auto":
+        # resolve_fp8_moe_weight_block_shape (oracle/fp8.py:355-395): under auto only the refinement; without one,
+        # Fp8MoEMethod.create_weights -> validate_fp8_block_shape_moe raises (quantization/fp8.py:545-557,
+        # quantization/utils/fp8_utils.py:1347-1373)
+        if refinable:
+            return None
+        which = ("output_size of gate's and up's weight", bn) if ispp % bn else ("input_size of down's weight", bk)
+        return (f"The {which[0]} = {ispp} is not divisible by weight quantization block_{'n' if which[1] == bn else 'k'} "
+                f"= {which[1]}.")
+    # an explicit backend: the refinement when its kernels take it, else whole-block padding of the TP shard
+    # (pad_tp_shard_to_weight_blocks, oracle/fp8.py:324-352), which needs block-aligned global dims and pure TP
+    if not refinable and (bn != bk or inter % bn or hidden % bn or ep != 1):
+        return (f"Block-aligned FP8 TP sharding requires {bn}-aligned global expert dimensions, pure TP, and no LoRA "
+                f"or expert bias. (intermediate {inter}, hidden {hidden}, ep {ep})")
+    return None
+
+
+def vllm_moe_shape_errors(f: Facts, runner: str) -> list[str]:
+    """WK40: vLLM 0.33.0 refuses an MoE split it cannot shard (any runner; read in 0.33.0 only, so releases before
+    it are not judged)."""
+    if f.ver < (0, 33, 0):
+        return []
+    tp, dp, ep = f.choices.tp, f.choices.dp, f.choices.ep
+    msg = _vllm_moe_shape_problem(f.ckpt, tp, dp, ep, runner)
+    if msg is None:
+        return []
+    alts = [a for a, ok in (
+        (f"parallelism.ep {tp * dp} (--enable-expert-parallel)", _vllm_moe_shape_problem(f.ckpt, tp, dp, tp * dp, runner) is None),
+        ("--moe-backend triton (moe.runnerBackend)", runner == "auto" and _vllm_moe_shape_problem(f.ckpt, tp, dp, ep, "triton") is None),
+    ) if ok]
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and _vllm_moe_shape_problem(f.ckpt, t, dp, ep, runner) is None]
+    if tps:
+        alts.append(f"tp {', '.join(map(str, tps))}")
+    return [f"[WK40] vLLM {f.version} refuses this layout at start-up: {msg} (vllm/model_executor/layers/fused_moe/"
+            f"oracle/fp8.py:292-395 and quantization/utils/fp8_utils.py:1347-1373, vLLM 0.33.0). Works instead: "
+            f"{'; '.join(alts) or 'no tp/ep split of this checkpoint'}."]
 
 
 def _plan_bundled(b: _Builder) -> PlanMoE:

@@ -662,3 +662,23 @@ def test_sglang_moe_split_assert_without_block_quantization():
     assert err.startswith("[K40]") and "layer.py:427" in err and "moe_tp_size 16" in err and "tp 1, 2, 4, 8 with ep 1" in err
     assert not plan(ck, from_name("H200"), Choices(tp=8), engine="sglang").errors  # 1000 / 8 = 125
     assert not plan(ck, from_name("H200"), Choices(tp=16, ep=16), engine="sglang").errors
+
+
+def test_vllm_block_fp8_split_refined_padded_or_refused():
+    """vLLM 0.33.0 (model_executor/layers/fused_moe/oracle/fp8.py): a TP shard of the MoE intermediate size that is
+    not a whole number of checkpoint blocks is refined to gcd(block_n, block_k, shard, hidden) >= 32 (:292-321);
+    under --moe-backend auto nothing else is tried and Fp8MoEMethod.create_weights' validate_fp8_block_shape_moe
+    raises (quantization/utils/fp8_utils.py:1361-1366); an explicit backend pads the shard to whole blocks instead
+    (pad_tp_shard_to_weight_blocks, :324-352)."""
+    ck = _block_fp8()  # Qwen3-235B-FP8: 1536, hidden 4096, [128, 128]
+    assert not plan(ck, from_name("H200"), Choices(tp=8), engine="vllm").errors    # 192: refined to 64 x 64
+    [err] = plan(ck, from_name("H200"), Choices(tp=32), engine="vllm").errors       # 48: gcd 16 < 32
+    assert err.startswith("[WK40]") and "= 48 is not divisible by weight quantization block_n = 128" in err
+    assert "parallelism.ep 32" in err and "--moe-backend triton" in err
+    assert not plan(ck, from_name("H200"), Choices(tp=32, runner_backend="triton"), engine="vllm").errors  # padded
+    assert not plan(ck, from_name("H200"), Choices(tp=32, ep=32), engine="vllm").errors  # EP: MoE tp 1 (config.py:1198-1225)
+    # FusedMoEConfig.__post_init__ asserts intermediate_size % tp_size == 0 (fused_moe/config.py:1352)
+    [err] = plan(_block_fp8(inter=1000), from_name("H200"), Choices(tp=16), engine="vllm").errors
+    assert "intermediate_size 1000 % tp_size 16" in err
+    # releases before the one read are not judged
+    assert not plan(ck, from_name("H200"), Choices(tp=32), engine="vllm", engine_version="0.22.1").errors
