@@ -1,7 +1,7 @@
 """Bad input before serving: corrupt/truncated files, missing tensors, wrong shapes/dtypes,
 unsupported formats and architectures, plans for another GPU or checkpoint. Each gives a clear
-`error:` line naming the file/tensor/mismatch and exit code 2, without opening the port. Also the
-pure plan/backend resolution and the self-test fallback."""
+`error:` line naming the file/tensor/mismatch and exit 1 (bad input; 2 only for a plan with errors),
+without loading anything. Also the pure plan/backend resolution and the self-test fallback."""
 
 import json
 import shutil
