@@ -396,3 +396,34 @@ def test_nan_weights_are_refused_by_the_forward_selftest_before_ready(copy, caps
     line = p.stderr.strip().splitlines()[-1]
     assert "self-test forward of the loaded model on the torch backend" in line and "logits are not finite" in line, line
     assert '"event": "ready"' not in p.stdout + p.stderr
+
+
+def test_operator_classify_refuses_only_with_inspection_errors():
+    """moe_core.checkpoint.classify (the operator's torch-free reading of config.json, hub and
+    inspection Job alike) over random values for its facts and random quantization configs: a
+    CheckpointInfo or an InspectionError naming config.json, never another exception."""
+    from moe_core.checkpoint import CONFIG_KEYS, InspectionError, classify
+
+    rng = random.Random(SEED)
+    values = [float("nan"), float("inf"), -1, 0, 7, 2.5, 64.0, True, None, "8", [], {}, [1], {"a": 1}, 2**31, 10**30]
+    quant = [None, {}, [], "fp8", {"quant_method": 5}, {"quant_method": "fp8", "weight_block_size": "x"},
+             {"quant_method": "compressed-tensors", "config_groups": [1]},
+             {"quant_method": "compressed-tensors", "config_groups": {"g": "w"}},
+             {"quant_algo": "MIXED_PRECISION", "quantized_layers": [1]}, {"quant_algo": ["NVFP4"]},
+             {"quant_method": "modelopt", "quantization": 3}, {"kv_cache_scheme": []}]
+    keys = [k for ks in CONFIG_KEYS.values() for k in ks] + ["model_type"]
+    outcomes = {"info": 0, "refused": 0}
+    for _ in range(400):
+        cfg = {"architectures": [rng.choice(["DeepseekV3ForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM",
+                                             "DeepseekV4ForCausalLM", "MixtralForCausalLM"])]}
+        for k in rng.sample(keys, rng.randint(1, 6)):
+            cfg[k] = rng.choice(values)
+        if (q := rng.choice(quant)) is not None:
+            cfg["quantization_config"] = q
+        try:
+            classify(cfg, rng.choice([None, {"quantization": []}, {"quant_algo": 5}]), [], where="/ck")
+            outcomes["info"] += 1
+        except InspectionError as e:
+            assert str(e).startswith("/ck/config.json: "), e
+            outcomes["refused"] += 1
+    assert outcomes["info"] >= 5 and outcomes["refused"] > 300, outcomes  # (seeded: 7 and 393)
