@@ -459,8 +459,10 @@ def test_client_disconnect_frees_the_slot(live, stream):
 
 def test_health_answers_while_a_10mb_prompt_is_tokenized(live):
     """Tokenizing 10 MB takes seconds (10-20 s on a loaded 2-core box); /health keeps answering
-    meanwhile. What still holds the GIL is turning 3.6M ids into a Python list (~0.4 s on an idle
-    core), hence the bound: far below the tokenization time, and below a liveness probe's budget."""
+    meanwhile. The tokenizer's GIL-held work (the ids list, dropping the Encoding: ~0.6 s) happens
+    in its child process (tokenize_worker); what the server still does with the GIL is parse the
+    body and render 3.6M ids piece by piece (bench/README.md: max /health 0.05-0.09 s), hence the
+    bound: far below the tokenization time, and below a liveness probe's budget on a loaded host."""
     text = "Hello world, the quick brown fox jumps. " * 260_000  # ~10 MB
     gaps: list[float] = []
 
