@@ -13,7 +13,9 @@ This module imports only the tokenizers library: it is what the spawned child im
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from array import array
 from pathlib import Path
 
@@ -22,11 +24,20 @@ LONG_TEXT_CHARS = 256 * 1024  # ~90k tokens: ~15 ms of GIL in-process, the point
 _tok = None
 
 
-def _init(path: str) -> None:
+def _init(path: str, parent: int) -> None:
     global _tok
     from tokenizers import Tokenizer
 
     _tok = Tokenizer.from_file(path)
+    # a parent killed with SIGKILL never tells its pool to stop, and the worker holds both ends of
+    # its own call queue (no EOF): leave when re-parented
+    threading.Thread(target=_exit_with, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _encode(text: str) -> bytes:
@@ -49,7 +60,7 @@ class LongEncoder:
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_init,
-                                                 initargs=(self.path,))
+                                                 initargs=(self.path, os.getpid()))
             return self._pool
 
     def encode(self, text: str) -> array:

@@ -73,3 +73,30 @@ def test_server_sends_only_long_texts_to_the_child(model):
         assert long.json()["tokens"] == Tokenizer(model).encode("hello world " * (LONG_TEXT_CHARS // 12 + 1))
     finally:
         state.long_encoder.close()
+
+
+def test_the_child_leaves_when_its_parent_is_killed(model, tmp_path):
+    """A server killed with SIGKILL (tests, OOM) must not leave its tokenizer child behind."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys, time; sys.path[:0] = sys.argv[2:]; from moe_runtime.tokenize_worker import LongEncoder; "
+            "e = LongEncoder(sys.argv[1]); e.encode('hi'); print(list(e._pool._processes)[0], flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(model / "tokenizer.json"),
+                          *(str(root / s) for s in ("operator", "runtime", "kernels"))], stdout=subprocess.PIPE, text=True)
+    child = int(p.stdout.readline())
+    p.kill()
+    p.wait()
+    t0 = time.time()
+    while Path(f"/proc/{child}").exists() and time.time() - t0 < 15:
+        try:
+            if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or Path(f"/proc/{child}/stat").read_text().split()[2] == "Z", \
+        f"tokenizer child {child} outlived its killed parent"
