@@ -17,6 +17,7 @@ vLLM --gpu-memory-utilization 0.9; sglang's mem_fraction_static is at or below i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from .checkpoint import CheckpointInfo
 from .gpu import GpuClass
@@ -131,8 +132,17 @@ class Choice:
     reason: str
 
 
+def _where(f: Fit) -> str:
+    return f"{f.nodes} nodes x {f.gpus // f.nodes} GPUs" if f.nodes > 1 else f"{f.gpus} GPU{'s' if f.gpus > 1 else ''}"
+
+
 def smallest_fit(ckpt: CheckpointInfo, gpu: GpuClass, gpus_per_node: int, max_nodes: int, *,
-                 max_len: int | None = None, concurrency: int | None = None, multiple_of: int = 1) -> Choice:
+                 max_len: int | None = None, concurrency: int | None = None, multiple_of: int = 1,
+                 refuses: Callable[[Fit], str | None] | None = None) -> Choice:
+    """The smallest layout that fits. `refuses` (optional): why the engine would refuse a layout that fits
+    (a message) or None; a refused layout is passed over, the next one that fits and is accepted is chosen,
+    and the reason says which were passed over and why. When every layout that fits is refused, the choice
+    is None and the reason gives the first refusal (which says what works instead)."""
     memory = memory_bytes(gpu)
     if memory is None:
         return Choice(None, None, f"GPU memory of {gpu.key()} unknown (no nvidia.com/gpu.memory label)")
@@ -140,13 +150,29 @@ def smallest_fit(ckpt: CheckpointInfo, gpu: GpuClass, gpus_per_node: int, max_no
              for g, k in layouts(gpus_per_node, max_nodes, multiple_of)]
     if not tried:
         return Choice(None, None, f"no layout of {gpus_per_node} GPUs per node is a multiple of {multiple_of}")
+    refused: list[tuple[Fit, str]] = []
     for i, f in enumerate(tried):
         if f.fits:
-            where = f"{f.nodes} nodes x {f.gpus // f.nodes} GPUs" if f.nodes > 1 else f"{f.gpus} GPU{'s' if f.gpus > 1 else ''}"
+            why_not = refuses(f) if refuses else None
+            if why_not:
+                refused.append((f, why_not))
+                continue
             prev = tried[i - 1] if i else None
-            smaller = f" (tp={prev.gpus} would need {gib(prev.need)} per GPU)" if prev else ""
-            return Choice(f, tried[-1], f"tp={f.gpus} ({where}) is the smallest layout that fits "
+            smaller = f" (tp={prev.gpus} would need {gib(prev.need)} per GPU)" if prev and not prev.fits else ""
+            if refused:
+                passed = "; ".join(f"tp={r.gpus} ({_where(r)}) fits but {msg}" for r, msg in refused)
+                return Choice(f, tried[-1], f"tp={f.gpus} ({_where(f)}) is the smallest layout that fits "
+                                            f"{gib(ckpt.totalBytes)} of weights on {gpu.key()} and that the engine "
+                                            f"accepts: {f.numbers()}; passed over: {passed}")
+            return Choice(f, tried[-1], f"tp={f.gpus} ({_where(f)}) is the smallest layout that fits "
                                         f"{gib(ckpt.totalBytes)} of weights on {gpu.key()}: {f.numbers()}{smaller}")
+    if refused:
+        first, msg = refused[0]
+        others = ", ".join(str(r.gpus) for r, _ in refused[1:])
+        also = f" (as are the larger layouts that fit, tp={others})" if others else ""
+        return Choice(None, tried[-1], f"tp={first.gpus} ({_where(first)}) is the smallest layout that fits "
+                                       f"{gib(ckpt.totalBytes)} of weights on {gpu.key()} ({first.numbers()}), but the "
+                                       f"engine refuses it{also}: {msg}")
     last = tried[-1]
     span = f"{last.nodes} nodes x {gpus_per_node} GPUs" if last.nodes > 1 else \
         f"{last.gpus} GPU{'s' if last.gpus > 1 else ''}"

@@ -2,13 +2,15 @@
 
 Candidates: the allowed architectures (all if unset), the pinned product if any, enough GPUs per
 node for the parallelism, enough nodes for one replica, enough GPU memory for the weights and the
-KV cache (moe_core.sizing: the smallest layout that fits when the spec leaves it unset); each
+KV cache (moe_core.sizing: the smallest layout that fits when the spec leaves it unset, passing over
+a layout whose MoE split the chosen engine version refuses: planner.split_refusal, K40/WK40); each
 candidate is planned and a class whose plan has errors is rejected with the planner's message.
 Among the rest, most free GPUs wins.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -19,7 +21,7 @@ from moe_core.runtime import BUNDLED
 
 from .api import MoEDeploymentSpec
 from .inventory import ClassInventory
-from .planner import Choices, plan
+from .planner import Choices, plan, split_refusal
 
 
 @dataclass
@@ -58,7 +60,9 @@ def size_layout(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, inv: ClassInvento
 
     Explicit (parallelism.tp or gpusPerReplica set): checked, never changed. Unset: the smallest
     tensor-parallel size that fits (powers of two up to one node's GPUs, then whole nodes when the
-    engine runs multi-node replicas and nodesPerReplica is left at 1)."""
+    engine runs multi-node replicas and nodesPerReplica is left at 1) and whose MoE split the chosen
+    sglang/vLLM version accepts (planner.split_refusal, the predicate of the planner's K40/WK40 rows):
+    a split it refuses is passed over for the next layout that fits, and the reason says so."""
     g = inv.gpu_class
     per_node_avail = inv.gpus_per_node or max(inv.free_per_node.values(), default=0)
     memory = sizing.memory_bytes(g)
@@ -95,7 +99,12 @@ def size_layout(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, inv: ClassInvento
         max_nodes = min(max_nodes, BUNDLED.max_nodes, max(BUNDLED.max_tp // max(per_node_avail, 1), 1))
         more = (f" (the bundled runtime serves at most {BUNDLED.max_gpus_per_node} GPUs per node, {BUNDLED.max_tp} per "
                 f"replica and {BUNDLED.max_nodes} nodes per replica; engines sglang and vllm shard further)")
-    choice = sizing.smallest_fit(ckpt, g, per_node_avail, max_nodes, multiple_of=multiple, **knobs)
+    refuses = None
+    if spec.engine.name in ("sglang", "vllm"):
+        def refuses(fit: sizing.Fit) -> str | None:  # K40 / WK40's own predicate (planner.moe_split_refusal)
+            c = dataclasses.replace(choices_from_spec(spec, tp=fit.gpus), nodes=fit.nodes)
+            return split_refusal(ckpt, g, c, spec.engine.name, spec.engine.version)
+    choice = sizing.smallest_fit(ckpt, g, per_node_avail, max_nodes, multiple_of=multiple, refuses=refuses, **knobs)
     if choice.fit is None:
         return f"[Z1] {choice.reason}{more}"
     return Layout(choice.fit.gpus, choice.fit.nodes, "Z1", choice.reason)

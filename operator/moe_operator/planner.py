@@ -604,7 +604,8 @@ def _plan_sglang(b: _Builder) -> PlanMoE:
                  "flashinfer_cutedsl has only a DeepEP low-latency (masked) handler (moe_runner/flashinfer_cutedsl.py "
                  "fused_experts_deepep_to_flashinfer_cutedsl_fp4); sglang >= 0.5.17 forces the same (moe_hook.py:363-375)")
     _run_checks(b, SGLANG_CHECKS, runner)
-    b.errors.extend(sglang_moe_shape_errors(f))
+    if k40 := moe_split_refusal(f):  # the predicate placement sizes with too
+        b.errors.append(k40)
     if runner != "auto":
         b.args[:0] = ["--moe-runner-backend", runner]
     if f.a2a != "none":
@@ -666,16 +667,22 @@ def _plan_sglang(b: _Builder) -> PlanMoE:
     return PlanMoE(runnerBackend=runner, a2aBackend=f.a2a, deferredFinalize=deferred)
 
 
-def _plan_vllm(b: _Builder) -> PlanMoE:
+def _vllm_pick_runner(b: _Builder) -> str:
+    """The --moe-backend value vLLM gets: the user's, W7's translation of legacy env, or the select table's
+    ("env": W5env's env-era FlashInfer TRT-LLM)."""
     f = b.f
     legacy = _vllm_translate_legacy_env(f)
     if legacy and f.choices.runner_backend == "auto" and f.ver >= (0, 23):
-        runner = legacy
-        b.decide("moe.runnerBackend", runner, "W7", f"VLLM_* MoE env vars were removed in vLLM 0.23 and are silently ignored; "
-                                                     f"translated the user's env to --moe-backend {runner}")
+        b.decide("moe.runnerBackend", legacy, "W7", f"VLLM_* MoE env vars were removed in vLLM 0.23 and are silently ignored; "
+                                                     f"translated the user's env to --moe-backend {legacy}")
         b.warnings.append(f"[W7] legacy VLLM_* MoE env vars have no effect on vLLM {f.version}; use moe.runnerBackend instead")
-    else:
-        runner, row = _choose_runner(b, VLLM_SELECT, "--moe-backend")
+        return legacy
+    return _choose_runner(b, VLLM_SELECT, "--moe-backend")[0]
+
+
+def _plan_vllm(b: _Builder) -> PlanMoE:
+    f = b.f
+    runner = _vllm_pick_runner(b)
     if runner == "env":  # W5 env era: express the choice with env vars
         for k, v in _VLLM_FLAG_TO_ENV["flashinfer_trtllm"].items():
             b.set_env(k, v, "W5", "vLLM env-era FlashInfer TRT-LLM NVFP4 MoE on SM100")
@@ -689,7 +696,8 @@ def _plan_vllm(b: _Builder) -> PlanMoE:
                 b.set_env(k, v, "W7r", f"vLLM {f.version} predates --moe-backend: {runner} expressed as {k}={v}")
     else:
         _run_checks(b, VLLM_CHECKS, runner)
-    b.errors.extend(vllm_moe_shape_errors(f, runner))
+    if wk40 := moe_split_refusal(f, runner):  # the predicate placement sizes with too
+        b.errors.append(wk40)
     if f.choices.tp > 1:
         b.args += ["--tensor-parallel-size", str(f.choices.tp)]
     if f.choices.dp > 1:
@@ -852,9 +860,8 @@ def default_flashinfer(engine: str, version: str, gpu: GpuClass) -> str | None:
     return None
 
 
-def plan(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices | None = None,
-         engine: str = "bundled", engine_version: str | None = None) -> Plan:
-    """Plan the MoE backend/env/args for one checkpoint on one GPU class. Pure."""
+def _facts(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices | None, engine: str,
+           engine_version: str | None) -> Facts:
     choices = choices or Choices()
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
@@ -864,7 +871,35 @@ def plan(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices | None = No
         choices = dataclasses.replace(choices, runner_backend=choices.env["MOE_RUNNER_BACKEND"])
     fi = choices.flashinfer_version
     fi = None if fi == "none" else (fi or default_flashinfer(engine, version, gpu))
-    f = Facts(ckpt=checkpoint, gpu=gpu, choices=choices, engine=engine, version=version, flashinfer=fi)
+    return Facts(ckpt=checkpoint, gpu=gpu, choices=choices, engine=engine, version=version, flashinfer=fi)
+
+
+def moe_split_refusal(f: Facts, runner: str = "auto") -> str | None:
+    """The one predicate for an MoE tensor-parallel split that the chosen engine version refuses at start-up,
+    whatever the runner: K40's text for sglang (sglang_moe_shape_errors), WK40's for vLLM (vllm_moe_shape_errors,
+    with the --moe-backend value vLLM gets), None when the engine accepts the split (and for the bundled engine,
+    whose own layout rules are resolve_bundled's). The planner's rows and placement's layout choice
+    (split_refusal, placement.size_layout) both call it."""
+    if f.engine == "sglang":
+        return next(iter(sglang_moe_shape_errors(f)), None)
+    if f.engine == "vllm":
+        return next(iter(vllm_moe_shape_errors(f, "flashinfer_trtllm" if runner == "env" else runner)), None)
+    return None
+
+
+def split_refusal(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices, engine: str,
+                  engine_version: str | None = None) -> str | None:
+    """moe_split_refusal for a layout the planner has not planned yet (placement sizes tp with it): the runner
+    is the one plan() would give the engine (vLLM: the user's, W7's translation or the select table's)."""
+    f = _facts(checkpoint, gpu, choices, engine, engine_version)
+    return moe_split_refusal(f, _vllm_pick_runner(_Builder(f)) if engine == "vllm" else "auto")
+
+
+def plan(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices | None = None,
+         engine: str = "bundled", engine_version: str | None = None) -> Plan:
+    """Plan the MoE backend/env/args for one checkpoint on one GPU class. Pure."""
+    f = _facts(checkpoint, gpu, choices, engine, engine_version)
+    choices, version = f.choices, f.version
     b = _Builder(f)
     if not checkpoint.is_moe:
         b.warnings.append(f"[M0] {checkpoint.architecture} has no routed experts in config.json: MoE rules do not apply")
