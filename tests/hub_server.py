@@ -9,7 +9,8 @@ Repos hold commits; `upload` makes a new commit and moves `main` to it. A gated 
 without the token. `fail_after` cuts a GET off after that many bytes once (to test resuming).
 As the hub does, *.safetensors files are LFS: the tree lists their sha256 (`lfs.oid`, the git blob
 id of the pointer as `oid`) and resolve answers it as the ETag and X-Linked-Etag; other files list
-their git blob id. `corrupt` makes resolve serve other bytes of the same length than the listing's.
+their git blob id. `corrupt` makes resolve serve other bytes of the same length than the listing's;
+`status_for` makes resolve answer a path with an error status (404 of a listed file, a 503).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Hub:
         self.fail_after: dict[str, int] = {}  # path -> bytes to send before dropping the connection (once)
         self.throttle: float | None = None  # bytes per second for file bodies (None: as fast as it goes)
         self.corrupted: dict[tuple[str, str, str], bytes] = {}  # (repo, sha, path) -> what resolve serves instead
+        self.status_for: dict[str, int] = {}  # resolve URL path -> the error status it answers instead
         self._server: ThreadingHTTPServer | None = None
         self._n = 0
 
@@ -192,6 +194,10 @@ class Hub:
             r, repo_id, sha = found
             fname = unquote(m[4])
             data = r.commits[sha].get(fname)
+            if path in self.status_for:
+                code = self.status_for[path]
+                self._error(h, code, "EntryNotFound" if code == 404 else "ServerError", f"{fname}: HTTP {code}", head)
+                return
             if data is None:
                 self._error(h, 404, "EntryNotFound", f"{fname} does not exist", head)
                 return

@@ -13,9 +13,16 @@ reads the last one from the pod's log). When every file is there at the size the
 writes the ready marker (READY_MARKER, JSON with the revision; pods' init check greps it) and the
 same JSON to --termination-log. A marker of the same revision already there: nothing to do.
 
-Exit statuses: 0 ready; 1 the download failed (the cause is the last line and the termination
-message); 3 usage.
+Exit statuses: 0 ready; 1 the download failed and another run may succeed (network, the hub's 5xx,
+a full disk; the cause is the last line and the termination message); 3 usage; and the permanent
+failures, which another run of the same commit cannot fix (the fill Job's podFailurePolicy fails the
+Job at once on them instead of retrying): 4 EXIT_CHECKSUM a file's content is not what the hub's
+listing says (sha256 / git blob id); 5 EXIT_REFUSED the hub refused (401/403: the token is missing
+or has no access) or has no such repo, revision or listed file (404), or the commit has no
+*.safetensors files; 6 EXIT_UNREADABLE a file of the --from directory cannot be read by this
+process (the copy Job runs as a non-root uid; the message names the file and the fix).
 """
+
 
 from __future__ import annotations
 
@@ -30,6 +37,9 @@ import time
 from pathlib import Path
 
 READY_MARKER = ".moe-ready"
+EXIT_FAILED, EXIT_USAGE = 1, 3
+EXIT_CHECKSUM, EXIT_REFUSED, EXIT_UNREADABLE = 4, 5, 6
+PERMANENT_EXIT_CODES = (EXIT_CHECKSUM, EXIT_REFUSED, EXIT_UNREADABLE)
 # What sglang / vLLM / the bundled runtime read: configs, tokenizers, chat templates, weights
 # (safetensors only), remote code. Not *.bin/*.pth/*.gguf duplicates or original/ folders.
 ALLOW_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja", "*.py")
@@ -68,6 +78,38 @@ def bytes_on_disk(root: Path, files: dict[str, int]) -> int:
 
 class ChecksumMismatch(Exception):
     """A downloaded file is not the one the hub lists (its sha256, or its git blob id)."""
+
+
+class Unreadable(Exception):
+    """A file or folder of the --from directory this process cannot read."""
+
+
+class NothingToServe(Exception):
+    """The commit (or the --from directory) has no *.safetensors files among those engines read."""
+
+
+def http_status(e: BaseException | None) -> int | None:
+    """The HTTP status a hub error carries (huggingface_hub's HfHubHTTPError and httpx's
+    HTTPStatusError have the response), looked for along the exception's causes; None: no answer."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        code = getattr(getattr(e, "response", None), "status_code", None)
+        if isinstance(code, int):
+            return code
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def exit_code(e: BaseException) -> int:
+    """The exit status of a failed run: a permanent cause (PERMANENT_EXIT_CODES) or EXIT_FAILED."""
+    if isinstance(e, ChecksumMismatch):
+        return EXIT_CHECKSUM
+    if isinstance(e, Unreadable):
+        return EXIT_UNREADABLE
+    if isinstance(e, NothingToServe) or http_status(e) in (401, 403, 404):
+        return EXIT_REFUSED
+    return EXIT_FAILED
 
 
 def expected_digest(f) -> tuple[str, str] | None:
@@ -141,7 +183,7 @@ def fetch_file(repo: str, revision: str, rel: str, size: int, root: Path, attemp
                                 h.update(chunk)
                                 hashed += len(chunk)
             except Exception as e:  # noqa: BLE001 - network trouble: continue from what arrived
-                if attempt == attempts - 1 or getattr(getattr(e, "response", None), "status_code", 500) in (401, 403, 404):
+                if attempt == attempts - 1 or http_status(e) in (401, 403, 404):  # refused: no retry helps
                     raise
                 time.sleep(min(2 ** attempt, 30))
                 continue
@@ -171,7 +213,11 @@ def copy_file(source: Path, rel: str, size: int, root: Path) -> None:
     if have > size:
         part.unlink()
         have = 0
-    with (source / rel).open("rb") as src, part.open("ab" if have else "wb") as out:
+    try:
+        src_file = (source / rel).open("rb")
+    except PermissionError as e:
+        raise Unreadable(unreadable_message(source, rel, "file", e)) from None
+    with src_file as src, part.open("ab" if have else "wb") as out:
         src.seek(have)
         while chunk := src.read(1 << 22):
             out.write(chunk)
@@ -181,14 +227,75 @@ def copy_file(source: Path, rel: str, size: int, root: Path) -> None:
     os.replace(part, dest)
 
 
+RUN_AS = 65532  # the uid and gid the fill Job runs as (security.RUNTIME_UID; not imported: this runs in the Job)
+
+
+def _who() -> str:
+    return f"uid {os.getuid()} gid {os.getgid()}" + (f" (groups {','.join(map(str, os.getgroups()))})"
+                                                      if os.getgroups() else "")
+
+
+def unreadable_message(source: Path, rel: str, what: str, err: OSError | None) -> str:
+    """Why a file (or folder) of the copy cannot be read, with its owner and mode, and the fix."""
+    p = source / rel if rel else source
+    try:
+        st = p.stat()
+        owner = f"owner uid {st.st_uid} gid {st.st_gid} mode {st.st_mode & 0o7777:04o}"
+    except OSError as e:
+        owner = f"stat: {e.strerror or e}"
+    cause = f": {err.strerror or err}" if err is not None else ""
+    need = "r-x (list and enter)" if what == "folder" else "r (read)"
+    return (f"{what} {rel or '.'} of {source} cannot be read by this copy ({_who()}{cause}; {owner}). "
+            f"The copy Job runs as non-root uid {RUN_AS} and mounts the source claim read-only, which keeps the "
+            f"files' owners and modes (fsGroup does not change a read-only volume), so every file needs {need} "
+            f"for others or for a group of the Job. Fix it on the source volume, e.g. chmod -R a+rX <model dir> "
+            f"(or chgrp -R {RUN_AS} <model dir> && chmod -R g+rX <model dir>), then delete the failed fill Job "
+            f"(the operator creates it again); or leave model.cache.enabled unset for this pvc:// model: the "
+            f"engine pods then read the claim directly (sglang and vLLM pods run as root; the bundled runtime's as "
+            f"uid {RUN_AS}, which needs the same modes)")
+
+
 def local_listing(source: Path, patterns) -> dict[str, int]:
-    """The files of a model directory the engines read (as for a download), with their sizes."""
+    """The files of a model directory the engines read (as for a download), with their sizes.
+    A folder this process cannot list raises Unreadable (rglob would skip it silently, and the copy
+    would be marked ready without its files)."""
     out = {}
-    for p in sorted(source.rglob("*")):
-        rel = p.relative_to(source).as_posix()
-        if p.is_file() and not rel.startswith((PARTIAL + "/", ".")) and rel != READY_MARKER and wanted(rel, patterns):
-            out[rel] = p.stat().st_size
-    return out
+    errors: list[OSError] = []
+    if not source.is_dir():
+        return out
+    for top, dirs, names in os.walk(source, onerror=errors.append):
+        if errors:
+            break
+        base = Path(top)
+        dirs.sort()
+        for d in list(dirs):
+            rel = (base / d).relative_to(source).as_posix()
+            if rel.startswith((PARTIAL, ".")):  # not the model's (.git, .snapshot, a copy's own parts)
+                dirs.remove(d)
+            elif not os.access(base / d, os.R_OK | os.X_OK):  # without x its files look like no files
+                raise Unreadable(unreadable_message(source, rel, "folder", None))
+        for n in names:
+            p = base / n
+            rel = p.relative_to(source).as_posix()
+            if p.is_file() and not rel.startswith((PARTIAL + "/", ".")) and rel != READY_MARKER and wanted(rel, patterns):
+                out[rel] = p.stat().st_size
+    if errors:
+        e = errors[0]
+        rel = Path(e.filename).relative_to(source).as_posix() if e.filename and str(e.filename).startswith(str(source)) else ""
+        raise Unreadable(unreadable_message(source, "" if rel == "." else rel, "folder", e))
+    return dict(sorted(out.items()))
+
+
+def first_unreadable(source: Path, files) -> str | None:
+    """Open every file of the copy before copying any (a copy of 700 GB should not fail at its last
+    file); the first that cannot be opened, as unreadable_message(), else None."""
+    for rel in files:
+        try:
+            with (source / rel).open("rb"):
+                pass
+        except OSError as e:
+            return unreadable_message(source, rel, "file", e)
+    return None
 
 
 def read_marker(root: Path) -> dict | None:
@@ -209,6 +316,14 @@ def _finish(args, result: dict, code: int) -> int:
     return code
 
 
+def _failed(args, error: str, code: int, **extra) -> int:
+    """A failed run's JSON: the error, the exit code, and `permanent` when another run cannot help."""
+    result = {"error": error, "exitCode": code, **extra}
+    if code in PERMANENT_EXIT_CODES:
+        result["permanent"] = True
+    return _finish(args, result, code)
+
+
 def run(args: argparse.Namespace) -> int:
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
@@ -224,17 +339,19 @@ def run(args: argparse.Namespace) -> int:
         root.mkdir(parents=True, exist_ok=True)
         if source is not None:
             files, digests = local_listing(source, patterns), {}
+            if bad := first_unreadable(source, files):
+                raise Unreadable(bad)
         else:
             tree = [f for f in HfApi().list_repo_tree(args.repo, revision=args.revision, recursive=True)
                     if isinstance(f, RepoFile) and wanted(f.path, patterns)]
             files = {f.path: int(f.size or 0) for f in tree}
             digests = {f.path: expected_digest(f) for f in tree}
     except Exception as e:  # noqa: BLE001 - the cause goes to the operator's condition
-        return _finish(args, {"error": f"listing {what}: {type(e).__name__}: {e}"}, 1)
+        return _failed(args, f"listing {what}: {type(e).__name__}: {e}", exit_code(e))
     total = sum(files.values())
     if not any(wanted(p, ("*.safetensors",)) for p in files):
-        return _finish(args, {"error": f"{what} has no *.safetensors files among {len(files)} "
-                                       f"matching {' '.join(patterns)}"}, 1)
+        return _failed(args, f"{what} has no *.safetensors files among {len(files)} matching {' '.join(patterns)}",
+                       EXIT_REFUSED)
     failure: list[BaseException] = []
 
     def fetch() -> None:
@@ -257,13 +374,13 @@ def run(args: argparse.Namespace) -> int:
     if failure:
         e = failure[0]
         verb = "copy" if source is not None else "download"
-        return _finish(args, {"error": f"{verb} of {what} failed: {type(e).__name__}: {e}",
-                              "bytesDone": bytes_on_disk(root, files), "bytesTotal": total}, 1)
+        return _failed(args, f"{verb} of {what} failed: {type(e).__name__}: {e}", exit_code(e),
+                       bytesDone=bytes_on_disk(root, files), bytesTotal=total)
     short = {rel: (root / rel).stat().st_size if (root / rel).is_file() else None
              for rel, size in files.items() if not (root / rel).is_file() or (root / rel).stat().st_size != size}
     if short:
-        return _finish(args, {"error": f"incomplete download: {len(short)} files missing or of the wrong size "
-                                       f"({', '.join(sorted(short)[:5])})", "bytesTotal": total}, 1)
+        return _failed(args, f"incomplete download: {len(short)} files missing or of the wrong size "
+                             f"({', '.join(sorted(short)[:5])})", EXIT_FAILED, bytesTotal=total)
     result = {"repo": args.repo or args.revision, "revision": args.revision, "bytesDone": total, "bytesTotal": total,
               "files": len(files), "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     tmp = root / (READY_MARKER + ".tmp")

@@ -240,8 +240,10 @@ class Kube:
         return self.core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
 
     def job_termination_message(self, namespace: str, job: str) -> dict[str, Any] | None:
-        """The JSON its pod's container left as termination message (current or last state)."""
-        for pod in self._job_pods(namespace, job):
+        """The JSON its pod's container left as termination message (current or last state), from
+        the newest pod that left one (restartPolicy Never: one pod per attempt)."""
+        pods = sorted(self._job_pods(namespace, job), key=_created, reverse=True)
+        for pod in pods:
             for cs in pod.status.container_statuses or []:
                 for state in (cs.state, cs.last_state):
                     term = state.terminated if state else None
@@ -262,6 +264,11 @@ class Kube:
             except ApiException:
                 return ""
         return ""
+
+
+def _created(obj) -> float:
+    t = obj.metadata.creation_timestamp
+    return t.timestamp() if t else 0.0
 
 
 def _api_message(e: ApiException) -> str:

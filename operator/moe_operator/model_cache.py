@@ -24,7 +24,7 @@ from typing import Any
 from moe_core.checkpoint import CheckpointInfo
 
 from .api import ModelCacheStatus, MoEDeploymentSpec
-from .download_cli import READY_MARKER
+from .download_cli import PERMANENT_EXIT_CODES, READY_MARKER
 from .model_uri import ModelURI
 from .security import container_security, pod_security
 
@@ -101,9 +101,16 @@ def pvc(namespace: str, spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None) ->
 
 def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: str | None = None) -> dict[str, Any]:
     """The Job that downloads the pinned commit into the cache PVC (or copies a pvc:// model into it
-    from its claim, mounted read-only). Locked down like the engine pods; the token only as a
-    secretKeyRef; the operator's hub mirror (HF_ENDPOINT) when it has one; amd64 nodes (its image is
-    the amd64 one)."""
+    from its claim, mounted read-only). Locked down like the engine pods (non-root uid 65532); the
+    token only as a secretKeyRef; the operator's hub mirror (HF_ENDPOINT) when it has one; amd64
+    nodes (its image is the amd64 one).
+
+    Retries: a failed pod is replaced (restartPolicy Never, up to backoffLimit) and the new one
+    continues from the .part files on the PVC, for what another try can fix (network, the hub's 5xx).
+    The podFailurePolicy fails the Job at once on download-model's permanent exit codes
+    (PERMANENT_EXIT_CODES: a checksum mismatch, the hub's 401/403/404, an unreadable source file),
+    which a re-download of the same commit cannot fix; a pod evicted or preempted (DisruptionTarget)
+    does not count against backoffLimit."""
     src = source(spec)
     claim = src.claim
     env = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}, {"name": "HOME", "value": "/tmp"}]
@@ -128,10 +135,13 @@ def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: s
                      "labels": {"app.kubernetes.io/managed-by": "moe-operator", "moe.serving.dev/role": "model-cache",
                                 CACHE_LABEL: "true"},
                      "annotations": {A_MODEL: src.key, A_REVISION: src.revision}},
-        "spec": {"backoffLimit": 6, "template": {
+        "spec": {"backoffLimit": 6, "podFailurePolicy": {"rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "download", "operator": "In",
+                                                  "values": list(PERMANENT_EXIT_CODES)}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}, "template": {
             "metadata": {"labels": {"moe.serving.dev/role": "model-cache"}},
             "spec": {
-                "restartPolicy": "OnFailure",  # a restart continues the download (.part files)
+                "restartPolicy": "Never",  # podFailurePolicy needs it; the next pod continues from the .part files
                 "automountServiceAccountToken": False,
                 "enableServiceLinks": False,
                 "nodeSelector": {"kubernetes.io/arch": "amd64"},
@@ -228,8 +238,14 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
                                 message=filled)
     if st.get("failed") and "Failed" in conds:
         result = kube.job_termination_message(namespace, job_name) or {}
-        return ModelCacheStatus(claimName=claim, state="Failed", message=str(result.get("error") or conds["Failed"].get(
-            "message") or "download Job failed")[:4000])
+        message = str(result.get("error") or conds["Failed"].get("message") or "download Job failed")[:3500]
+        if result.get("permanent") or conds["Failed"].get("reason") == "PodFailurePolicy":
+            code = f" {result['exitCode']}" if result.get("exitCode") else ""
+            message += f" (exit code{code}: a permanent error, the Job failed without retrying"
+        else:
+            message += f" (after {st.get('failed')} attempts"
+        message += f"; delete Job {job_name} to try again once the cause is fixed)"
+        return ModelCacheStatus(claimName=claim, state="Failed", message=message)
     done, total = _progress_from_log(kube.job_log_tail(namespace, job_name))
     return ModelCacheStatus(claimName=claim, state="Downloading", bytesDone=done,
                             bytesTotal=total or (ckpt.totalBytes if ckpt else None),

@@ -42,7 +42,7 @@ def test_fill_job_is_locked_down_and_takes_the_token_by_reference():
     assert c["command"] == ["moe-operator", "download-model", "--repo", "org/dsv3", "--revision", SHA,
                             "--dir", model_cache.MOUNT, "--termination-log", "/dev/termination-log"]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "tok"}}} in c["env"]
-    assert pod["restartPolicy"] == "OnFailure"  # a restart continues the .part files
+    assert pod["restartPolicy"] == "Never"  # the next pod continues the .part files; podFailurePolicy needs Never
 
 
 def test_pods_mount_it_read_only_behind_the_ready_check():

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hub_server import Hub  # noqa: E402
 
-from moe_operator.download_cli import READY_MARKER  # noqa: E402
+from moe_operator.download_cli import EXIT_CHECKSUM, EXIT_FAILED, EXIT_REFUSED, READY_MARKER  # noqa: E402
 
 EXE = str(Path(sys.executable).parent / "moe-operator")
 WEIGHTS = os.urandom(3 * 1024 * 1024 + 17)
@@ -99,15 +99,16 @@ def test_gated_repo_needs_the_token_and_failures_say_why(hub, tmp_path):
     sha = hub.upload("org/gated", files(), token="sekret")
     p = start(hub, tmp_path, "org/gated", sha)
     p.communicate(timeout=60)
-    assert p.returncode == 1
-    assert "org/gated" in json.loads((tmp_path / "term").read_text())["error"]
+    assert p.returncode == EXIT_REFUSED  # 401: permanent, the Job fails at once (podFailurePolicy)
+    term = json.loads((tmp_path / "term").read_text())
+    assert "org/gated" in term["error"] and term["permanent"] is True and term["exitCode"] == EXIT_REFUSED
     p = start(hub, tmp_path, "org/gated", sha, HF_TOKEN="sekret")
     _, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
     no_weights = hub.upload("org/empty", {"config.json": b"{}"})
     p = start(hub, tmp_path, "org/empty", no_weights)
     p.communicate(timeout=60)
-    assert p.returncode == 1 and "no *.safetensors" in json.loads((tmp_path / "term").read_text())["error"]
+    assert p.returncode == EXIT_REFUSED and "no *.safetensors" in json.loads((tmp_path / "term").read_text())["error"]
 
 
 def test_the_operator_reads_the_programs_progress_lines(hub, tmp_path):
@@ -133,9 +134,12 @@ def test_a_file_that_is_not_the_hubs_fails_the_download_naming_it(hub, tmp_path)
     hub.corrupt("org/m", sha, weights)
     p = start(hub, tmp_path, "org/m", sha)
     out, err = p.communicate(timeout=120)
-    assert p.returncode == 1, err
-    error = json.loads((tmp_path / "term").read_text())["error"]
+    assert p.returncode == EXIT_CHECKSUM, err  # the fill Job's podFailurePolicy fails the Job on it at once
+    term = json.loads((tmp_path / "term").read_text())
+    error = term["error"]
+    assert term["permanent"] is True and term["exitCode"] == EXIT_CHECKSUM
     assert "ChecksumMismatch" in error and weights in error and "sha256" in error
+    assert [m for m, path, _ in hub.requests if m == "GET" and path.endswith(weights)] == ["GET"]  # fetched once
     assert hashlib.sha256(WEIGHTS).hexdigest() in error
     cache = tmp_path / "cache"
     assert not (cache / weights).exists() and not (cache / READY_MARKER).exists()
@@ -151,7 +155,7 @@ def test_a_file_that_is_not_the_hubs_fails_the_download_naming_it(hub, tmp_path)
     (tmp_path / "two").mkdir()
     p = start(hub, tmp_path / "two", "org/m2", sha2)
     p.communicate(timeout=120)
-    assert p.returncode == 1
+    assert p.returncode == EXIT_CHECKSUM
     error = json.loads((tmp_path / "two" / "term").read_text())["error"]
     assert "tokenizer.json" in error and "git-sha1" in error
 
@@ -166,3 +170,27 @@ def test_expected_digest_reads_the_hubs_listing():
     small = RepoFile(**tree_entry("config.json", b"{}"))
     assert expected_digest(small) == ("git-sha1", "9e26dfeeb6e641a33dae4961196235bdb965b21b")  # git hash-object
     assert expected_digest(RepoFile(path="x", size=1, oid=None)) is None
+
+
+def test_a_listed_file_the_hub_does_not_serve_is_permanent_a_5xx_is_retried(hub, tmp_path):
+    """404 of a file the tree lists: EXIT_REFUSED at once (no retries of it). A hub answering 503
+    for a file: retried with backoff within the run, then EXIT_FAILED (transient: the Job retries)."""
+    sha = hub.upload("org/m", files())
+    weights = "model-00001-of-00001.safetensors"
+    hub.status_for[f"/org/m/resolve/{sha}/{weights}"] = 404  # the tree still lists it
+    p = start(hub, tmp_path, "org/m", sha)
+    p.communicate(timeout=60)
+    term = json.loads((tmp_path / "term").read_text())
+    assert p.returncode == EXIT_REFUSED, term
+    assert weights in term["error"] and term["permanent"] is True
+    assert len([1 for m, path, _ in hub.requests if m == "GET" and path.endswith(weights)]) == 1
+
+    sha2 = hub.upload("org/flaky", files())
+    hub.status_for[f"/org/flaky/resolve/{sha2}/{weights}"] = 503
+    (tmp_path / "two").mkdir()
+    p = start(hub, tmp_path / "two", "org/flaky", sha2)
+    p.communicate(timeout=120)
+    term = json.loads((tmp_path / "two" / "term").read_text())
+    assert p.returncode == EXIT_FAILED, term
+    assert "permanent" not in term and term["exitCode"] == EXIT_FAILED
+    assert len([1 for m, path, _ in hub.requests if m == "GET" and path.endswith(weights) and "flaky" in path]) == 5

@@ -6,8 +6,10 @@ Job's own env, the token through its secretKeyRef); a pvc:// model copied to the
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from hub_server import Hub  # noqa: E402
 
 from moe_operator import model_cache  # noqa: E402
 from moe_operator.api import MoEDeploymentSpec  # noqa: E402
-from moe_operator.download_cli import READY_MARKER  # noqa: E402
+from moe_operator.download_cli import EXIT_CHECKSUM, EXIT_FAILED, EXIT_REFUSED, EXIT_UNREADABLE, READY_MARKER  # noqa: E402
 from moe_operator.render import model_location  # noqa: E402
 from moe_operator.sample_checkpoints import write_sample  # noqa: E402
 
@@ -72,7 +74,7 @@ def test_the_rendered_fill_job_downloads_the_pinned_commit_and_the_pods_check_pa
     assert json.loads((tmp_path / "term").read_text())["ready"] is True
     # without the Secret's value the gated repo refuses, and the Job says so
     r = run_here(c, {"model-cache": tmp_path / "other", "tmp": home}, tmp_path)
-    assert r.returncode == 1 and "org/dsv3" in json.loads((tmp_path / "term").read_text())["error"]
+    assert r.returncode == EXIT_REFUSED and "org/dsv3" in json.loads((tmp_path / "term").read_text())["error"]
 
     # the engine pod's init container accepts this cache, and refuses one without the marker
     parts = model_cache.pod_parts(s, "img:1")
@@ -144,7 +146,7 @@ def test_a_copy_resumes_from_its_part_file(tmp_path):
     assert (cache / "model-big.safetensors").read_bytes() == big.read_bytes() and not part.exists()
     r = subprocess.run([EXE["moe-operator"], "download-model", "--from", str(tmp_path / "nothing"), "--revision",
                         "pvc://c/y", "--dir", str(tmp_path / "c2")], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "no *.safetensors" in r.stdout.splitlines()[-1]
+    assert r.returncode == EXIT_REFUSED and "no *.safetensors" in r.stdout.splitlines()[-1]
 
 
 class FakeKube:
@@ -193,10 +195,103 @@ def test_the_operator_reports_a_checksum_mismatch_of_its_job_naming_the_file(hub
     home = tmp_path / "home"
     home.mkdir()
     r = run_here(c, {"model-cache": tmp_path / "cache", "tmp": home}, tmp_path, env_extra={"HF_ENDPOINT": hub.url})
-    assert r.returncode == 1
+    # the exit code is one the Job's podFailurePolicy fails the Job on, without a retry
+    rule = job["spec"]["podFailurePolicy"]["rules"][0]
+    assert rule["action"] == "FailJob" and r.returncode == EXIT_CHECKSUM in rule["onExitCodes"]["values"]
     kube.log = r.stdout  # the pod's log while it ran
     assert model_cache.ensure(kube, "ns", "alpha", s, None, "img:1").state == "Downloading"
-    job["status"] = {"failed": 7, "conditions": [{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}]}
+    job["status"] = {"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                                                  "message": "Container download for pod ns/x failed with exit code 4 "
+                                                             "matching FailJob rule at index 0"}]}
     kube.termination = json.loads((tmp_path / "term").read_text())
     failed = model_cache.ensure(kube, "ns", "alpha", s, None, "img:1")
     assert failed.state == "Failed" and st in failed.message and "ChecksumMismatch" in failed.message
+    assert "exit code 4: a permanent error, the Job failed without retrying" in failed.message
+    assert f"delete Job {first.claimName}-fill" in failed.message
+    # a transient failure that used up the Job's retries says so
+    kube.termination = {"error": "download of org/dsv3 failed: ConnectError: refused", "exitCode": 1}
+    job["status"] = {"failed": 7, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    again = model_cache.ensure(kube, "ns", "alpha", s, None, "img:1")
+    assert again.state == "Failed" and "ConnectError" in again.message and "after 7 attempts" in again.message
+
+
+def test_the_fill_job_fails_at_once_on_permanent_exit_codes_and_retries_the_rest():
+    """podFailurePolicy: FailJob on download-model's permanent exit codes (checksum, hub refused,
+    unreadable source), evictions not counted; restartPolicy Never (the API server refuses a
+    podFailurePolicy with OnFailure); the same for a pvc:// copy Job."""
+    for s in (spec(f"hf://org/m@{'a' * 40}"), spec("pvc://models/m")):
+        job = model_cache.fill_job("ns", s, "img:1")
+        pod = job["spec"]["template"]["spec"]
+        assert pod["restartPolicy"] == "Never"
+        assert job["spec"]["backoffLimit"] == 6  # transient errors (network, 5xx) are retried
+        rules = job["spec"]["podFailurePolicy"]["rules"]
+        assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "download", "operator": "In",
+                                                                 "values": [EXIT_CHECKSUM, EXIT_REFUSED, EXIT_UNREADABLE]}}
+        assert rules[1] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+        assert pod["containers"][0]["name"] == "download"
+        assert EXIT_FAILED not in rules[0]["onExitCodes"]["values"] and 0 not in rules[0]["onExitCodes"]["values"]
+        assert pod["securityContext"]["runAsUser"] == 65532 and pod["securityContext"]["runAsNonRoot"] is True
+
+
+def _as_non_root(argv):
+    """argv run as uid/gid 65532 (the copy Job's) when this test runs as root (root reads every
+    file, so an unreadable one needs another uid); as this user otherwise."""
+    if os.getuid() != 0:
+        return argv
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        pytest.skip("running as root without setpriv: cannot read a file as another uid")
+    return [setpriv, "--reuid", "65532", "--regid", "65532", "--clear-groups", *argv]
+
+
+def test_a_copy_refuses_a_source_file_it_cannot_read_before_copying_anything():
+    """A pvc:// source whose weights file is root-owned mode 0600 (unreadable to the copy Job's
+    uid 65532 through the read-only mount): exit EXIT_UNREADABLE (the Job's podFailurePolicy fails
+    it at once) before any byte is copied, naming the file, its owner and mode and the fix; a folder
+    without r-x is refused too (a walk would skip it and mark a partial copy ready); once readable
+    the same run copies everything. Run as uid 65532 for real (setpriv) when the test runs as root."""
+    base = Path(tempfile.mkdtemp(prefix="moe-copy-"))
+    try:
+        base.chmod(0o755)
+        src, cache = base / "src", base / "cache"
+        write_sample("deepseek-v3-nvfp4", src)
+        for p in [src, *src.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        cache.mkdir()
+        (base / "log").mkdir()
+        if os.getuid() == 0:
+            os.chown(cache, 65532, 65532)  # what fsGroup gives the Job on the cache PVC
+            os.chown(base / "log", 65532, 65532)
+        weights = sorted(p.name for p in src.iterdir() if p.suffix == ".safetensors")[-1]
+        (src / weights).chmod(0o600 if os.getuid() == 0 else 0o000)
+        argv = _as_non_root([EXE["moe-operator"], "download-model", "--from", str(src), "--revision", "pvc://c/x",
+                             "--dir", str(cache), "--interval", "0.1", "--termination-log", str(base / "log" / "term")])
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == EXIT_UNREADABLE, r.stdout + r.stderr
+        term = json.loads((base / "log" / "term").read_text())
+        error = term["error"]
+        assert term["permanent"] is True and term["exitCode"] == EXIT_UNREADABLE
+        assert f"file {weights} of {src} cannot be read" in error and "Permission denied" in error
+        assert "mode 0600" in error or "mode 0000" in error
+        assert "chmod -R a+rX" in error and "non-root uid 65532" in error
+        assert not [p for p in cache.rglob("*") if p.is_file()]  # checked before anything was copied
+
+        (src / weights).chmod(0o644)
+        sub = src / "extra"
+        sub.mkdir()
+        (sub / "more.json").write_text("{}")
+        sub.chmod(0o700 if os.getuid() == 0 else 0o000)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == EXIT_UNREADABLE, r.stdout + r.stderr
+        assert "folder extra of" in json.loads((base / "log" / "term").read_text())["error"]
+
+        sub.chmod(0o755)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert (cache / weights).read_bytes() == (src / weights).read_bytes()
+        assert (cache / "extra" / "more.json").read_text() == "{}"
+    finally:
+        for p in [base, *base.rglob("*")]:
+            if p.is_dir():
+                p.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
