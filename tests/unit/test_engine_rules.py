@@ -226,6 +226,23 @@ MATRIX = [
      "0.5.14 fp8.py:1817-1835 get_triton_quant_info use_fp8_w8a8=True; triton_utils/fused_moe.py:855-859"),
     ("sglang", "0.5.23", "H200", "dsv4_fp4", DSV4, "marlin", "none", (1, 1, 1), "ok",
      "fp8.py:445-450 Mxfp4MarlinMoEMethod for FP4 experts; mxfp4_marlin_moe.py:160 is_sm90"),
+    # ---- vLLM: an image without FlashInfer (par's 4th element: engine.flashinferVersion) ----
+    ("vllm", "0.33.0", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1, "none"), "VL-FI-ABSENT",
+     "0.33.0 experts/trtllm_nvfp4_moe.py:204-210 _supports_current_device ... and has_flashinfer_trtllm_fused_moe(); "
+     "oracle/nvfp4.py:258 _return_or_raise"),
+    ("vllm", "0.33.0", "H200", "fp8", QWEN3, "flashinfer_cutlass", "none", (1, 1, 1, "none"), "VL-FI-ABSENT",
+     "0.33.0 experts/flashinfer_cutlass_moe.py:128-139 ... and has_flashinfer_cutlass_fused_moe(); oracle/fp8.py:438-452"),
+    ("vllm", "0.33.0", "B200", "mxfp4", GPTOSS, "flashinfer_trtllm", "none", (1, 1, 1, "none"), "VL-FI-ABSENT",
+     "0.33.0 experts/trtllm_mxfp4_moe.py:121-123 family 100 and has_flashinfer()"),
+    ("vllm", "0.22.1", "B200", "nvfp4", DSV3, "flashinfer_cutedsl", "none", (1, 1, 1, "none"), "VL-FI-ABSENT",
+     "0.22.1 experts/flashinfer_cutedsl_moe.py:69-74 ... and has_flashinfer_cutedsl_moe_nvfp4()"),
+    ("vllm", "0.33.0", "B200", "nvfp4", DSV3, "cutlass", "none", (1, 1, 1, "none"), "ok",
+     "0.33.0 experts/cutlass_moe.py:716-722 CutlassExpertsFp4: capability only, no FlashInfer probe"),
+    ("vllm", "0.33.0", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1, "0.7.2.post1"), "ok",
+     "0.33.0 pins flashinfer-python==0.7.2.post1 (wheel METADATA Requires-Dist)"),
+    ("vllm", "0.33.0", "B200", "nvfp4", DSV3, "cutlass", "flashinfer_nvlink_two_sided", (8, 8, 1, "none"),
+     "VL-FI-ABSENT-A2A", "0.33.0 distributed/device_communicators/all2all.py:658-661 FlashInferNVLinkTwoSidedManager "
+     "'flashinfer all2all module not found'"),
 ]
 
 
@@ -251,10 +268,11 @@ def test_deepgemm_jit_off_by_env():
 
 
 def _plan(engine, version, gpu, fmt, arch, runner, a2a, par, env=None):
-    tp, ep, dp = par
+    tp, ep, dp, *fi = par  # (tp, ep, dp) or (tp, ep, dp, engine.flashinferVersion)
     ck = CheckpointInfo(architecture=arch, format=fmt, formatSource="test", quantMethod=QM.get(fmt),
                         numExperts=64, numSharedExperts=1 if arch in (DSV3, DSV4) else 0)
-    return plan(ck, from_name(gpu), Choices(runner_backend=runner, a2a_backend=a2a, tp=tp, ep=ep, dp=dp, env=env or {}),
+    return plan(ck, from_name(gpu), Choices(runner_backend=runner, a2a_backend=a2a, tp=tp, ep=ep, dp=dp, env=env or {},
+                                            flashinfer_version=fi[0] if fi else None),
                 engine=engine, engine_version=version)
 
 

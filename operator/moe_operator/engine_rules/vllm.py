@@ -15,7 +15,12 @@ How an explicit `--moe-backend` is checked (0.33.0):
      `map_*_backend` raises ValueError for a value the oracle has no backend for, and the explicit
      path (`_return_or_raise`) raises ValueError unless one of the backend's experts classes passes
      `is_supported_config` (modular_kernel.py:580-633: `_supports_current_device`,
-     `_supports_quant_scheme`, `_supports_activation`, `_supports_parallel_config`, ...).
+     `_supports_quant_scheme`, `_supports_activation`, `_supports_parallel_config`, ...);
+  4. the FlashInfer package: the FlashInfer experts classes' `_supports_current_device` probe it
+     (has_flashinfer_*), the FlashInfer all2all managers assert it (VL-FI-ABSENT, VL-FI-ABSENT-A2A, for an
+     image declared without it: engine.flashinferVersion none).
+The MoE split checks that hold for every backend (FusedMoEConfig's intermediate % tp assert, block-FP8
+shards) are the planner's WK40, which runs on automatic choices too and sizes placement's layouts.
 """
 
 from __future__ import annotations
@@ -250,6 +255,33 @@ RULES: tuple[Rule, ...] = (
             _E + "gpt_oss_triton_kernels_moe.py", "41-62", "_triton_kernel_moe_supports_current_device "
             "(UnfusedOAITritonExperts, :1179)", ("mxfp4",),
             "OpenAI Triton MXFP4 kernels: CUDA 9.0 <= capability < 13.0 (0.22.1: < 11.0), or ROCm gfx9", suffix="-MXFP4"),
+    # An image without FlashInfer (engine.flashinferVersion none; vLLM's wheel pins flashinfer-python, so only a custom
+    # image lacks it): every FlashInfer experts class's _supports_current_device ends in a has_flashinfer_* probe
+    # (vllm/utils/flashinfer.py:88-106 has_flashinfer: find_spec("flashinfer"), then the submodule/function probes
+    # :433-610), so is_supported_config fails with "current device" (modular_kernel.py:590-591) and the explicit path's
+    # _return_or_raise raises ValueError (oracle/fp8.py:438-452; nvfp4.py:258, mxfp4.py:595, unquantized.py:283).
+    # Under auto the oracles' loop logs and tries the next backend (oracle/fp8.py:525-539): auto passes over them.
+    # FlashInferMoeEp (flashinfer_moe_ep_*) checks only the capability and raises RuntimeError when its
+    # flashinfer.moe_ep import fails (flashinfer_moe_ep.py:243-259 _FlashInferMoeEpApi). Same probes in 0.22.1
+    # (flashinfer_cutlass_moe.py:135-145, trtllm_fp8_moe.py:64-70, trtllm_nvfp4_moe.py:113-119, ...).
+    Rule("VL-FI-ABSENT", "vllm",
+         lambda c: c.flashinfer == "none" and c.runner.startswith("flashinfer") and _mapped(c),
+         "{fmt} MoE backend '{runner}' does not support the deployment configuration since kernel does not support "
+         "current device: its experts class needs FlashInfer (has_flashinfer_*) and the image has none "
+         "(engine.flashinferVersion none); --moe-backend auto passes over the FlashInfer backends",
+         _src(_E + "flashinfer_cutlass_moe.py", "128-139", "FlashInferExperts._supports_current_device (also "
+              "trtllm_fp8_moe.py:165-171, trtllm_nvfp4_moe.py:204-210, trtllm_mxfp4_moe.py:121-123, trtllm_bf16_moe.py:"
+              "95-101, flashinfer_cutedsl_moe.py:88-93, flashinfer_b12x_moe.py:165-170, flashinfer_moe_ep.py:243-259; "
+              "raised by _return_or_raise, oracle/fp8.py:438-452)", "0.22.1", "has_flashinfer")),
+    Rule("VL-FI-ABSENT-A2A", "vllm",
+         lambda c: c.flashinfer == "none" and c.a2a in ("flashinfer_all2allv", "flashinfer_nvlink_two_sided",
+                                                          "flashinfer_nvlink_one_sided"),
+         "all2all_backend {a2a} needs FlashInfer and the image has none (engine.flashinferVersion none): "
+         "'flashinfer all2all module not found. Please install/check flashinfer' / 'FlashInfer MoEEpCommunication "
+         "NVLink one-sided API not found'",
+         _src("vllm/distributed/device_communicators/all2all.py", "658-661,762-766",
+              "FlashInferNVLinkTwoSidedManager.__init__ / FlashInferNVLinkOneSidedManager.__init__", "0.22.1",
+              "flashinfer all2all module not found"), flag="a2a"),
     Rule("VL-FP8-CUTLASS", "vllm",
          lambda c: c.runner == "cutlass" and c.fmt in ("fp8", "modelopt_fp8", "dsv4_fp8"),
          "vLLM CUTLASS FP8 MoE backend is disabled for this configuration. (Fp8MoEMethod and ModelOptFp8MoEMethod "
