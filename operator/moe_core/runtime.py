@@ -23,7 +23,7 @@ class RuntimeCapabilities(BaseModel):
     # architectures whose experts only some MoE backends compute (absent: any backend the registry
     # fits to the expert format)
     arch_backends: dict[str, tuple[str, ...]] = {}
-    # architectures served on one GPU only (moe_runtime.parallel has no shard rules for them)
+    # architectures served on one GPU only (moe_runtime.parallel has no shard rules for them; none today)
     single_rank: tuple[str, ...] = ()
     # parallelism inside one replica
     max_tp: int = 1
@@ -52,10 +52,11 @@ BUNDLED = RuntimeCapabilities(
     # the bf16 one transformers writes (fused `experts.gate_up_proj`); no FP8/NVFP4 gpt-oss layouts.
     # Its experts (biases, the clamped SwiGLU) run on moe_runtime.models.gpt_oss's own torch path:
     # no kernel backend computes that activation, so the plan says torch rather than a backend the
-    # model would not use. One GPU: moe_runtime.parallel has no shard rules for its biases and sinks.
+    # model would not use. Sharded like the others (moe_runtime.parallel.ShardPlan): heads with their
+    # q/k/v biases and sinks over tp (o_proj's bias added once), experts with their biases over ep,
+    # the intermediate split inside the experts for the rest (MXFP4: whole 32-blocks of down's input).
     arch_formats={"GptOssForCausalLM": ("bf16", "mxfp4")},
     arch_backends={"GptOssForCausalLM": ("torch",)},
-    single_rank=("GptOssForCausalLM",),
     # moe_runtime.parallel: tensor parallel (attention heads, dense layers, vocab) and expert parallel
     # (E/ep experts per rank, TP inside experts for the rest), one process per GPU over NCCL, on one node
     # or on up to max_nodes nodes of a LeaderWorkerSet (the runtime's rendezvous reads LWS_LEADER_ADDRESS /

@@ -253,9 +253,6 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
                     shard=None) -> LoadedCheckpoint:
     """`shard` (a moe_runtime.parallel.ShardPlan): read only this rank's slices (tensor/expert parallel)."""
     v = validated or validate_checkpoint(path)
-    if v.arch == "gpt_oss" and shard is not None and shard.lay.world > 1:
-        raise RuntimeFailure(f"{v.root}: gpt-oss is served on one GPU only (moe_runtime.parallel has no shard "
-                             "rules for its biases and sinks)")
     if v.ignored:
         log("load_ignored", f"{len(v.ignored)} tensors not used by the model (e.g. {v.ignored[0]})")
     if shard is not None:
@@ -273,7 +270,9 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
             if v.arch == "gpt_oss":  # fused, transposed, interleaved, biased: its own layout
                 from .models.gpt_oss import stack_experts as gpt_oss_stack
 
-                stacked = gpt_oss_stack(raw, f"model.layers.{i}.mlp.", v.expert_format, dtype)
+                # TP inside the experts: one rank of the expert group adds down's bias (the combine sums them)
+                stacked = gpt_oss_stack(raw, f"model.layers.{i}.mlp.", v.expert_format, dtype,
+                                        down_bias=shard is None or shard.lay.etp_rank == 0)
             else:
                 stacked = _stack_experts(raw, f"model.layers.{i}.mlp.", E, v.expert_format, log)
             experts[i] = ExpertWeights.from_quantized(v.expert_format, **stacked)

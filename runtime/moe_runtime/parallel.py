@@ -105,9 +105,10 @@ class ShardPlan:
 
     def __init__(self, cfg: dict[str, Any], expert_format: str, layout: Layout):
         self.cfg, self.fmt, self.lay = cfg, expert_format, layout
-        from .model_spec import num_experts
+        from .model_spec import arch_of, num_experts
 
         self.E = num_experts(cfg)
+        self.gpt_oss = arch_of(cfg) == "gpt_oss"
         self.expert_lo, self.expert_hi = _split(self.E, layout.ep, layout.ep_rank) if self.E else (0, 0)
 
     @property
@@ -129,16 +130,18 @@ class ShardPlan:
         nkv = c.get("num_key_value_heads") or c["num_attention_heads"]
         if "kv_lora_rank" not in c and lay.tp > 1 and nkv % lay.tp and lay.tp % nkv:
             out.append(f"num_key_value_heads {nkv} and --tp {lay.tp}: one must divide the other")
-        need("intermediate_size (dense MLP)", c.get("intermediate_size") or 0, lay.world, "the world size")
+        if not self.gpt_oss:  # gpt-oss has no dense MLP: its intermediate_size is the experts'
+            need("intermediate_size (dense MLP)", c.get("intermediate_size") or 0, lay.world, "the world size")
         if c.get("n_shared_experts"):
             need("shared expert intermediate size", c["moe_intermediate_size"] * c["n_shared_experts"], lay.world,
                  "the world size")
         if self.E:
             need("number of routed experts", self.E, lay.ep, "--ep")
-            inter = c["moe_intermediate_size"]
+            key = "intermediate_size" if self.gpt_oss else "moe_intermediate_size"
+            inter = c[key]
             group = {"fp8": 128, "nvfp4": 16, "mxfp4": 32, "bf16": 1}[self.fmt]
             if lay.etp > 1 and inter % (lay.etp * group):
-                out.append(f"moe_intermediate_size {inter} split {lay.etp} ways inside the experts (world {lay.world} / "
+                out.append(f"{key} {inter} split {lay.etp} ways inside the experts (world {lay.world} / "
                            f"--ep {lay.ep}) leaves slices that are not whole {self.fmt} blocks of {group}; "
                            f"use --ep {lay.world} (whole experts per rank)")
         return out
@@ -151,7 +154,11 @@ class ShardPlan:
             return self._dim_rule(name, 0, lay.tp, lay.tp_rank)
         if ".self_attn." in name:
             proj = parts[-2]
-            if leaf not in ("weight", "weight_scale_inv"):
+            if leaf == "sinks":  # gpt-oss: one sink logit per query head, split with the heads
+                return self._dim_rule(name, 0, lay.tp, lay.tp_rank)
+            if leaf == "bias" and proj == "o_proj":
+                return None  # replicated; the model adds it once (gpt_oss.RowParallelBiased)
+            if leaf not in ("weight", "weight_scale_inv", "bias"):  # q/k/v biases follow their weight's rows
                 return None
             c = self.cfg
             if proj in ("q_proj", "q_b_proj", "kv_b_proj"):
@@ -170,6 +177,8 @@ class ShardPlan:
             return None  # q_a_proj, kv_a_proj_with_mqa, norms: replicated
         if ".mlp.experts." in name:
             tag = parts[parts.index("experts") + 1]
+            if self.gpt_oss:
+                return self._gpt_oss_expert_rule(tag)
             if not tag.isdigit():  # fused layout: experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]
                 if lay.etp > 1:
                     raise RuntimeFailure(f"{name}: fused expert tensors are split by whole experts only; "
@@ -187,6 +196,26 @@ class ShardPlan:
                 return None
             return self._dim_rule(name, 1 if parts[-2] == "down_proj" else 0, lay.world, lay.rank)
         return None
+
+    def _gpt_oss_expert_rule(self, tag: str):
+        """gpt-oss's fused expert tensors (model_spec.gpt_oss_shapes): this rank's experts [lo, hi) on
+        dimension 0 and, with TP inside the experts (etp > 1), its part of the intermediate dimension:
+        gate_up's 2I columns (bf16 [E, H, 2I], its bias [E, 2I]) or rows (mxfp4 blocks [E, 2I, H/32, 16],
+        scales [E, 2I, H/32]), a contiguous part of the gate/up-interleaved 2I holding gate and up of the
+        same intermediate slice; down's I rows (bf16 [E, I, H]) or its I/32 blocks (mxfp4 [E, H, I/32, 16]
+        and [E, H, I/32]). down's bias [E, H] is read whole by every rank of the expert group; only
+        etp rank 0 adds it (the loader zeroes it elsewhere: gpt_oss.stack_experts)."""
+        lay, rules = self.lay, []
+        if lay.ep > 1:
+            rules.append(("range", 0, self.expert_lo, self.expert_hi))
+        if lay.etp > 1:
+            dim = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "gate_up_proj_blocks": 1, "gate_up_proj_scales": 1,
+                   "down_proj": 1, "down_proj_blocks": 2, "down_proj_scales": 2}.get(tag)
+            if dim is not None:
+                rules.append(("part", dim, lay.etp, lay.etp_rank))
+        if not rules:
+            return None
+        return rules[0] if len(rules) == 1 else ("all", *rules)
 
     def _head_dim(self) -> int:
         c = self.cfg
@@ -217,6 +246,15 @@ def _read_rows(f, name: str, dim: int, a: int, b: int) -> torch.Tensor:
     sl = f.get_slice(name)
     index = [slice(None)] * len(sl.get_shape())
     index[dim] = slice(a, b)
+    return sl[tuple(index)]
+
+
+def _read_box(f, name: str, bounds: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The slice of `name` bounded on each (dim, start, stop) of `bounds` (one get_slice read)."""
+    sl = f.get_slice(name)
+    index = [slice(None)] * len(sl.get_shape())
+    for dim, a, b in bounds:
+        index[dim] = slice(a, b)
     return sl[tuple(index)]
 
 
@@ -266,10 +304,16 @@ def read_sharded(v, device: str, log_fn: Callable[..., None], plan: ShardPlan, r
                 stem = n[: -len("weight")] if n.endswith(".weight") else None
                 if n.endswith(".weight_scale_inv") and ".mlp.experts." not in n and r is not None:
                     continue  # read with its weight
-                bounds = None if r is None else _bounds(f.get_slice(n).get_shape(), r, n)
+                shape = None if r is None else f.get_slice(n).get_shape()
+                if r is not None and r[0] == "all":  # several dimensions sliced at once (gpt-oss experts)
+                    bounds = [b for sub in r[1:] if (b := _bounds(shape, sub, n)) is not None]
+                else:
+                    bounds = None if r is None else _bounds(shape, r, n)
                 sname = (stem + "weight_scale_inv") if stem else None
                 if bounds is None:
                     t = f.get_tensor(n)
+                elif isinstance(bounds, list):
+                    t = _read_box(f, n, bounds)
                 elif sname and sname in where and ".mlp.experts." not in n:
                     t = _read_fp8_rows(f, handle(where[sname]), n, sname, *bounds)
                 else:

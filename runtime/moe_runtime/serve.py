@@ -191,7 +191,7 @@ def _shard_plan(prep, layout):
     v = prep["validated"]
     from moe_core.runtime import BUNDLED
 
-    if v.info.architecture in BUNDLED.single_rank:  # before any rank is spawned (gpt-oss: no shard rules)
+    if v.info.architecture in BUNDLED.single_rank:  # before any rank is spawned (none listed today)
         raise RuntimeFailure(f"{v.root}: {v.info.architecture} is served on one GPU only by the bundled runtime "
                              f"(here --tp {layout.tp} --ep {layout.ep}); use engine sglang or vllm to shard it")
     plan = ShardPlan(v.config, v.expert_format, layout)

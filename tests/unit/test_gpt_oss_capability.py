@@ -1,13 +1,13 @@
 """The capability table serves gpt-oss per architecture (issue 18 item 4): the operator's bundled
-planner now accepts GptOssForCausalLM in bf16 and MXFP4, on one GPU, with the torch experts path the
-model actually runs, and still refuses what the runtime cannot serve (other formats, tp/ep > 1, a
-kernel backend). The runtime refuses the same from the same table: its plan check, its loader
-(before any weight data is read) and the checkpoint writer. Other architectures keep every format.
+planner now accepts GptOssForCausalLM in bf16 and MXFP4, on one GPU or sharded over tp/ep like the
+other families, with the torch experts path the model actually runs, and still refuses what the
+runtime cannot serve (other formats, a kernel backend; serve: a split the checkpoint's sizes do not
+allow). The runtime refuses the same from the same table: its plan check, its loader (before any
+weight data is read) and the checkpoint writer. Other architectures keep every format.
 """
 
 import json
 import shutil
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -57,11 +57,12 @@ def test_other_architectures_keep_every_format():
 
 
 @pytest.mark.parametrize("kw", [{"tp": 2}, {"ep": 2}, {"tp": 8, "ep": 8}])
-def test_planner_refuses_sharded_gpt_oss(kw):
+def test_planner_accepts_sharded_gpt_oss(kw):
+    """gpt-oss shards like the other families (moe_runtime.parallel; test_gpt_oss_parallel): no [B6]."""
     p = bundled("mxfp4", **kw)
-    assert any(e.startswith("[B6]") and "one GPU only" in e for e in p.errors), p.errors
-    assert problems(GPT_OSS, "mxfp4", tp=kw.get("tp", 1), ep=kw.get("ep", 1))
-    assert not problems(GPT_OSS, "mxfp4")
+    assert not any(e.startswith("[B6]") for e in p.errors), p.errors
+    assert not problems(GPT_OSS, "mxfp4", tp=kw.get("tp", 1), ep=kw.get("ep", 1))
+    assert problems(GPT_OSS, "mxfp4", tp=2, ep=3)  # the layout rules of every architecture still apply
 
 
 def test_an_explicit_kernel_backend_for_gpt_oss_is_refused():
@@ -115,7 +116,7 @@ def test_writer_gives_the_release_layout_and_refuses_other_formats(written, tmp_
 
 
 def test_loader_refuses_what_the_table_refuses(written, tmp_path):
-    from moe_runtime.loader import load_checkpoint, validate_checkpoint
+    from moe_runtime.loader import validate_checkpoint
 
     d = tmp_path / "relabeled"
     shutil.copytree(written["bf16"], d)
@@ -125,13 +126,14 @@ def test_loader_refuses_what_the_table_refuses(written, tmp_path):
     assert inspect_dir(d).format == "fp8"
     with pytest.raises(RuntimeFailure, match="unsupported checkpoint format 'fp8'.*bf16, mxfp4 for GptOssForCausalLM"):
         validate_checkpoint(d)
-    two_ranks = SimpleNamespace(lay=SimpleNamespace(world=2, rank=0))
-    with pytest.raises(RuntimeFailure, match="one GPU only"):
-        load_checkpoint(written["mxfp4"], "cpu", torch.bfloat16, log=lambda *a, **k: None, shard=two_ranks)
     from moe_runtime import parallel, serve
 
-    with pytest.raises(RuntimeFailure, match="one GPU only"):  # serve --tp 2: refused before ranks spawn
-        serve._shard_plan({"validated": validate_checkpoint(written["mxfp4"])}, parallel.Layout(2, 1))
+    # serve --tp 2 on MXFP4 experts of intermediate 32 (one 32-block of down's input): TP inside the
+    # experts cannot split it, refused before ranks spawn with what works; --ep 2 (whole experts) passes
+    prep = {"validated": validate_checkpoint(written["mxfp4"])}
+    with pytest.raises(RuntimeFailure, match="intermediate_size 32 split 2 ways.*use --ep 2"):
+        serve._shard_plan(prep, parallel.Layout(2, 1))
+    assert serve._shard_plan(prep, parallel.Layout(2, 2)).local_experts == 4
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])

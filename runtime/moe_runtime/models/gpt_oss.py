@@ -17,6 +17,12 @@ activation (the capability table, moe_core.runtime, says torch for gpt-oss so th
 MXFP4 experts stay packed in memory (moe_kernels ExpertWeights, the kernels' MXFP4 decoder) and
 each step dequantizes only the experts it routes to; bf16 experts are used as they are.
 
+Tensor / expert parallel (moe_runtime.parallel.ShardPlan slices at load): attention heads over tp
+with their q/k/v biases and sinks (KV heads split, or replicated when tp exceeds them), o_proj's bias
+added once (RowParallelBiased); the router replicated; experts over ep with their biases, the
+intermediate split inside the experts for the rest (down's bias on one rank of the group); the
+combine is moe_runtime.dispatch's, as for the other families.
+
 KV cache: sliding layers keep every position in the paged cache and mask (no window-sized ring
 buffer), so their KV memory is that of a full-attention layer.
 """
@@ -31,6 +37,7 @@ from torch import nn
 from moe_kernels import paged_attention as pa
 from moe_kernels.experts import ExpertWeights
 
+from .. import dispatch, parallel
 from ..errors import RuntimeFailure
 from ..log import log
 from .common import AttnContext, CausalLM, Rope, rope_parameters
@@ -47,7 +54,8 @@ def _deinterleave(t: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([t.index_select(dim, idx[0::2]), t.index_select(dim, idx[1::2])], dim=dim).contiguous()
 
 
-def stack_experts(raw: dict[str, torch.Tensor], prefix: str, fmt: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def stack_experts(raw: dict[str, torch.Tensor], prefix: str, fmt: str, dtype: torch.dtype,
+                  down_bias: bool = True) -> dict[str, torch.Tensor]:
     """One layer's expert tensors (popped from `raw`) as ExpertWeights.from_quantized keywords:
     w13 [E, 2I, H] in [gate; up] row order, w2 [E, H, I], and the biases (`w13_bias` [E, 2I],
     `w2_bias` [E, H], in `dtype`) as extras.
@@ -55,10 +63,17 @@ def stack_experts(raw: dict[str, torch.Tensor], prefix: str, fmt: str, dtype: to
     bf16: `experts.gate_up_proj` [E, H, 2I] and `experts.down_proj` [E, I, H] are transposed to the
     [E, N, K] layout. mxfp4: `*_blocks` [E, N, K/32, 16] and `*_scales` [E, N, K/32] are already
     [E, N, K] (ExpertWeights flattens the blocks to packed [E, N, K/2]); de-interleaving permutes
-    whole rows, so it applies to the packed bytes and the scales alike."""
+    whole rows, so it applies to the packed bytes and the scales alike.
+
+    Sharded (moe_runtime.parallel: this rank's experts and, with TP inside the experts, its part of
+    the intermediate dimension): the tensors in `raw` are this rank's slices already; a contiguous
+    part of the interleaved 2I holds gate and up of one intermediate slice, so the same
+    de-interleaving applies. `down_bias` False (etp ranks other than 0): w2_bias is zero, so the
+    combine over the expert group adds down's bias once."""
     m = prefix + "experts."
+    b2 = raw.pop(m + "down_proj_bias").to(dtype).contiguous()
     out = {"w13_bias": _deinterleave(raw.pop(m + "gate_up_proj_bias"), 1).to(dtype),
-           "w2_bias": raw.pop(m + "down_proj_bias").to(dtype).contiguous()}
+           "w2_bias": b2 if down_bias else torch.zeros_like(b2)}
     if fmt == "bf16":
         out["w13_weight"] = _deinterleave(raw.pop(m + "gate_up_proj").transpose(1, 2), 1).to(torch.bfloat16)
         out["w2_weight"] = raw.pop(m + "down_proj").transpose(1, 2).to(torch.bfloat16).contiguous()
@@ -98,6 +113,23 @@ class BiasedLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class RowParallelBiased(nn.Module):
+    """o_proj under tensor parallelism: this rank's input-dimension slice (its heads), the partial
+    outputs summed over the attention group (parallel.all_reduce_attn, fp32), the bias added once:
+    by the group's first rank before the sum. Without a process group (or attention replicated, tp 1)
+    the plain biased linear."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = parallel.STATE
+        first = g is None or g.layout.tp == 1 or g.layout.tp_rank == 0
+        return parallel.all_reduce_attn(F.linear(x, self.weight, self.bias if first else None))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: dict[str, Any], w, p: str, rope: Rope, window: int | None):
         super().__init__()
@@ -106,7 +138,11 @@ class Attention(nn.Module):
         def lin(name):
             return BiasedLinear(w(p + name + ".weight"), w(p + name + ".bias") if w.has(p + name + ".bias") else None)
 
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = lin("q_proj"), lin("k_proj"), lin("v_proj"), lin("o_proj")
+        self.q_proj, self.k_proj, self.v_proj = lin("q_proj"), lin("k_proj"), lin("v_proj")
+        o = p + "o_proj."
+        self.o_proj = RowParallelBiased(w(o + "weight"), w(o + "bias") if w.has(o + "bias") else None)
+        # heads on this rank, from the (possibly tensor-parallel) slices the loader gave; the sinks are
+        # those of this rank's query heads (parallel.ShardPlan splits them with the heads)
         self.nh, self.nkv = self.q_proj.weight.shape[0] // self.hd, self.k_proj.weight.shape[0] // self.hd
         # the sinks join the softmax in fp32 (both attention paths); transformers holds them in the model dtype
         self.sinks = nn.Parameter(w(p + "sinks").float().contiguous(), requires_grad=False)
@@ -155,10 +191,12 @@ class Experts:
         w, inter = self.weights, self.weights.intermediate_size
         y = torch.zeros_like(x)
         flat = topk_ids.reshape(-1)
+        # expert parallel: ids of experts on other ranks are -1 (parallel.localize_expert_ids); they
+        # sort first and are skipped
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=w.num_experts).tolist()
+        start = int((flat < 0).sum())
+        counts = torch.bincount(flat[flat >= 0], minlength=w.num_experts).tolist()
         k = topk_ids.shape[1]
-        start = 0
         for e, c in enumerate(counts):
             if c == 0:
                 continue
@@ -182,9 +220,14 @@ class MoE(nn.Module):
         self.experts, self.top_k = experts, top_k
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Under expert/tensor parallelism (moe_runtime.parallel) the router is replicated (every rank
+        routes every token alike), this rank's experts run the pairs routed to them, and the partial
+        sums are combined over the world (moe_runtime.dispatch), as the other families' MoEBlock does."""
         # GptOssTopKRouter: top-k of the biased logits, then softmax over those k only
         top, ids = torch.topk(self.router(x), self.top_k, dim=-1)
-        return self.experts.forward(x, torch.softmax(top, dim=1, dtype=top.dtype), ids)
+        weights = torch.softmax(top, dim=1, dtype=top.dtype)
+        y = self.experts.forward(x, weights, parallel.localize_expert_ids(ids, self.experts))
+        return dispatch.combine(y, ids, self.experts, False)
 
 
 class DecoderLayer(nn.Module):
