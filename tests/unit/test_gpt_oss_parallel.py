@@ -152,3 +152,38 @@ def test_bf16_compute_matches_single_process(ckpt, tmp_path, which, tp, ep):
         assert torch.equal(o["tokens"], ref_toks), f"rank {r}: bf16 greedy tokens differ from one bf16 process"
         diff = (o["logits"] - ref_logits).abs().max().item()
         assert diff <= BF16_MAX, f"rank {r}: max |logit diff| {diff} vs one bf16 process"
+
+
+def test_alltoall_combine(ckpt, tmp_path, monkeypatch):
+    """The all-to-all combine (dispatch.combine_alltoall, rows only of tokens with an expert on the
+    sending rank: gpt-oss has no shared expert) gives the same fp32 logits as one process."""
+    monkeypatch.setenv("MOE_EP_DISPATCH", "alltoall")  # inherited by the spawned ranks
+    path = ckpt["mxfp4"]
+    ref_logits, ref_toks = _single(path, "float32")
+    for r, o in enumerate(_run_group(path, 2, 2, "float32", tmp_path)):
+        assert (o["logits"] - ref_logits).abs().max().item() <= ATOL_FP32, r
+        assert torch.equal(o["tokens"], ref_toks), r
+
+
+@pytest.mark.timeout(300)
+def test_serve_tp2_ep2_same_greedy_completions(tmp_path):
+    """`moe-runtime serve --tp 2 --ep 2` (the launcher, rank 0 leading, rank 1 following) on the
+    project's tiny MXFP4 gpt-oss checkpoint: the greedy completions of one process."""
+    from moe_runtime.checkpoint_writer import make_checkpoint
+    from test_runtime_parallel import PROMPTS, Serve, _rank_pids
+
+    path = make_checkpoint(tmp_path / "ckpt", "gpt_oss", "mxfp4", "tiny", seed=1, log=lambda s: None)
+    one = Serve(path, "--dtype", "float32", tmp=tmp_path)
+    try:
+        one.wait_ready()
+        ref = [one.complete(p) for p in PROMPTS]
+    finally:
+        one.stop()
+    par = Serve(path, "--dtype", "float32", "--tp", "2", "--ep", "2", tmp=tmp_path)
+    try:
+        par.wait_ready()
+        assert [par.complete(p) for p in PROMPTS] == ref
+        assert len(_rank_pids(par.logs())) == 2
+    finally:
+        par.stop()
+    assert par.proc.returncode == 0, par.logs()
