@@ -283,6 +283,8 @@ def _serve(args, rank, sock) -> int:
     state = ServerState(model_name=name, metrics=metrics, options=server_options(args))
     try:
         state.tokenizer = Tokenizer(v.root)
+    except RuntimeFailure:  # a side file's bad value, named by the tokenizer
+        raise
     except Exception as e:  # missing/corrupt tokenizer files: refuse before the port opens
         raise RuntimeFailure(f"{v.root / 'tokenizer.json'}: cannot load the tokenizer ({type(e).__name__}: {e})") from None
     if state.tokenizer.vocab_size > v.config["vocab_size"]:  # those token ids would index past the embeddings

@@ -16,6 +16,8 @@ from typing import Any
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
+from .errors import RuntimeFailure
+
 BOS, EOS, IM_START, IM_END = "<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"
 SPECIALS = [BOS, EOS, IM_START, IM_END]
 
@@ -73,25 +75,19 @@ class Tokenizer:
     def __init__(self, model_dir: str | Path):
         root = Path(model_dir)
         self._tok = _HFTokenizer.from_file(str(root / "tokenizer.json"))
-        cfg: dict[str, Any] = {}
-        if (root / "tokenizer_config.json").is_file():
-            cfg = json.loads((root / "tokenizer_config.json").read_text())
-        self.chat_template = cfg.get("chat_template")
-        if isinstance(self.chat_template, list):  # named templates [{name, template}]: transformers uses "default"
-            self.chat_template = next((t.get("template") for t in self.chat_template
-                                       if isinstance(t, dict) and t.get("name") == "default"), None)
+        cfg = _json_object(root / "tokenizer_config.json")
+        self.chat_template = _chat_template(root / "tokenizer_config.json", cfg.get("chat_template"))
         # transformers >= 4.52 saves the template as its own file (gpt-oss ships one); like
         # PreTrainedTokenizerBase.from_pretrained, the file wins over tokenizer_config.json's key
         if (root / "chat_template.jinja").is_file():
             self.chat_template = (root / "chat_template.jinja").read_text(encoding="utf-8")
-        self.eos_token = cfg.get("eos_token") if isinstance(cfg.get("eos_token"), str) else None
-        self.bos_token = cfg.get("bos_token") if isinstance(cfg.get("bos_token"), str) else None
+        self.eos_token = _token_text(root / "tokenizer_config.json", "eos_token", cfg.get("eos_token"))
+        self.bos_token = _token_text(root / "tokenizer_config.json", "bos_token", cfg.get("bos_token"))
         self.stop_ids = {i for i in (self.token_id(self.eos_token), self.token_id(IM_END)) if i is not None}
         # generation_config.json / config.json eos ids (an int or a list, e.g. Qwen's two)
         for name in ("generation_config.json", "config.json"):
-            if (root / name).is_file():
-                eos = json.loads((root / name).read_text()).get("eos_token_id")
-                self.stop_ids.update(e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int))
+            self.stop_ids.update(_token_ids(root / name, "eos_token_id", _json_object(root / name).get("eos_token_id"),
+                                            self.vocab_size))
 
     def token_id(self, token: str | None) -> int | None:
         return self._tok.token_to_id(token) if token else None
@@ -166,3 +162,52 @@ class IncrementalDecoder:
         text = self.tok.decode(self.ids)
         delta, self.sent = text[len(self.sent):], text
         return delta
+
+
+# Typed reads of the tokenizer's side files: a wrong value is refused naming file, key and value
+# (a silently ignored eos id is a server that never stops generating).
+
+def _json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"),
+                           parse_constant=lambda c: _refuse(path, "a number", c))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise RuntimeFailure(f"{path}: not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(value, dict):
+        raise RuntimeFailure(f"{path}: must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _refuse(path: Path, key: str, value: Any, want: str = "") -> Any:
+    raise RuntimeFailure(f"{path}: {key} = {str(value)[:80]!r} is not {want or 'allowed (NaN/Infinity)'}")
+
+
+def _chat_template(path: Path, value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                       and isinstance(t.get("template"), str) for t in value):
+        # named templates [{name, template}]: transformers uses "default"
+        return next((t["template"] for t in value if t["name"] == "default"), None)
+    return _refuse(path, "chat_template", value, "a string or a list of {name, template}")
+
+
+def _token_text(path: Path, key: str, value: Any) -> str | None:
+    """A special token: a string, or transformers' serialised AddedToken ({"content": ...})."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return _refuse(path, key, value, "a token string or {\"content\": ...}")
+
+
+def _token_ids(path: Path, key: str, value: Any, vocab: int) -> set[int]:
+    if value is None:
+        return set()
+    ids = value if isinstance(value, list) else [value]
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
+            _refuse(path, key, value, f"a token id (or list of ids) in [0, {vocab})")
+    return set(ids)
