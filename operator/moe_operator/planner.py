@@ -747,24 +747,72 @@ def _vllm_moe_shape_problem(ck: CheckpointInfo, tp: int, dp: int, ep: int, runne
     return None
 
 
+def _vllm_0221_moe_shape_problem(ck: CheckpointInfo, tp: int, dp: int, ep: int) -> str | None:
+    """vLLM 0.22.1's MoE split checks for one layout (any --moe-backend): the message it raises, or None.
+
+    The MoE layer is tensor-parallel over tp x dp without expert parallelism, tp 1 with it
+    (FusedMoEParallelConfig.make, model_executor/layers/fused_moe/config.py:1097-1220, flatten_tp_across_dp_and_pcp
+    :1086); FusedMoE.__init__ asserts the split (fused_moe/layer.py:266). A block-FP8 checkpoint's shard must be whole
+    blocks: Fp8MoEMethod.create_weights raises for intermediate_size_per_partition % block_n, and for % block_k when
+    the tensor-parallel world (tp) is > 1 (quantization/fp8.py:624-647). 0.22.1 has neither 0.33.0's block refinement
+    nor its shard padding (its oracle/fp8.py has no refine_fp8_moe_block_shape / pad_tp_shard_to_weight_blocks)."""
+    inter, block = ck.moeIntermediateSize, ck.weightBlockSize
+    moe_tp = 1 if ep > 1 and tp * dp > 1 else tp * dp
+    if inter is None:
+        return None
+    if moe_tp > 1 and inter % moe_tp:
+        return f"AssertionError in FusedMoE.__init__: intermediate_size {inter} % self.tp_size {moe_tp} == 0"
+    if not block or len(block) != 2 or ck.format != "fp8":
+        return None
+    bn, bk = block
+    ispp = inter // moe_tp
+    if ispp % bn:
+        return f"The output_size of gate's and up's weight = {ispp} is not divisible by weight quantization block_n = {bn}."
+    if tp > 1 and ispp % bk:
+        return f"The input_size of down's weight = {ispp} is not divisible by weight quantization block_k = {bk}."
+    return None
+
+
+_WK40_CITE = {
+    "0.33.0": "vllm/model_executor/layers/fused_moe/oracle/fp8.py:292-395 and quantization/utils/fp8_utils.py:1347-1373, "
+              "vLLM 0.33.0",
+    "0.22.1": "vllm/model_executor/layers/fused_moe/layer.py:266 FusedMoE.__init__ and quantization/fp8.py:624-647 "
+              "Fp8MoEMethod.create_weights, vLLM 0.22.1 (no block refinement or shard padding in that release)",
+}
+
+
+def _vllm_split_problem(ck: CheckpointInfo, tp: int, dp: int, ep: int, runner: str, ver: tuple[int, ...]) -> str | None:
+    """The MoE split check of the vLLM release read at or below `ver`: 0.33.0's from 0.33.0, 0.22.1's for 0.22.1.
+    Between them (releases not read) only what both refuse is refused (no refusal is guessed); before 0.22.1
+    nothing is judged."""
+    if ver >= (0, 33, 0):
+        return _vllm_moe_shape_problem(ck, tp, dp, ep, runner)
+    if ver < (0, 22, 1):
+        return None
+    old = _vllm_0221_moe_shape_problem(ck, tp, dp, ep)
+    if ver[:3] == (0, 22, 1) or old is None:
+        return old
+    return old if _vllm_moe_shape_problem(ck, tp, dp, ep, runner) is not None else None
+
+
 def vllm_moe_shape_errors(f: Facts, runner: str) -> list[str]:
-    """WK40: vLLM 0.33.0 refuses an MoE split it cannot shard (any runner; read in 0.33.0 only, so releases before
-    it are not judged)."""
-    if f.ver < (0, 33, 0):
-        return []
-    tp, dp, ep = f.choices.tp, f.choices.dp, f.choices.ep
-    msg = _vllm_moe_shape_problem(f.ckpt, tp, dp, ep, runner)
+    """WK40: vLLM refuses an MoE split it cannot shard (any runner): 0.33.0's checks from 0.33.0, 0.22.1's in 0.22.1
+    (and what both refuse between them); releases before 0.22.1 are not judged."""
+    tp, dp, ep, v = f.choices.tp, f.choices.dp, f.choices.ep, f.ver
+    msg = _vllm_split_problem(f.ckpt, tp, dp, ep, runner, v)
     if msg is None:
         return []
     alts = [a for a, ok in (
-        (f"parallelism.ep {tp * dp} (--enable-expert-parallel)", _vllm_moe_shape_problem(f.ckpt, tp, dp, tp * dp, runner) is None),
-        ("--moe-backend triton (moe.runnerBackend)", runner == "auto" and _vllm_moe_shape_problem(f.ckpt, tp, dp, ep, "triton") is None),
+        (f"parallelism.ep {tp * dp} (--enable-expert-parallel)", _vllm_split_problem(f.ckpt, tp, dp, tp * dp, runner, v) is None),
+        ("--moe-backend triton (moe.runnerBackend)", runner == "auto" and _vllm_split_problem(f.ckpt, tp, dp, ep, "triton", v) is None),
     ) if ok]
-    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and _vllm_moe_shape_problem(f.ckpt, t, dp, ep, runner) is None]
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and _vllm_split_problem(f.ckpt, t, dp, ep, runner, v) is None]
     if tps:
         alts.append(f"tp {', '.join(map(str, tps))}")
-    return [f"[WK40] vLLM {f.version} refuses this layout at start-up: {msg} (vllm/model_executor/layers/fused_moe/"
-            f"oracle/fp8.py:292-395 and quantization/utils/fp8_utils.py:1347-1373, vLLM 0.33.0). Works instead: "
+    cite = _WK40_CITE["0.33.0" if v >= (0, 33, 0) else "0.22.1"]
+    if (0, 22, 1) < v[:3] < (0, 33, 0):
+        cite += f"; vLLM {f.version} was not read: refused because 0.22.1 and 0.33.0 both refuse it"
+    return [f"[WK40] vLLM {f.version} refuses this layout at start-up: {msg} ({cite}). Works instead: "
             f"{'; '.join(alts) or 'no tp/ep split of this checkpoint'}."]
 
 

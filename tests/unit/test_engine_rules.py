@@ -698,5 +698,38 @@ def test_vllm_block_fp8_split_refined_padded_or_refused():
     # FusedMoEConfig.__post_init__ asserts intermediate_size % tp_size == 0 (fused_moe/config.py:1352)
     [err] = plan(_block_fp8(inter=1000), from_name("H200"), Choices(tp=16), engine="vllm").errors
     assert "intermediate_size 1000 % tp_size 16" in err
-    # releases before the one read are not judged
-    assert not plan(ck, from_name("H200"), Choices(tp=32), engine="vllm", engine_version="0.22.1").errors
+    # releases before the oldest read (0.22.1) are not judged
+    assert not plan(ck, from_name("H200"), Choices(tp=32), engine="vllm", engine_version="0.20.0").errors
+
+
+@pytest.mark.parametrize("runner", ["auto", "triton", "deep_gemm"])
+def test_vllm_0221_block_fp8_split_has_no_refinement_or_padding(runner):
+    """vLLM 0.22.1: Fp8MoEMethod.create_weights raises for a block-FP8 shard that is not whole blocks
+    (quantization/fp8.py:636-647, 'The output_size of gate's and up's weight = 192 is not divisible by weight
+    quantization block_n = 128.'), whatever the backend: that release has no refine_fp8_moe_block_shape and no
+    pad_tp_shard_to_weight_blocks (its oracle/fp8.py). Qwen3-235B-A22B-FP8 at tp 8 starts on 0.33.0, not on 0.22.1."""
+    ck = _block_fp8()  # 1536, hidden 4096, [128, 128]
+    [err] = [e for e in plan(ck, from_name("H200"), Choices(tp=8, runner_backend=runner), engine="vllm",
+                             engine_version="0.22.1").errors if e.startswith("[WK40]")]
+    assert "weight = 192 is not divisible by weight quantization block_n = 128" in err and "quantization/fp8.py:624-647" in err
+    assert "vLLM 0.22.1" in err and "Works instead: parallelism.ep 8 (--enable-expert-parallel); tp 1, 2, 4." in err
+    assert "--moe-backend triton" not in err  # no backend pads in 0.22.1
+    assert not [e for e in plan(ck, from_name("H200"), Choices(tp=8, runner_backend=runner), engine="vllm").errors
+                if e.startswith("[WK40]")]  # 0.33.0 refines (auto) or pads (explicit)
+    for ok in (Choices(tp=4, runner_backend=runner), Choices(tp=8, ep=8, runner_backend=runner)):
+        assert not [e for e in plan(ck, from_name("H200"), ok, engine="vllm", engine_version="0.22.1").errors
+                    if e.startswith("[WK40]")]
+    # FusedMoE.__init__ asserts intermediate_size % self.tp_size == 0 (fused_moe/layer.py:266, 0.22.1); the MoE
+    # layer is tensor-parallel over tp x dp without EP (FusedMoEParallelConfig.make, config.py:1097-1220)
+    bf16 = CheckpointInfo(architecture=QWEN3, format="bf16", formatSource="test", numExperts=128, moeIntermediateSize=1000)
+    [err] = plan(bf16, from_name("H200"), Choices(tp=8, dp=2), engine="vllm", engine_version="0.22.1").errors
+    assert "intermediate_size 1000 % self.tp_size 16 == 0" in err and "layer.py:266" in err
+
+
+def test_vllm_between_the_releases_read_refuses_only_what_both_refuse():
+    ck = _block_fp8()
+    # tp 8: 0.22.1 refuses, 0.33.0 refines: a release between them is not refused (no refusal guessed)
+    assert not plan(ck, from_name("H200"), Choices(tp=8), engine="vllm", engine_version="0.28.0").errors
+    # tp 32: both refuse (48 per rank, gcd 16 < 32 under auto)
+    [err] = plan(ck, from_name("H200"), Choices(tp=32), engine="vllm", engine_version="0.28.0").errors
+    assert err.startswith("[WK40]") and "0.28.0 was not read: refused because 0.22.1 and 0.33.0 both refuse it" in err

@@ -29,9 +29,9 @@ def inventory(*pools):
     return build([node_info(n) for n in nodes], {})
 
 
-def spec(engine="sglang", **kw):
-    return MoEDeploymentSpec.model_validate({"model": {"uri": "file:///models/qwen3-235b-fp8"},
-                                             "engine": {"name": engine}, **kw})
+def spec(engine="sglang", version=None, **kw):
+    eng = {"name": engine, **({"version": version} if version else {})}
+    return MoEDeploymentSpec.model_validate({"model": {"uri": "file:///models/qwen3-235b-fp8"}, "engine": eng, **kw})
 
 
 # Qwen/Qwen3-235B-A22B-FP8 config.json: hidden_size 4096, moe_intermediate_size 1536, 128 experts (8 per token),
@@ -104,3 +104,18 @@ def test_smallest_fit_passes_over_a_refused_layout_for_the_next_that_fits():
     none = sizing.smallest_fit(QWEN3_235B_FP8, g, 4, 3, refuses=lambda f: "refused (test)")
     assert none.fit is None and "tp=8 (2 nodes x 4 GPUs) is the smallest layout that fits" in none.reason
     assert "as are the larger layouts that fit, tp=12" in none.reason
+
+
+def test_vllm_0221_refuses_what_0330_refines_so_the_l40s_class_is_rejected_there():
+    """vLLM 0.22.1 has no block refinement: the 192-wide shard raises in Fp8MoEMethod.create_weights
+    (quantization/fp8.py:636-640), so tp=8 on L40S is refused (WK40) and nothing larger that fits passes; with
+    expert parallelism (MoE tp 1) it starts."""
+    old = spec("vllm", "0.22.1")
+    p = place(old, QWEN3_235B_FP8, inventory((L40S, 2, 8)))
+    assert not p.ok
+    why = p.rejected["sm89/NVIDIA-L40S"]
+    assert why.startswith("[Z1] tp=8 (8 GPUs) is the smallest layout that fits") and "[WK40] vLLM 0.22.1" in why
+    assert "Works instead: parallelism.ep 8 (--enable-expert-parallel)" in why
+    ep = place(spec("vllm", "0.22.1", parallelism={"ep": 8}), QWEN3_235B_FP8,
+               inventory((L40S, 2, 8)))
+    assert ep.ok and ep.plan.layout.tp == 8, ep.rejected
