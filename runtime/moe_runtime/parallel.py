@@ -140,7 +140,13 @@ class ShardPlan:
             key = "intermediate_size" if self.gpt_oss else "moe_intermediate_size"
             inter = c[key]
             group = {"fp8": 128, "nvfp4": 16, "mxfp4": 32, "bf16": 1}[self.fmt]
-            if lay.etp > 1 and inter % (lay.etp * group):
+            if self.gpt_oss and lay.etp > 1 and inter % group == 0:
+                # gpt-oss's own torch experts take uneven parts (whole blocks: _gpt_oss_inter_range)
+                if inter // group < lay.etp:
+                    out.append(f"{key} {inter} split {lay.etp} ways inside the experts (world {lay.world} / --ep "
+                               f"{lay.ep}) needs a whole {self.fmt} block of {group} per rank ({inter // group} "
+                               f"blocks); use --ep {lay.world} (whole experts per rank)")
+            elif lay.etp > 1 and inter % (lay.etp * group):
                 out.append(f"{key} {inter} split {lay.etp} ways inside the experts (world {lay.world} / "
                            f"--ep {lay.ep}) leaves slices that are not whole {self.fmt} blocks of {group}; "
                            f"use --ep {lay.world} (whole experts per rank)")
@@ -204,18 +210,31 @@ class ShardPlan:
         scales [E, 2I, H/32]), a contiguous part of the gate/up-interleaved 2I holding gate and up of the
         same intermediate slice; down's I rows (bf16 [E, I, H]) or its I/32 blocks (mxfp4 [E, H, I/32, 16]
         and [E, H, I/32]). down's bias [E, H] is read whole by every rank of the expert group; only
-        etp rank 0 adds it (the loader zeroes it elsewhere: gpt_oss.stack_experts)."""
+        etp rank 0 adds it (the loader zeroes it elsewhere: gpt_oss.stack_experts). The intermediate
+        parts may be uneven (_gpt_oss_inter_range): gpt-oss-20b/120b's 2880 is 90 MXFP4 blocks, which
+        4 or 8 ranks do not divide."""
         lay, rules = self.lay, []
         if lay.ep > 1:
             rules.append(("range", 0, self.expert_lo, self.expert_hi))
         if lay.etp > 1:
-            dim = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "gate_up_proj_blocks": 1, "gate_up_proj_scales": 1,
-                   "down_proj": 1, "down_proj_blocks": 2, "down_proj_scales": 2}.get(tag)
-            if dim is not None:
-                rules.append(("part", dim, lay.etp, lay.etp_rank))
+            lo, hi = self._gpt_oss_inter_range()
+            g = 32 if self.fmt == "mxfp4" else 1
+            dim_range = {"gate_up_proj": (2, 2 * lo, 2 * hi), "gate_up_proj_bias": (1, 2 * lo, 2 * hi),
+                         "gate_up_proj_blocks": (1, 2 * lo, 2 * hi), "gate_up_proj_scales": (1, 2 * lo, 2 * hi),
+                         "down_proj": (1, lo, hi), "down_proj_blocks": (2, lo // g, hi // g),
+                         "down_proj_scales": (2, lo // g, hi // g)}.get(tag)
+            if dim_range is not None:
+                rules.append(("range", *dim_range))
         if not rules:
             return None
         return rules[0] if len(rules) == 1 else ("all", *rules)
+
+    def _gpt_oss_inter_range(self) -> tuple[int, int]:
+        """This rank's intermediate rows [lo, hi) inside its experts: whole blocks of the expert format
+        (mxfp4 32, bf16 1), spread as evenly as they go (parts differ by at most one block)."""
+        lay, g = self.lay, 32 if self.fmt == "mxfp4" else 1
+        nb = self.cfg["intermediate_size"] // g
+        return lay.etp_rank * nb // lay.etp * g, (lay.etp_rank + 1) * nb // lay.etp * g
 
     def _head_dim(self) -> int:
         c = self.cfg

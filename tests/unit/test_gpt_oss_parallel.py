@@ -5,15 +5,15 @@ with MXFP4 experts) give the single-process logits and greedy tokens.
 Sharding (moe_runtime.parallel.ShardPlan): attention heads over tp with their q/k/v biases and sinks
 (the 2 KV heads split at tp2, replicated at tp4), o_proj's bias added once; experts over ep with
 their biases; TP inside the experts (world / ep ranks) splits the intermediate: gate_up's interleaved
-2I columns (MXFP4: rows of blocks), down's I (MXFP4: whole 32-blocks, so only a checkpoint with
-intermediate_size 64 splits 2 ways), down's bias added by one rank of the group. Router, norms and
-embeddings as the other families (router replicated, vocab-parallel embedding and LM head).
+2I columns (MXFP4: rows of blocks), down's I (MXFP4: whole 32-blocks, parts uneven where the blocks
+do not divide: the intermediate-96 checkpoint splits 1 + 2), down's bias added by one rank of the
+group. Router replicated, vocab-parallel embedding and LM head, as for the other families.
 
 Measured (prefill of two 8-token prompts + 4 batched greedy decode steps, sliding window 4, max
 |logit diff| against one process, every rank):
-- fp32 compute: bf16 checkpoint tp2 / ep2 / tp2xep2 / tp4xep2 and MXFP4 ep2 / tp2xep2 / tp2 (I 64)
-  within 1e-6 (only the order of the fp32 sums differs); asserted <= ATOL_FP32 (1e-4), greedy equal;
-  (measured 0 at ep2: one rank's partial plus zeros; 1.8e-6-2.6e-6 otherwise); each rank read 27-89%
+- fp32 compute: bf16 checkpoint tp2 / ep2 / tp2xep2 / tp4xep2 and MXFP4 ep2 / tp2xep2 / tp2 (I 96)
+  0 at ep2 (one rank's partial plus zeros), 1.8e-6-2.6e-6 otherwise (only the order of the fp32
+  sums differs); asserted <= ATOL_FP32 (1e-4), greedy tokens equal; each rank read 27-89%
   of the checkpoint's bytes (ep2 alone reads every attention tensor);
 - bf16 compute: free-running greedy tokens equal one bf16 process's (tp2, tp2xep2, MXFP4 tp2xep2), max
   |logit diff| 0.059-0.090; teacher-forced against fp32: mean 0.0100-0.0122 where one bf16 process
@@ -56,25 +56,26 @@ def _to_mxfp4(src, dst):
 
 
 @pytest.fixture(scope="module")
-def mxfp4_i64(tmp_path_factory):
-    """test_gpt_oss_parity's model with intermediate_size 64 (two 32-blocks of down's input, so TP
-    inside the experts can split MXFP4 2 ways), MXFP4 experts."""
+def mxfp4_i96(tmp_path_factory):
+    """test_gpt_oss_parity's model with intermediate_size 96 (three 32-blocks of down's input: TP
+    inside the experts splits MXFP4 2 ways unevenly, 32 + 64, as 4 or 8 ranks split gpt-oss's 90
+    blocks), MXFP4 experts."""
     torch.manual_seed(7)
     cfg = transformers.GptOssConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=4,
         max_position_embeddings=256, initializer_range=0.1, rope_parameters=dict(YARN), eos_token_id=None,
         pad_token_id=None)
     m = transformers.GptOssForCausalLM(cfg).eval()
     _perturb(m, 78)
-    d = tmp_path_factory.mktemp("gpt_oss_i64")
+    d = tmp_path_factory.mktemp("gpt_oss_i96")
     m.save_pretrained(str(d / "bf16"))
     return _to_mxfp4(d / "bf16", d / "mxfp4")
 
 
 @pytest.fixture(scope="module")
-def ckpt(saved, mxfp4, mxfp4_i64):
-    return {"bf16": saved[0], "mxfp4": mxfp4[0], "mxfp4_i64": mxfp4_i64}
+def ckpt(saved, mxfp4, mxfp4_i96):
+    return {"bf16": saved[0], "mxfp4": mxfp4[0], "mxfp4_i96": mxfp4_i96}
 
 
 @pytest.mark.parametrize("which,tp,ep", [
@@ -84,7 +85,7 @@ def ckpt(saved, mxfp4, mxfp4_i64):
     ("bf16", 4, 2),       # 4 ranks: tp4 > 2 KV heads (each replicated on 2 ranks), 2 expert groups x etp 2
     ("mxfp4", 1, 2),
     ("mxfp4", 2, 2),
-    ("mxfp4_i64", 2, 1),  # MXFP4 split inside the experts: down's two 32-blocks one per rank
+    ("mxfp4_i96", 2, 1),  # MXFP4 split inside the experts, unevenly: 1 + 2 of down's three 32-blocks
 ])
 def test_fp32_logits_and_greedy_equal_single_process(ckpt, tmp_path, which, tp, ep):
     path = ckpt[which]
@@ -100,7 +101,7 @@ def test_fp32_logits_and_greedy_equal_single_process(ckpt, tmp_path, which, tp, 
 def test_shard_plan_rules_for_gpt_oss(ckpt):
     from moe_runtime.loader import validate_checkpoint
 
-    v = validate_checkpoint(ckpt["mxfp4_i64"])
+    v = validate_checkpoint(ckpt["mxfp4_i96"])
     a, m = "model.layers.0.self_attn.", "model.layers.0.mlp."
     p = parallel.ShardPlan(v.config, v.expert_format, parallel.Layout(2, 1, rank=1))
     assert p.problems() == []
@@ -109,17 +110,19 @@ def test_shard_plan_rules_for_gpt_oss(ckpt):
     assert p.rule(a + "sinks") == ("part", 0, 2, 1)
     assert p.rule(a + "o_proj.weight") == ("part", 1, 2, 1) and p.rule(a + "o_proj.bias") is None
     assert p.rule(m + "router.weight") is None and p.rule(m + "router.bias") is None
-    assert p.rule(m + "experts.gate_up_proj_blocks") == ("part", 1, 2, 1)
-    assert p.rule(m + "experts.down_proj_blocks") == ("part", 2, 2, 1)
+    # 3 blocks of 32 over 2 ranks: rank 0 takes intermediate [0, 32), rank 1 [32, 96)
+    assert p.rule(m + "experts.gate_up_proj_blocks") == ("range", 1, 64, 192)
+    assert p.rule(m + "experts.gate_up_proj_bias") == ("range", 1, 64, 192)
+    assert p.rule(m + "experts.down_proj_blocks") == ("range", 2, 1, 3)
     assert p.rule(m + "experts.down_proj_bias") is None
     q = parallel.ShardPlan(v.config, v.expert_format, parallel.Layout(4, 2, rank=3))  # etp 2, expert group 1
     assert q.rule(a + "v_proj.bias") == ("range", 0, 16, 32)  # tp4 > 2 KV heads: rank 3 reads KV head 1
-    assert q.rule(m + "experts.down_proj_scales") == ("all", ("range", 0, 4, 8), ("part", 2, 2, 1))
+    assert q.rule(m + "experts.down_proj_scales") == ("all", ("range", 0, 4, 8), ("range", 2, 1, 3))
     assert q.rule(m + "experts.down_proj_bias") == ("range", 0, 4, 8)
     # MXFP4 with intermediate 32 (one 32-block of down's input) cannot split inside the experts
     w = validate_checkpoint(ckpt["mxfp4"])
     probs = parallel.ShardPlan(w.config, w.expert_format, parallel.Layout(2, 1)).problems()
-    assert any("intermediate_size 32 split 2 ways" in s and "--ep 2" in s for s in probs), probs
+    assert any("intermediate_size 32 split 2 ways" in s and "(1 blocks); use --ep 2" in s for s in probs), probs
     assert parallel.ShardPlan(w.config, w.expert_format, parallel.Layout(2, 2)).problems() == []
 
 
@@ -128,7 +131,7 @@ BF16_MAX = 0.15   # max |logit diff|: measured 0.059-0.090 (vs one bf16 process)
 BF16_FACTOR = 1.5  # mean |logit - fp32| over one process's own: measured 0.96-1.13
 
 
-@pytest.mark.parametrize("which,tp,ep", [("bf16", 2, 1), ("bf16", 2, 2), ("mxfp4", 2, 2), ("mxfp4_i64", 2, 1)])
+@pytest.mark.parametrize("which,tp,ep", [("bf16", 2, 1), ("bf16", 2, 2), ("mxfp4", 2, 2), ("mxfp4_i96", 2, 1)])
 def test_bf16_compute_matches_single_process(ckpt, tmp_path, which, tp, ep):
     """bf16 activations: the bf16 partials of o_proj and the experts are summed in fp32 after rounding,
     where one process rounds the whole sum once. With the same inputs every step (teacher forcing with
@@ -145,7 +148,7 @@ def test_bf16_compute_matches_single_process(ckpt, tmp_path, which, tp, ep):
     for r, f in enumerate(_run_group(path, tp, ep, "bfloat16", tmp_path / "forced", forced)):
         mean, worst = (f["logits"] - exact).abs().mean().item(), (f["logits"] - exact).abs().max().item()
         assert mean <= BF16_FACTOR * own and worst <= BF16_MAX, f"rank {r}: |logit - fp32| mean {mean} (one process {own}), max {worst}"
-    if which == "mxfp4_i64":
+    if which == "mxfp4_i96":
         return
     ref_logits, ref_toks = _single(path, "bfloat16")
     for r, o in enumerate(_run_group(path, tp, ep, "bfloat16", tmp_path)):
