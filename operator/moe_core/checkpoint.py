@@ -208,6 +208,11 @@ class CheckpointInfo(BaseModel):
     maxPositionEmbeddings: int | None = None
     kvCacheFp8: bool = False
     totalBytes: int = 0
+    replicatedBytes: int = Field(0, description=(
+        "bytes of the tensors every tensor-parallel rank holds whole (norms, MLA q_a/kv_a projections, MoE "
+        "routers, MTP eh_proj; tp_placement()); 0 when unknown (then all bytes count as split evenly)"))
+    kvHeadBytes: int = Field(0, description=(
+        "bytes of the attention k_proj/v_proj tensors: split by KV heads, so over at most num_key_value_heads ranks"))
     numTensors: int = 0
     numFiles: int = 0
     notes: list[str] = Field(default_factory=list)
@@ -432,6 +437,34 @@ def _dsv4_format(config: dict[str, Any], q: dict[str, Any], hf_quant: dict[str, 
     return "dsv4_fp4", "DeepSeek-V4 default (SGLANG_DSV4_FP4_EXPERTS=True)"
 
 
+# What every tensor-parallel rank holds whole, by the tensor's module name (the last part before the
+# leaf): sglang, vLLM and the bundled runtime (moe_runtime.parallel.ShardPlan.rule) alike keep norms,
+# the MLA down-projections (q_a_proj, kv_a_proj_with_mqa: ReplicatedLinear), MoE routers and the MTP
+# eh_proj unsplit. The rest is split: attention by heads, dense MLPs and shared experts by their
+# intermediate size, embeddings and the LM head by vocab, routed experts over ep x (tp / ep).
+_WHOLE_MODULES = {"q_a_proj", "kv_a_proj_with_mqa", "fused_qkv_a_proj_with_mqa", "eh_proj", "router",
+                  "shared_expert_gate"}
+_KV_HEAD_MODULES = {"k_proj", "v_proj"}
+
+
+def tp_placement(name: str) -> str:
+    """How tensor parallelism places one tensor, from its name: "whole" (every rank holds all of it),
+    "kv-heads" (split by KV heads: over at most num_key_value_heads ranks) or "split" (over all ranks)."""
+    parts = name.split(".")
+    if ".experts." in name:  # routed experts (their per-expert scalars go with their expert)
+        return "split"
+    module = parts[-2] if len(parts) > 1 else ""
+    if module.endswith("norm") or module in _WHOLE_MODULES or parts[-1] == "e_score_correction_bias":
+        return "whole"
+    if module == "gate" and (".mlp." in name or ".block_sparse_moe." in name):  # the MoE router
+        return "whole"
+    if module == "o_proj" and parts[-1] == "bias":  # added once after the all-reduce
+        return "whole"
+    if module in _KV_HEAD_MODULES and ".self_attn." in name:
+        return "kv-heads"
+    return "split"
+
+
 def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: list[TensorMeta],
              where: str | Path = "") -> CheckpointInfo:
     arch = _first_architecture(config, where)
@@ -484,6 +517,8 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
         **_attention_facts(fact, notes, get(*CONFIG_KEYS["hiddenSize"]) or defaults[1].get("hiddenSize", ("", None))[1]),
         kvCacheFp8=bool(kv_fp8) or arch in DEEPSEEK_V4_ARCHS,
         totalBytes=int(sum(t.nbytes for t in tensors)),
+        replicatedBytes=int(sum(t.nbytes for t in tensors if tp_placement(t.name) == "whole")),
+        kvHeadBytes=int(sum(t.nbytes for t in tensors if tp_placement(t.name) == "kv-heads")),
         numTensors=len(tensors),
         notes=notes,
     )

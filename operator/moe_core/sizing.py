@@ -1,7 +1,12 @@
 """Sizing: does a checkpoint fit a layout on a GPU class, and which is the smallest layout that does. Pure.
 
 Per GPU of a replica (one rank per GPU, tensor parallel across all of them):
-  weights    the checkpoint's tensor bytes from the safetensors headers / GPUs (sharded);
+  weights    the checkpoint's tensor bytes from the safetensors headers, placed as tensor parallelism
+             places them (checkpoint.tp_placement, by tensor name): the tensors every rank holds whole
+             (norms, MLA q_a/kv_a projections, routers: replicatedBytes) on every GPU, k/v projections
+             over at most num_key_value_heads GPUs (kvHeadBytes), the rest / GPUs. DeepSeek-V3 NVFP4 at
+             tp 8: 1.9 GiB whole + 378.9 / 8 = 49.3 GiB per GPU, what the bundled runtime's ShardPlan
+             loads on each rank (an even split would say 47.6);
   KV cache   maxModelLen x maxConcurrency tokens of KV for every layer:
              MLA (kv_lora_rank set): (kv_lora_rank + qk_rope_head_dim) elements per token and layer,
                the same latent on every rank (MLA has one KV head: tensor parallelism does not split it);
@@ -70,6 +75,7 @@ class Fit:
     workspace: int
     tokens: int  # KV tokens sized for
     kv_how: str
+    replicated: int = 0  # of `weights`: the bytes every GPU holds whole
 
     @property
     def need(self) -> int:
@@ -83,14 +89,29 @@ class Fit:
     def fits(self) -> bool:
         return self.need <= self.usable
 
+    def weights_text(self) -> str:
+        whole = f" (incl. {gib(self.replicated)} every GPU holds whole)" if self.replicated and self.gpus > 1 else ""
+        return f"{gib(self.weights)} weights{whole}"
+
     def numbers(self) -> str:
-        return (f"per GPU {gib(self.weights)} weights + {gib(self.kv)} KV cache ({self.tokens} tokens; {self.kv_how})"
+        return (f"per GPU {self.weights_text()} + {gib(self.kv)} KV cache ({self.tokens} tokens; {self.kv_how})"
                 f" + {gib(self.workspace)} workspace = {gib(self.need)} "
                 f"{'<=' if self.fits else '>'} {gib(self.usable)} usable ({MEMORY_FRACTION:.0%} of {gib(self.memory)})")
 
 
 def max_model_len(ckpt: CheckpointInfo, requested: int | None) -> int:
     return requested or ckpt.maxPositionEmbeddings or DEFAULT_MAX_MODEL_LEN
+
+
+def weights_per_gpu(ckpt: CheckpointInfo, gpus: int) -> tuple[int, int]:
+    """(bytes of weights on one GPU of a `gpus`-way tensor-parallel replica, of which held whole):
+    replicatedBytes on every GPU, kvHeadBytes over min(gpus, num_key_value_heads) GPUs, the rest
+    over all of them (each rounded up)."""
+    whole = min(max(ckpt.replicatedBytes, 0), ckpt.totalBytes)
+    kv = min(max(ckpt.kvHeadBytes, 0), ckpt.totalBytes - whole)
+    rest = ckpt.totalBytes - whole - kv
+    kv_ways = min(gpus, ckpt.numKeyValueHeads) if ckpt.numKeyValueHeads else gpus
+    return whole + -(-kv // max(kv_ways, 1)) + -(-rest // gpus), whole
 
 
 def estimate(ckpt: CheckpointInfo, memory: int, gpus: int, nodes: int = 1, *, max_len: int | None = None,
@@ -101,8 +122,9 @@ def estimate(ckpt: CheckpointInfo, memory: int, gpus: int, nodes: int = 1, *, ma
     kv_bytes = (kv.per_token_per_gpu or 0) * tokens
     hidden = ckpt.hiddenSize or 0
     workspace = FIXED_WORKSPACE + PREFILL_CHUNK_TOKENS * hidden * 2 * ACTIVATION_BUFFERS
-    return Fit(gpus=gpus, nodes=nodes, memory=memory, weights=-(-ckpt.totalBytes // gpus), kv=kv_bytes,
-               workspace=workspace, tokens=tokens, kv_how=kv.how)
+    weights, whole = weights_per_gpu(ckpt, gpus)
+    return Fit(gpus=gpus, nodes=nodes, memory=memory, weights=weights, kv=kv_bytes,
+               workspace=workspace, tokens=tokens, kv_how=kv.how, replicated=whole)
 
 
 def memory_bytes(gpu: GpuClass) -> int | None:
@@ -245,6 +267,6 @@ def layout_refusal(ckpt: CheckpointInfo, gpus_allowed: list[GpuClass], gpus: int
             break
     span = f"{gpus} GPUs over {nodes} nodes" if nodes > 1 else f"{gpus} GPU{'s' if gpus > 1 else ''}"
     return (f"tp={gpus} ({span} per replica) cannot hold {gib(ckpt.totalBytes)} of weights on any allowed GPU: "
-            f"per GPU {gib(f.weights)} weights + {gib(f.kv)} KV cache ({f.tokens} tokens; {f.kv_how}) + "
+            f"per GPU {f.weights_text()} + {gib(f.kv)} KV cache ({f.tokens} tokens; {f.kv_how}) + "
             f"{gib(f.workspace)} workspace = {gib(f.need)} > usable ({MEMORY_FRACTION:.0%} of memory) {usable}{hint}; "
             "leave parallelism.tp and gpusPerReplica unset to size it, or give more GPUs")

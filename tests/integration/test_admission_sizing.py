@@ -37,7 +37,7 @@ def test_webhook_refuses_a_tp_that_does_not_fit_with_the_numbers(kubectl, kubeco
             return r.stderr if r.returncode != 0 and "denied the request" in r.stderr else None
         err = wait_for(refused, 30, "webhook refusal", op.log_tail)
         assert "tp=2 (2 GPUs per replica) cannot hold 380.8 GiB of weights" in err
-        assert "per GPU 190.4 GiB weights" in err and "NVIDIA-H200 126.4 GiB" in err and "tp=4 would fit" in err
+        assert "per GPU 191.4 GiB weights" in err and "NVIDIA-H200 126.4 GiB" in err and "tp=4 would fit" in err
         assert get_json(kubectl, "moed", "too-small", "-n", namespace) is None
         doc["spec"]["parallelism"] = {"tp": 4}
         kubectl("apply", "-f", "-", input=json.dumps(doc))  # fits: admitted

@@ -1,6 +1,8 @@
 """Sizing: weights from the safetensors headers + KV cache + workspace against the GPU class's memory,
 the smallest layout that fits when the spec leaves it unset, refusals with the numbers."""
 
+import math
+
 import pytest
 
 from moe_core import sizing
@@ -61,6 +63,88 @@ def test_full_size_layout_reports_the_real_byte_count(dsv3_nvfp4):
     assert inspect_dir(write_sample_tmp()).totalBytes < 10_000
 
 
+def _runtime_rank_bytes(config, layout, fmt, tp, ep):
+    """The bytes the bundled runtime's ShardPlan loads on its fullest rank (the rule of each tensor
+    applied to its header size): what the estimate must match."""
+    from moe_runtime.parallel import Layout, ShardPlan
+    from moe_operator.sample_checkpoints import _DT_BYTES
+
+    def share(rule, shape, n):
+        if rule is None:
+            return n
+        if rule == "skip":
+            return 0
+        if rule[0] == "all":
+            for r in rule[1:]:
+                n = share(r, shape, n)
+            return n
+        if len(shape) <= rule[1]:
+            return n
+        return n * (rule[3] - rule[2]) / shape[rule[1]] if rule[0] == "range" else n / rule[2]
+
+    sizes = {k: (d, s, _DT_BYTES[d] * math.prod(s)) for k, (d, s) in layout.items()}
+    return max(sum(share(ShardPlan(config, fmt, Layout(tp, ep, r)).rule(k), s, n) for k, (_, s, n) in sizes.items())
+               for r in range(max(tp, ep)))
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-nvfp4", "deepseek-v3-fp8"])
+def test_weights_per_gpu_count_the_tensors_every_rank_holds_whole(name, tmp_path):
+    """Not totalBytes / tp: norms, MLA q_a/kv_a projections and routers are on every rank. DeepSeek-V3
+    NVFP4 at tp 8 (ep 8): 49.3 GiB per GPU (1.95 GiB whole + 378.8 / 8), where an even split says 47.6;
+    equal, to the byte, to what the bundled runtime's ShardPlan loads on a rank, at tp 4, 8 and 16."""
+    from moe_operator.sample_checkpoints import FULL_SIZE, deepseek_v3_layout
+    ck = inspect_dir(write_full_size(name, tmp_path / "c"))
+    cfg = SAMPLES[name]["config"]
+    layers = cfg["num_hidden_layers"] + 1
+    h, q, kv = cfg["hidden_size"], cfg.get("q_lora_rank", 1536), cfg["kv_lora_rank"] + cfg.get("qk_rope_head_dim", 64)
+    moe_layers = layers - cfg["first_k_dense_replace"]
+    norms = layers * (2 * h + q + cfg["kv_lora_rank"]) * 2 + h * 2  # per layer 2 + q_a/kv_a norms; model.norm
+    routers = moe_layers * (cfg["n_routed_experts"] * h * 2 + cfg["n_routed_experts"] * 4)
+    assert ck.replicatedBytes == layers * (q * h + kv * h) * 2 + norms + routers
+    assert ck.kvHeadBytes == 0  # MLA: no k_proj/v_proj
+    layout = deepseek_v3_layout(cfg, FULL_SIZE[name])
+    for gpus in (4, 8, 16):
+        w, whole = sizing.weights_per_gpu(ck, gpus)
+        assert whole == ck.replicatedBytes
+        assert abs(w - _runtime_rank_bytes(cfg, layout, FULL_SIZE[name], gpus, gpus)) <= gpus
+    if name == "deepseek-v3-nvfp4":
+        assert f"{ck.totalBytes / GiB:.1f}" == "380.8" and f"{ck.totalBytes / 8 / GiB:.1f}" == "47.6"
+        assert f"{ck.replicatedBytes / GiB:.2f}" == "1.95"
+        f = sizing.estimate(ck, 143771 * 1024 ** 2, 8)
+        assert f"{f.weights / GiB:.1f}" == "49.3" and f.replicated == ck.replicatedBytes
+        assert "per GPU 49.3 GiB weights (incl. 2.0 GiB every GPU holds whole)" in f.numbers()
+        assert sizing.estimate(ck, 143771 * 1024 ** 2, 1).weights == ck.totalBytes  # one GPU holds it all
+
+
+def test_tp_placement_by_tensor_name_and_gqa_kv_heads():
+    from moe_core.checkpoint import CheckpointInfo, tp_placement
+    whole = ["model.norm.weight", "model.layers.0.input_layernorm.weight", "model.layers.3.self_attn.q_a_proj.weight",
+             "model.layers.3.self_attn.kv_a_proj_with_mqa.weight", "model.layers.3.self_attn.kv_a_layernorm.weight",
+             "model.layers.3.mlp.gate.weight", "model.layers.3.mlp.gate.e_score_correction_bias",
+             "model.layers.0.block_sparse_moe.gate.weight", "model.layers.0.mlp.router.weight",
+             "model.layers.0.mlp.router.bias", "model.layers.0.self_attn.q_norm.weight", "model.layers.61.eh_proj.weight",
+             "model.layers.61.enorm.weight", "model.layers.0.mlp.shared_expert_gate.weight",
+             "model.layers.0.self_attn.o_proj.bias"]
+    split = ["model.embed_tokens.weight", "lm_head.weight", "model.layers.3.self_attn.q_b_proj.weight",
+             "model.layers.3.self_attn.kv_b_proj.weight", "model.layers.3.self_attn.o_proj.weight",
+             "model.layers.0.mlp.gate_proj.weight", "model.layers.3.mlp.shared_experts.down_proj.weight",
+             "model.layers.3.mlp.experts.7.up_proj.weight_scale", "model.layers.3.mlp.experts.7.up_proj.weight_scale_2",
+             "model.layers.0.mlp.experts.gate_up_proj_blocks", "model.layers.0.self_attn.sinks",
+             "model.layers.0.self_attn.q_proj.weight"]
+    assert [n for n in whole if tp_placement(n) != "whole"] == []
+    assert [n for n in split if tp_placement(n) != "split"] == []
+    assert tp_placement("model.layers.0.self_attn.k_proj.weight") == "kv-heads"
+    assert tp_placement("model.layers.0.self_attn.v_proj.bias") == "kv-heads"
+    # GQA with 4 KV heads: k/v projections split 4 ways at most (each rank of tp 8 reads one head's rows)
+    gqa = CheckpointInfo(architecture="Qwen3MoeForCausalLM", format="bf16", formatSource="t", numKeyValueHeads=4,
+                         totalBytes=8000 + 800 + 100, kvHeadBytes=800, replicatedBytes=100)
+    assert sizing.weights_per_gpu(gqa, 8) == (100 + 200 + 1000, 100)
+    assert sizing.weights_per_gpu(gqa, 2) == (100 + 400 + 4000, 100)
+    # an inspection from before these fields (0, 0): the even split as before
+    old = CheckpointInfo(architecture="X", format="bf16", formatSource="t", totalBytes=801)
+    assert sizing.weights_per_gpu(old, 8) == (101, 0)
+
+
 def write_sample_tmp():
     import tempfile
     return write_sample("deepseek-v3-nvfp4", tempfile.mkdtemp() + "/s")
@@ -88,7 +172,7 @@ def test_dsv3_nvfp4_unset_layout_is_sized_onto_h200_with_bytes(dsv3_nvfp4):
     assert p.ok, p.rejected
     d = p.plan.decisions[0]
     assert (d.key, d.value, d.rule) == ("layout.tp", "4", "Z1")
-    assert "380.8 GiB of weights" in d.reason and "95.2 GiB weights" in d.reason and "tp=2 would need" in d.reason
+    assert "380.8 GiB of weights" in d.reason and "96.7 GiB weights (incl. 2.0 GiB every GPU holds whole)" in d.reason and "tp=2 would need" in d.reason
     assert p.plan.layout.tp == 4 and p.plan.layout.nodes == 1
     assert p.spec.gpus_per_node() == 4 and p.spec.parallelism.tp == 4
     assert p.plan.args[p.plan.args.index("--tp-size") + 1] == "4"
@@ -101,7 +185,7 @@ def test_too_small_class_is_refused_with_the_numbers_and_listed_beside_the_chose
     p = place(spec(engine={"name": "vllm"}), dsv3_nvfp4, inventory((L40S, 1, 8)))
     assert not p.ok
     why = p.rejected["sm89/NVIDIA-L40S"]
-    assert why.startswith("[Z1] does not fit even on 8 GPUs (tp=8)") and "47.6 GiB weights" in why
+    assert why.startswith("[Z1] does not fit even on 8 GPUs (tp=8)") and "49.3 GiB weights" in why
     assert "> 40.5 GiB usable (90% of 45.0 GiB)" in why and "one node of this class" in why
     # the bundled runtime's replica is what moe_core.runtime says it runs (tensor/expert parallel on one
     # node since issue 19): sized like the other engines, within BUNDLED.max_tp, and --tp/--ep reach the pod
@@ -128,7 +212,7 @@ def test_explicit_layout_is_checked_never_changed(dsv3_nvfp4):
     bad = place(spec(parallelism={"tp": 2}), dsv3_nvfp4, inventory((H200, 1, 8)))
     assert not bad.ok
     msg = bad.rejected["sm90/NVIDIA-H200"]
-    assert msg.startswith("[Z2] tp=2 as given does not fit 380.8 GiB") and "190.4 GiB weights" in msg and "> 126.4 GiB" in msg
+    assert msg.startswith("[Z2] tp=2 as given does not fit 380.8 GiB") and "191.4 GiB weights" in msg and "> 126.4 GiB" in msg
     ok = place(spec(gpusPerReplica=8), dsv3_nvfp4, inventory((H200, 1, 8)))
     assert ok.ok and ok.plan.decisions[0].rule == "user" and ok.plan.layout.tp == 8
 

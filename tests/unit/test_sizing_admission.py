@@ -39,12 +39,12 @@ def test_the_largest_gpu_of_each_allowed_family_or_the_pinned_product():
 def test_refusal_carries_the_numbers_and_the_tp_that_would_fit(dsv3):
     msg = sizing.layout_refusal(dsv3, sizing.largest_gpus(None, ["sm90"]), 2)
     assert msg.startswith("tp=2 (2 GPUs per replica) cannot hold 380.8 GiB of weights on any allowed GPU")
-    assert "per GPU 190.4 GiB weights" in msg and "KV cache" in msg and "workspace" in msg
-    assert "NVIDIA-H200 126.4 GiB" in msg and "tp=4 would fit on NVIDIA-H200 (99.1 GiB per GPU)" in msg
+    assert "per GPU 191.4 GiB weights" in msg and "KV cache" in msg and "workspace" in msg
+    assert "NVIDIA-H200 126.4 GiB" in msg and "tp=4 would fit on NVIDIA-H200 (100.5 GiB per GPU)" in msg
     assert sizing.layout_refusal(dsv3, sizing.largest_gpus(None, ["sm90"]), 4) is None
     # L40S: even a full node does not; the hint spans nodes
     msg = sizing.layout_refusal(dsv3, sizing.largest_gpus("L40S", None), 8)
-    assert "51.5 GiB > usable" in msg and "NVIDIA-L40S 40.5 GiB" in msg and "tp=16 (2 nodes x 8 GPUs) would fit" in msg
+    assert "53.2 GiB > usable" in msg and "NVIDIA-L40S 40.5 GiB" in msg and "tp=16 (2 nodes x 8 GPUs) would fit" in msg
     assert sizing.layout_refusal(dsv3, sizing.largest_gpus("L40S", None), 16, 2) is None
     # unrestricted: one GPU fits none of them, two fit the 288 GiB parts
     msg = sizing.layout_refusal(dsv3, sizing.largest_gpus(None, None), 1)
