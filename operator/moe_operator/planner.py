@@ -585,6 +585,72 @@ def sglang_moe_shape_errors(f: Facts) -> list[str]:
             f"release read from 0.5.10). Works instead: {works or 'no tp/ep split of this checkpoint'}."]
 
 
+# K41 / WK41: the attention layers split the query heads over the attention tensor-parallel group and assert it; GQA
+# layers also split the KV heads or replicate them evenly. sglang's per-model attention classes (0.5.23 lines; the same
+# asserts in every release read, 0.5.10-0.5.23); the attention group is attn_tp_size = tp / dp with
+# --enable-dp-attention (derive_attn_tp_size, srt/runtime_context.py:73-76), MixtralAttention uses tp.
+_SGLANG_ATTN_SPLIT = {
+    "Qwen3MoeForCausalLM": ("models/qwen3_moe.py:506-516", "Qwen3MoeAttention.__init__", True),
+    "Qwen2MoeForCausalLM": ("models/qwen2_moe.py:914-924", "Qwen2MoeAttention.__init__", True),
+    "Glm4MoeForCausalLM": ("models/glm4_moe.py:237-247", "Glm4MoeAttention.__init__", True),
+    "GptOssForCausalLM": ("models/gpt_oss.py:394-404", "GptOssAttention.__init__", True),
+    "MiniMaxM2ForCausalLM": ("models/minimax_m2.py:647-658", "MiniMaxM2Attention.__init__", True),
+    "MixtralForCausalLM": ("models/mixtral.py:139-149", "MixtralAttention.__init__", False),
+    **{a: ("models/deepseek_v2.py:2057", "DeepseekV2AttentionMLA.__init__", True)
+       for a in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM")},
+}
+
+
+def _heads_problem(ck: CheckpointInfo, attn_tp: int, kv: bool) -> str | None:
+    heads, kv_heads = ck.numAttentionHeads, ck.numKeyValueHeads
+    if attn_tp <= 1 or not heads:
+        return None
+    if heads % attn_tp:
+        return f"{heads} attention heads % {attn_tp} (attention tensor-parallel size) != 0"
+    if kv and kv_heads and not ck.kvLoraRank and (kv_heads % attn_tp if kv_heads >= attn_tp else attn_tp % kv_heads):
+        return (f"{kv_heads} KV heads neither split over nor replicate evenly on {attn_tp} attention tensor-parallel "
+                f"ranks")
+    return None
+
+
+def attention_split_refusal(f: Facts) -> str | None:
+    """K41 (sglang) / WK41 (vLLM): the attention heads do not split over the layout's attention tensor-parallel
+    ranks. vLLM: ModelConfig.verify_with_parallel_config raises 'Total number of attention heads (H) must be divisible
+    by tensor parallel size (T).' (vllm/config/model.py:1557-1564 in 0.33.0, :1195-1202 in 0.22.1) and
+    QKVParallelLinear.__init__ divides the KV heads (model_executor/layers/linear.py:1064-1071 in 0.33.0,
+    :1027-1032 in 0.22.1); its data parallel ranks are whole replicas, so the attention group is tp. sglang: the
+    asserts of _SGLANG_ATTN_SPLIT's attention classes (models it lists only)."""
+    ck, tp, dp = f.ckpt, f.choices.tp, f.choices.dp
+    if f.engine == "sglang":
+        row = _SGLANG_ATTN_SPLIT.get(f.arch)
+        if row is None or f.ver < (0, 5, 10):
+            return None
+        where, fn, dp_attn = row
+        size = (lambda t: t // dp if dp > 1 and t % dp == 0 else t) if dp_attn else (lambda t: t)
+        msg = _heads_problem(ck, size(tp), True)
+        if msg is None:
+            return None
+        tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and t % dp == 0 and _heads_problem(ck, size(t), True) is None]
+        return (f"[K41] sglang {f.version} refuses this layout at start-up: AssertionError in {fn}: {msg} "
+                f"(srt/{where}, sglang 0.5.23; the same asserts in every release read from 0.5.10). Works instead: "
+                f"{'tp ' + ', '.join(map(str, tps)) if tps else 'no tp of this checkpoint'}"
+                f"{f' with dp {dp}' if dp > 1 and tps else ''}.")
+    if f.engine == "vllm":
+        if f.ver < (0, 22, 1):
+            return None
+        msg = _heads_problem(ck, tp, True)
+        if msg is None:
+            return None
+        tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and _heads_problem(ck, t, True) is None]
+        cite = ("vllm/config/model.py:1557-1564 ModelConfig.verify_with_parallel_config and model_executor/layers/"
+                "linear.py:1064-1071 QKVParallelLinear.__init__, vLLM 0.33.0; config/model.py:1195-1202, linear.py:1027-1032"
+                " in 0.22.1")
+        return (f"[WK41] vLLM {f.version} refuses this layout at start-up: {msg} ('Total number of attention heads "
+                f"({ck.numAttentionHeads}) must be divisible by tensor parallel size ({tp}).' / '... is not divisible by "
+                f"...') ({cite}). Works instead: {'tp ' + ', '.join(map(str, tps)) if tps else 'no tp of this checkpoint'}.")
+    return None
+
+
 def _plan_sglang(b: _Builder) -> PlanMoE:
     f = b.f
     runner, _ = _choose_runner(b, SGLANG_SELECT, "--moe-runner-backend")
@@ -606,6 +672,8 @@ def _plan_sglang(b: _Builder) -> PlanMoE:
     _run_checks(b, SGLANG_CHECKS, runner)
     if k40 := moe_split_refusal(f):  # the predicate placement sizes with too
         b.errors.append(k40)
+    if k41 := attention_split_refusal(f):
+        b.errors.append(k41)
     if runner != "auto":
         b.args[:0] = ["--moe-runner-backend", runner]
     if f.a2a != "none":
@@ -698,6 +766,8 @@ def _plan_vllm(b: _Builder) -> PlanMoE:
         _run_checks(b, VLLM_CHECKS, runner)
     if wk40 := moe_split_refusal(f, runner):  # the predicate placement sizes with too
         b.errors.append(wk40)
+    if wk41 := attention_split_refusal(f):
+        b.errors.append(wk41)
     if f.choices.tp > 1:
         b.args += ["--tensor-parallel-size", str(f.choices.tp)]
     if f.choices.dp > 1:
@@ -937,10 +1007,12 @@ def moe_split_refusal(f: Facts, runner: str = "auto") -> str | None:
 
 def split_refusal(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices, engine: str,
                   engine_version: str | None = None) -> str | None:
-    """moe_split_refusal for a layout the planner has not planned yet (placement sizes tp with it): the runner
-    is the one plan() would give the engine (vLLM: the user's, W7's translation or the select table's)."""
+    """moe_split_refusal, then attention_split_refusal (K41/WK41), for a layout the planner has not planned yet
+    (placement sizes tp with it): the runner is the one plan() would give the engine (vLLM: the user's, W7's
+    translation or the select table's)."""
     f = _facts(checkpoint, gpu, choices, engine, engine_version)
-    return moe_split_refusal(f, _vllm_pick_runner(_Builder(f)) if engine == "vllm" else "auto")
+    return (moe_split_refusal(f, _vllm_pick_runner(_Builder(f)) if engine == "vllm" else "auto")
+            or attention_split_refusal(f))
 
 
 def plan(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices | None = None,

@@ -733,3 +733,32 @@ def test_vllm_between_the_releases_read_refuses_only_what_both_refuse():
     # tp 32: both refuse (48 per rank, gcd 16 < 32 under auto)
     [err] = plan(ck, from_name("H200"), Choices(tp=32), engine="vllm", engine_version="0.28.0").errors
     assert err.startswith("[WK40]") and "0.28.0 was not read: refused because 0.22.1 and 0.33.0 both refuse it" in err
+
+
+def test_attention_heads_split_k41_wk41():
+    """The attention layers' own asserts: sglang Glm4MoeAttention.__init__ (srt/models/glm4_moe.py:237-247, 0.5.23)
+    asserts heads % attn_tp_size and that the KV heads split or replicate evenly; vLLM ModelConfig.
+    verify_with_parallel_config (config/model.py:1557-1564, 0.33.0) and QKVParallelLinear (linear.py:1064-1071)."""
+    glm = CheckpointInfo(architecture=GLM4, format="bf16", formatSource="test", numExperts=160, moeIntermediateSize=1536,
+                         numAttentionHeads=96, numKeyValueHeads=8)  # GLM-4.5: 96 heads, 8 KV heads
+    [err] = plan(glm, from_name("H200"), Choices(tp=12), engine="sglang").errors
+    assert err.startswith("[K41]") and "8 KV heads neither split over nor replicate evenly on 12" in err
+    assert "glm4_moe.py:237-247" in err and "Works instead: tp 1, 2, 4, 8, 16, 32." in err
+    [err] = plan(glm, from_name("H200"), Choices(tp=12), engine="vllm").errors
+    assert err.startswith("[WK41]") and "linear.py:1064-1071" in err
+    assert not plan(glm, from_name("H200"), Choices(tp=16), engine="sglang").errors  # 16 = 2 x 8 KV heads
+    # sglang with --enable-dp-attention: the attention group is tp / dp (runtime_context.py:73-76)
+    qwen = CheckpointInfo(architecture=QWEN3, format="bf16", formatSource="test", numExperts=128, moeIntermediateSize=1536,
+                          numAttentionHeads=64, numKeyValueHeads=4)
+    [k41] = [e for e in plan(qwen, from_name("H200"), Choices(tp=24, dp=2), engine="sglang").errors if e.startswith("[K41]")]
+    assert "64 attention heads % 12 (attention tensor-parallel size)" in k41 and "with dp 2" in k41
+    for ok in (Choices(tp=16, dp=2), Choices(tp=8, dp=8)):  # attention tp 8, 1
+        assert not [e for e in plan(qwen, from_name("H200"), ok, engine="sglang").errors if e.startswith("[K41]")]
+    # a model sglang's table does not list is not judged; MLA (kv_lora_rank) has no KV-head split
+    assert not plan(qwen.model_copy(update={"architecture": "SomeNewMoeForCausalLM"}), from_name("H200"), Choices(tp=12),
+                    engine="sglang").errors
+    mla = CheckpointInfo(architecture=DSV3, format="bf16", formatSource="test", numExperts=256, moeIntermediateSize=2048,
+                         numAttentionHeads=128, numKeyValueHeads=128, kvLoraRank=512)
+    assert not plan(mla, from_name("H200"), Choices(tp=32), engine="sglang").errors
+    assert any(e.startswith("[K41]") and "deepseek_v2.py:2057" in e  # 128 heads % 24
+               for e in plan(mla, from_name("H200"), Choices(tp=24), engine="sglang").errors)

@@ -119,3 +119,19 @@ def test_vllm_0221_refuses_what_0330_refines_so_the_l40s_class_is_rejected_there
     ep = place(spec("vllm", "0.22.1", parallelism={"ep": 8}), QWEN3_235B_FP8,
                inventory((L40S, 2, 8)))
     assert ep.ok and ep.plan.layout.tp == 8, ep.rejected
+
+
+def test_a_layout_past_the_refused_one_is_checked_too_attention_heads_k41():
+    """Four-GPU L40S nodes: tp=8 (2 nodes) fits and is refused (K40, 192 per rank); the next layout that fits,
+    tp=12 (3 nodes x 4), passes K40 (1536 / 12 = 128) but Qwen3MoeAttention.__init__ asserts 64 heads % 12
+    (srt/models/qwen3_moe.py:506, sglang 0.5.23): K41 refuses it too, so placement does not land on it."""
+    p = place(spec(), QWEN3_235B_FP8, inventory((L40S, 3, 4)))
+    assert not p.ok
+    why = p.rejected["sm89/NVIDIA-L40S"]
+    assert why.startswith("[Z1] tp=8 (2 nodes x 4 GPUs) is the smallest layout that fits") and "tp=12" in why
+    g = from_name("L40S")
+    k41 = split_refusal(QWEN3_235B_FP8, g, Choices(tp=12, nodes=3), "sglang")
+    assert k41.startswith("[K41]") and "64 attention heads % 12" in k41 and "qwen3_moe.py:506-516" in k41
+    wk41 = split_refusal(QWEN3_235B_FP8, g, Choices(tp=12, nodes=3), "vllm")
+    assert wk41.startswith("[WK41]") and "Total number of attention heads (64) must be divisible by tensor parallel " \
+                                         "size (12)." in wk41 and "Works instead: tp 1, 2, 4, 8, 16, 32, 64." in wk41
