@@ -245,11 +245,20 @@ def unreadable_message(source: Path, rel: str, what: str, err: OSError | None) -
         owner = f"stat: {e.strerror or e}"
     cause = f": {err.strerror or err}" if err is not None else ""
     need = "r-x (list and enter)" if what == "folder" else "r (read)"
+    group_hint = ""
+    try:
+        st = p.stat()
+        if st.st_mode & (0o050 if what == "folder" else 0o040) == (0o050 if what == "folder" else 0o040) \
+                and st.st_gid not in (os.getgid(), *os.getgroups()):
+            group_hint = (f"; its group {st.st_gid} may read it: the chart value modelCache.copySupplementalGroups: "
+                          f"[{st.st_gid}] lets the copy Job read it as a member of that group")
+    except OSError:
+        pass
     return (f"{what} {rel or '.'} of {source} cannot be read by this copy ({_who()}{cause}; {owner}). "
             f"The copy Job runs as non-root uid {RUN_AS} and mounts the source claim read-only, which keeps the "
             f"files' owners and modes (fsGroup does not change a read-only volume), so every file needs {need} "
             f"for others or for a group of the Job. Fix it on the source volume, e.g. chmod -R a+rX <model dir> "
-            f"(or chgrp -R {RUN_AS} <model dir> && chmod -R g+rX <model dir>), then delete the failed fill Job "
+            f"(or chgrp -R {RUN_AS} <model dir> && chmod -R g+rX <model dir>){group_hint}, then delete the failed fill Job "
             f"(the operator creates it again); or leave model.cache.enabled unset for this pvc:// model: the "
             f"engine pods then read the claim directly (sglang and vLLM pods run as root; the bundled runtime's as "
             f"uid {RUN_AS}, which needs the same modes)")

@@ -99,7 +99,8 @@ def pvc(namespace: str, spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None) ->
     return body
 
 
-def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: str | None = None) -> dict[str, Any]:
+def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: str | None = None,
+             copy_groups: tuple[int, ...] = ()) -> dict[str, Any]:
     """The Job that downloads the pinned commit into the cache PVC (or copies a pvc:// model into it
     from its claim, mounted read-only). Locked down like the engine pods (non-root uid 65532); the
     token only as a secretKeyRef; the operator's hub mirror (HF_ENDPOINT) when it has one; amd64
@@ -110,7 +111,12 @@ def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: s
     The podFailurePolicy fails the Job at once on download-model's permanent exit codes
     (PERMANENT_EXIT_CODES: a checksum mismatch, the hub's 401/403/404, an unreadable source file),
     which a re-download of the same commit cannot fix; a pod evicted or preempted (DisruptionTarget)
-    does not count against backoffLimit."""
+    does not count against backoffLimit.
+
+    A pvc:// copy reads the source claim as uid/gid 65532 (a read-only mount keeps the source's owners
+    and modes; fsGroup changes nothing there): `copy_groups` (the cluster admin's chart value
+    modelCache.copySupplementalGroups, never the spec) are added as supplementalGroups so files that
+    are only group-readable can be read without running as root."""
     src = source(spec)
     claim = src.claim
     env = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}, {"name": "HOME", "value": "/tmp"}]
@@ -129,6 +135,9 @@ def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: s
         if spec.model.tokenSecretRef:
             ref = spec.model.tokenSecretRef
             env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    security = pod_security("bundled")
+    if src.copy_from is not None and copy_groups:
+        security["supplementalGroups"] = sorted(set(copy_groups))
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": claim + "-fill", "namespace": namespace,
@@ -145,7 +154,7 @@ def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: s
                 "automountServiceAccountToken": False,
                 "enableServiceLinks": False,
                 "nodeSelector": {"kubernetes.io/arch": "amd64"},
-                "securityContext": pod_security("bundled"),
+                "securityContext": security,
                 "containers": [{
                     "name": "download", "image": image,
                     "command": ["moe-operator", "download-model", *what, "--revision", src.revision,
@@ -201,7 +210,7 @@ def _progress_from_log(text: str) -> tuple[int | None, int | None]:
 
 
 def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None,
-           image: str) -> ModelCacheStatus:
+           image: str, copy_groups: tuple[int, ...] = ()) -> ModelCacheStatus:
     """Create the PVC and its fill Job when missing, mark `user`, and say where the cache stands."""
     claim_obj = pvc(namespace, spec, ckpt)
     claim = claim_obj["metadata"]["name"]
@@ -224,7 +233,7 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
     job_name = claim + "-fill"
     job = kube.get("Job", namespace, job_name)
     if job is None:
-        kube.apply(fill_job(namespace, spec, image, os.environ.get("HF_ENDPOINT")))
+        kube.apply(fill_job(namespace, spec, image, os.environ.get("HF_ENDPOINT"), copy_groups))
         return ModelCacheStatus(claimName=claim, state="Pending", bytesTotal=ckpt.totalBytes if ckpt else None,
                                 message=f"download Job {job_name} created")
     st = job.get("status") or {}

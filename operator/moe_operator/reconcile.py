@@ -50,6 +50,7 @@ class Config:
     model_cache_grace_seconds: float = 3600.0  # an unused model cache PVC is deleted after this long
     model_cache_enabled: bool = False  # spec.model.cache.enabled when the spec leaves it unset
     model_cache_storage_class: str | None = None  # spec.model.cache.storageClassName when unset
+    model_cache_copy_groups: tuple[int, ...] = ()  # supplementalGroups of pvc:// copy Jobs (chart value)
 
 
 @dataclass
@@ -207,7 +208,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     if model_cache.enabled(spec):
         image = runtime_image(from_name("sm90"), cfg.runtime_repository)  # amd64; the Job is pinned to amd64
         old_claim = (status.get("modelCache") or {}).get("claimName")
-        cache = model_cache.ensure(kube, ns, name, spec, ckpt, image)
+        cache = model_cache.ensure(kube, ns, name, spec, ckpt, image, copy_groups=cfg.model_cache_copy_groups)
         if old_claim and old_claim != cache.claimName:  # the revision moved (follow, or a new uri)
             model_cache.release(kube, ns, name, keep=cache.claimName)
         out.status["modelCache"] = cache.model_dump(exclude_none=True)

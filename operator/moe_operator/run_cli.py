@@ -45,7 +45,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="spec.model.cache.enabled for MoEDeployments that leave it unset (default off)")
     p.add_argument("--model-cache-storage-class", default=None, metavar="CLASS",
                    help="StorageClass of model cache PVCs whose spec names none (default: the cluster's default)")
+    p.add_argument("--model-cache-copy-groups", type=_gids, default=(), metavar="GID[,GID...]",
+                   help="supplementalGroups of the pvc:// copy Jobs (still uid 65532, non-root): groups that may read "
+                        "source volumes whose model files are group-readable only (default none)")
     p.add_argument("--kubeconfig", default=None)
+
+
+def _gids(text: str) -> tuple[int, ...]:
+    try:
+        gids = tuple(int(g) for g in text.split(",") if g.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected group ids like 1000,2000") from None
+    if any(g <= 0 or g >= 2 ** 31 for g in gids):
+        raise argparse.ArgumentTypeError(f"{text!r}: group ids are 1..2147483647 (0, root's group, is not allowed)")
+    return gids
 
 
 def _configure_logging(level: str) -> None:
@@ -89,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     handlers.CONFIG.model_cache_grace_seconds = args.model_cache_grace
     handlers.CONFIG.model_cache_enabled = args.model_cache_default == "on"
     handlers.CONFIG.model_cache_storage_class = args.model_cache_storage_class or None
+    handlers.CONFIG.model_cache_copy_groups = tuple(args.model_cache_copy_groups)
     if args.admission:
         handlers.enable_admission()
     if args.metrics_port:

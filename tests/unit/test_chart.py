@@ -537,3 +537,18 @@ def test_helm_package_carries_the_crds(helm, tmp_path):
     assert {"moe-operator/crds/kopf-peerings.yaml", "moe-operator/values.schema.json",
             "moe-operator/templates/NOTES.txt", "moe-operator/README.md"} <= names
     assert crd_text == crd_yaml()
+
+
+def test_model_cache_copy_groups_reach_the_operator_and_are_checked(helm):
+    """modelCache.copySupplementalGroups -> --model-cache-copy-groups (the pvc:// copy Jobs'
+    supplementalGroups); none by default; 0 (root's group) refused by the schema and by the flag."""
+    import argparse
+
+    from moe_operator import run_cli
+    args = operator_container(render(helm, "modelCache.copySupplementalGroups={2000,3000}"))["args"]
+    assert "--model-cache-copy-groups=2000,3000" in args
+    assert not [a for a in operator_container(render(helm))["args"] if a.startswith("--model-cache-copy-groups")]
+    assert _run_helm("template", "moe", str(CHART), "--set", "modelCache.copySupplementalGroups={0}").returncode != 0
+    assert run_cli._gids("2000,3000") == (2000, 3000)
+    with pytest.raises(argparse.ArgumentTypeError):
+        run_cli._gids("0")

@@ -295,3 +295,43 @@ def test_a_copy_refuses_a_source_file_it_cannot_read_before_copying_anything():
             if p.is_dir():
                 p.chmod(0o755)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_group_readable_source_is_read_with_the_charts_copy_groups():
+    """Model files root:2000 mode 0640: the copy as uid 65532 alone refuses them, and the message
+    names the chart value that fixes it (modelCache.copySupplementalGroups: [2000]); the copy Job
+    of a pvc:// model gets those groups as supplementalGroups (non-root all the same), and run
+    with that group the same copy succeeds. A hub download Job never gets them."""
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to own files by another group and run as uid 65532")
+    s = spec("pvc://models/m")
+    job = model_cache.fill_job("ns", s, "img:1", copy_groups=(2000, 2000))
+    ctx = job["spec"]["template"]["spec"]["securityContext"]
+    assert ctx["supplementalGroups"] == [2000] and ctx["runAsUser"] == 65532 and ctx["runAsNonRoot"] is True
+    hub_job = model_cache.fill_job("ns", spec(f"hf://org/m@{'a' * 40}"), "img:1", copy_groups=(2000,))
+    assert "supplementalGroups" not in hub_job["spec"]["template"]["spec"]["securityContext"]
+    assert "supplementalGroups" not in model_cache.fill_job("ns", s, "img:1")["spec"]["template"]["spec"]["securityContext"]
+
+    base = Path(tempfile.mkdtemp(prefix="moe-copy-grp-"))
+    try:
+        base.chmod(0o755)
+        src, cache = base / "src", base / "cache"
+        write_sample("deepseek-v3-nvfp4", src)
+        src.chmod(0o755)
+        for p in src.iterdir():
+            os.chown(p, 0, 2000)
+            p.chmod(0o640)
+        cache.mkdir()
+        os.chown(cache, 65532, 65532)
+        cmd = [EXE["moe-operator"], "download-model", "--from", str(src), "--revision", "pvc://c/x", "--dir", str(cache)]
+        as_job = ["setpriv", "--reuid", "65532", "--regid", "65532"]
+        r = subprocess.run([*as_job, "--clear-groups", *cmd], capture_output=True, text=True, timeout=60)
+        assert r.returncode == EXIT_UNREADABLE, r.stdout + r.stderr
+        error = json.loads(r.stdout.splitlines()[-1])["error"]
+        assert "mode 0640" in error and "modelCache.copySupplementalGroups: [2000]" in error
+        groups = ",".join(map(str, ctx["supplementalGroups"]))
+        r = subprocess.run([*as_job, "--groups", groups, *cmd], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads((cache / READY_MARKER).read_text())["revision"] == "pvc://c/x"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
