@@ -24,7 +24,12 @@ intermediate split inside the experts for the rest (down's bias on one rank of t
 combine is moe_runtime.dispatch's, as for the other families.
 
 KV cache: sliding layers keep every position in the paged cache and mask (no window-sized ring
-buffer), so their KV memory is that of a full-attention layer.
+buffer), so their KV memory is that of a full-attention layer. Keeping only the window needs a
+second block id space: every layer's cache is indexed by the same per-sequence block table
+(kv_cache.BlockManager), so a block past the window cannot be freed for the sliding layers alone.
+It would take a sliding-layer pool with its own tables (freed behind position - window, slots
+mapped per table in AttnContext, a second table in CausalLM.forward and the CUDA-graph decoder),
+prefix hits that also hold the window's blocks, and the KV budget split between the two pools.
 """
 
 from __future__ import annotations
