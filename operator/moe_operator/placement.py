@@ -169,14 +169,26 @@ def place(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, classes: dict[str, Clas
 
 
 def sized_for_cli(ckpt: CheckpointInfo, gpu, engine: str, kw: dict, gpus_per_node: int, nodes: int,
-                  max_len: int | None, concurrency: int | None):
+                  max_len: int | None, concurrency: int | None, version: str | None = None,
+                  env: dict[str, str] | None = None):
     """`moe-operator plan`: the layout on `nodes` nodes of `gpus_per_node` GPUs of this class (the
-    same size_layout the operator runs). Returns (tp or None, a function that records it in the plan)."""
+    same size_layout the operator runs, with the engine version, backends, image FlashInfer and env the
+    plan gets, so the layouts the engine refuses are the same). Returns (tp or None, a function that
+    records it in the plan)."""
+    from pydantic import ValidationError
+
     from .inventory import ClassInventory
 
-    spec = MoEDeploymentSpec.model_validate({
-        "model": {"uri": "file:///cli"}, "engine": {"name": engine, "maxModelLen": max_len, "maxConcurrency": concurrency},
-        "parallelism": {k: v for k, v in (("tp", kw.get("tp")), ("ep", kw.get("ep", 1)), ("dp", kw.get("dp", 1))) if v}})
+    base = {"model": {"uri": "file:///cli"}, "engine": {"name": engine, "maxModelLen": max_len, "maxConcurrency": concurrency},
+            "parallelism": {k: v for k, v in (("tp", kw.get("tp")), ("ep", kw.get("ep", 1)), ("dp", kw.get("dp", 1))) if v}}
+    full = {**base, "engine": {**base["engine"], **({"version": version} if version else {}),
+                               **({"flashinferVersion": kw["flashinfer_version"]} if kw.get("flashinfer_version") else {})},
+            "moe": {k: kw[c] for k, c in (("runnerBackend", "runner_backend"), ("a2aBackend", "a2a_backend")) if kw.get(c)},
+            "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}
+    try:
+        spec = MoEDeploymentSpec.model_validate(full)
+    except ValidationError:  # a value the CRD refuses (the plan reports it): size without the choices
+        spec = MoEDeploymentSpec.model_validate(base)
     g = gpu.model_copy(update={"count": gpus_per_node})
     inv = ClassInventory(g, nodes=[f"node-{i}" for i in range(nodes)], total_gpus=gpus_per_node * nodes,
                          free_gpus=gpus_per_node * nodes, free_per_node={f"node-{i}": gpus_per_node for i in range(nodes)})

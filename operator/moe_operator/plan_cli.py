@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     # the layout: parallelism.tp as given (checked against the GPU memory), else the smallest that fits
     from .placement import sized_for_cli
     layout, record = sized_for_cli(ckpt, gpu, args.engine, kw, args.gpus_per_node or gpu.count or 8, args.nodes,
-                                   args.max_model_len, args.max_concurrency)
+                                   args.max_model_len, args.max_concurrency, args.engine_version, env)
     if isinstance(layout, int):
         kw["tp"] = layout
     try:

@@ -135,3 +135,27 @@ def test_a_layout_past_the_refused_one_is_checked_too_attention_heads_k41():
     wk41 = split_refusal(QWEN3_235B_FP8, g, Choices(tp=12, nodes=3), "vllm")
     assert wk41.startswith("[WK41]") and "Total number of attention heads (64) must be divisible by tensor parallel " \
                                          "size (12)." in wk41 and "Works instead: tp 1, 2, 4, 8, 16, 32, 64." in wk41
+
+
+def test_plan_cli_sizes_with_the_engine_version_and_backend_it_plans_with(monkeypatch, capsys, tmp_path):
+    """`moe-operator plan` sizes with the same predicate as the operator, for the --engine-version and --set values
+    of its plan: vLLM 0.22.1 refuses Qwen3-235B-A22B-FP8 at tp 8 on L40S (exit 2, WK40 with what works), 0.33.0
+    places it at tp 8."""
+    import argparse
+
+    import moe_core.checkpoint
+    from moe_operator import plan_cli
+    monkeypatch.setattr(moe_core.checkpoint, "inspect_dir", lambda path: QWEN3_235B_FP8)
+
+    def run(*extra):
+        ap = argparse.ArgumentParser()
+        plan_cli.add_arguments(ap)
+        rc = plan_cli.run(ap.parse_args(["--checkpoint", str(tmp_path), "--gpu", "L40S", "--engine", "vllm", *extra]))
+        return rc, capsys.readouterr().out
+
+    rc, out = run("--engine-version", "0.22.1")
+    assert rc == 2 and "[Z1] tp=8 (8 GPUs) is the smallest layout that fits" in out and "[WK40] vLLM 0.22.1" in out
+    rc, out = run("--engine-version", "0.33.0")
+    assert rc == 0 and "tp=8 (8 GPUs) is the smallest layout that fits" in out
+    rc, out = run("--engine-version", "0.22.1", "--set", "parallelism.ep=8")
+    assert rc == 0, out
