@@ -228,3 +228,55 @@ def test_a_pvc_model_is_copied_to_a_faster_class_when_asked(hub_operator, kubect
 
 def _ranged(hub, path):
     return any(p == path and r for _, p, r in hub.requests)
+
+
+def test_a_corrupted_file_fails_the_fill_job_at_once_through_its_pod_failure_policy(hub, hub_operator, kubectl,
+                                                                                     namespace, tmp_path):
+    """The stored fill Job's container, run here against a hub serving a corrupted tokenizer.json,
+    exits EXIT_CHECKSUM; its pod (kept unscheduled: the cache PVC has no volume to bind, so kwok never
+    completes it) is marked Failed with that exit code and termination message, as a kubelet would;
+    the real Job controller applies the Job's podFailurePolicy: Failed (reason PodFailurePolicy) after
+    one pod, no retry; the MoEDeployment's cache status names the file and says it was not retried."""
+    from moe_operator.download_cli import EXIT_CHECKSUM
+
+    sha = upload_sample(hub, tmp_path, "org/corrupt", "deepseek-v3-nvfp4")
+    files = dict(hub.repos["org/corrupt"].commits[sha], **{"tokenizer.json": b'{"version": "1.0", "model": {}}'})
+    sha = hub.upload("org/corrupt", files)
+    hub.corrupt("org/corrupt", sha, "tokenizer.json")
+    kubectl("apply", "-f", "-", input=json.dumps(moed("corrupt", namespace, f"hf://org/corrupt@{sha}")))
+    job = wait_for(lambda: (get_json(kubectl, "jobs", "-n", namespace, "-l", "moe.serving.dev/role=model-cache")
+                            or {}).get("items", [None])[0], 60, "fill Job", hub_operator.log_tail)
+    name = job["metadata"]["name"]
+    spec = job["spec"]
+    assert spec["template"]["spec"]["restartPolicy"] == "Never" and spec["podFailurePolicy"]["rules"][0]["action"] == "FailJob"
+    c = spec["template"]["spec"]["containers"][0]
+    r = run_here(c, {"model-cache": tmp_path / "cache", "tmp": tmp_path}, tmp_path)
+    assert r.returncode == EXIT_CHECKSUM, r.stdout + r.stderr
+    message = (tmp_path / "termination-log").read_text()
+    pod = wait_for(lambda: (get_json(kubectl, "pods", "-n", namespace, "-l", f"job-name={name}") or {})
+                   .get("items", [None])[0], 60, "fill Job pod", hub_operator.log_tail)
+    assert not pod["spec"].get("nodeName")  # unscheduled: kwok leaves it to us
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status = {"status": {"phase": "Failed", "containerStatuses": [{
+        "name": "download", "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": r.returncode, "reason": "Error", "message": message,
+                                 "startedAt": now, "finishedAt": now}}}]}}
+    kubectl("patch", "pod", pod["metadata"]["name"], "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps(status))
+
+    def failed():
+        j = get_json(kubectl, "job", name, "-n", namespace)
+        c = condition(j, "Failed")
+        return j if c and c["status"] == "True" else None
+    j = wait_for(failed, 60, "Job Failed by its podFailurePolicy", hub_operator.log_tail)
+    assert condition(j, "Failed")["reason"] == "PodFailurePolicy", condition(j, "Failed")
+    assert j["status"].get("failed") == 1
+    assert len(get_json(kubectl, "pods", "-n", namespace, "-l", f"job-name={name}")["items"]) == 1  # no retry pod
+
+    def cache_failed():
+        o = get_json(kubectl, "moed", "corrupt", "-n", namespace)
+        mc = ((o or {}).get("status") or {}).get("modelCache") or {}
+        return mc if mc.get("state") == "Failed" else None
+    mc = wait_for(cache_failed, 60, "status.modelCache Failed", hub_operator.log_tail)
+    assert "tokenizer.json" in mc["message"] and "ChecksumMismatch" in mc["message"]
+    assert "a permanent error, the Job failed without retrying" in mc["message"] and f"delete Job {name}" in mc["message"]
