@@ -270,8 +270,13 @@ def local_listing(source: Path, patterns) -> dict[str, int]:
     would be marked ready without its files)."""
     out = {}
     errors: list[OSError] = []
-    if not source.is_dir():
-        return out
+    try:
+        if not source.is_dir():  # missing: "no *.safetensors files" says so
+            return out
+    except PermissionError as e:  # a folder above it cannot be entered
+        raise Unreadable(unreadable_message(source, "", "folder", e)) from None
+    if not os.access(source, os.R_OK | os.X_OK):
+        raise Unreadable(unreadable_message(source, "", "folder", None))
     for top, dirs, names in os.walk(source, onerror=errors.append):
         if errors:
             break
