@@ -286,6 +286,11 @@ def test_a_copy_refuses_a_source_file_it_cannot_read_before_copying_anything():
         assert "folder extra of" in json.loads((base / "log" / "term").read_text())["error"]
 
         sub.chmod(0o755)
+        src.chmod(0o700 if os.getuid() == 0 else 0o000)  # the model folder itself
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == EXIT_UNREADABLE and "folder . of" in json.loads((base / "log" / "term").read_text())["error"]
+
+        src.chmod(0o755)
         r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         assert (cache / weights).read_bytes() == (src / weights).read_bytes()
