@@ -748,9 +748,35 @@ def _vllm_pick_runner(b: _Builder) -> str:
     return _choose_runner(b, VLLM_SELECT, "--moe-backend")[0]
 
 
+def _vllm_auto_without_flashinfer(f: Facts) -> str | None:
+    """FI0 for vLLM: where --moe-backend auto would take a FlashInfer backend first (vLLM 0.33.0's oracle priority
+    lists) and the image has none (engine.flashinferVersion none), vLLM passes over it (its experts class's
+    _supports_current_device needs has_flashinfer_*, VL-FI-ABSENT) and the next backend of the list runs."""
+    if f.choices.flashinfer_version != "none" or f.rocm or f.ver < (0, 22, 1):
+        return None
+    if f.fmt in ("nvfp4", "ct_nvfp4", "mixed", "dsv4_nvfp4") and f.fam in ("sm100", "sm120", "sm121"):
+        return ("vLLM auto's NvFP4 list starts with FlashInfer TRT-LLM, CuTeDSL and CUTLASS (select_nvfp4_moe_backend, "
+                "model_executor/layers/fused_moe/oracle/nvfp4.py:203-212, vLLM 0.33.0); without FlashInfer it takes "
+                "vLLM's own CUTLASS FP4 MoE (CutlassExpertsFp4, experts/cutlass_moe.py:716-722)")
+    if f.fmt == "mxfp4" and f.arch == GPT_OSS and f.fam == "sm100":
+        return ("vLLM auto's GPT-OSS MXFP4 list starts with FlashInfer TRT-LLM MXFP4 x BF16 (_get_priority_backends_for_"
+                "gpt_oss, oracle/mxfp4.py:405-425, vLLM 0.33.0); without FlashInfer it takes the OpenAI Triton MXFP4 kernels")
+    if f.fmt == "dsv4_fp4" and f.fam == "sm100":
+        return ("vLLM auto's DeepSeek-V4 MXFP4 list starts with FlashInfer TRT-LLM MXFP4 x MXFP8 (oracle/mxfp4.py:452-461, "
+                "vLLM 0.33.0); without FlashInfer it takes DeepGEMM MXFP4")
+    if f.fmt == "fp8" and f.ckpt.weightBlockSize and (f.fam == "sm100" or (f.fam == "sm90" and f.choices.ep > 1)):
+        first = ("FlashInfer TRT-LLM (_get_priority_backends, oracle/fp8.py:88-104" if f.fam == "sm100" else
+                 "FlashInfer CUTLASS, moved to the front for expert parallelism on Hopper (oracle/fp8.py:122-131")
+        return (f"vLLM auto's block-FP8 list starts with {first}, vLLM 0.33.0); without FlashInfer the next backend of "
+                "that list that supports the layer runs (DeepGEMM, Triton, ...)")
+    return None
+
+
 def _plan_vllm(b: _Builder) -> PlanMoE:
     f = b.f
     runner = _vllm_pick_runner(b)
+    if runner == "auto" and (why := _vllm_auto_without_flashinfer(f)):
+        b.warnings.append(f"[FI0] the image has no FlashInfer (engine.flashinferVersion none): {why}")
     if runner == "env":  # W5 env era: express the choice with env vars
         for k, v in _VLLM_FLAG_TO_ENV["flashinfer_trtllm"].items():
             b.set_env(k, v, "W5", "vLLM env-era FlashInfer TRT-LLM NVFP4 MoE on SM100")

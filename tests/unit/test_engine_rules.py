@@ -783,3 +783,20 @@ def test_attention_heads_split_k41_wk41():
     assert not plan(mla, from_name("H200"), Choices(tp=32), engine="sglang").errors
     assert any(e.startswith("[K41]") and "deepseek_v2.py:2057" in e  # 128 heads % 24
                for e in plan(mla, from_name("H200"), Choices(tp=24), engine="sglang").errors)
+
+
+def test_vllm_auto_without_flashinfer_is_an_admission_fallback():
+    """vLLM's auto loops over the oracle's priority list and skips a backend whose is_supported_config fails
+    (oracle/nvfp4.py:304-320, 0.33.0): without FlashInfer NVFP4 on SM100 runs vLLM's CUTLASS FP4 instead of
+    FlashInfer TRT-LLM (nvfp4.py:203-212). The plan has no error, and auto_fallbacks reports it (FI0)."""
+    from moe_operator.planner import auto_fallbacks
+    p = _plan("vllm", "0.33.0", "B200", "nvfp4", DSV3, "auto", "none", (1, 1, 1, "none"))
+    assert not p.errors
+    [fb] = [w for w in auto_fallbacks(p) if w.startswith("[FI0]")]
+    assert "oracle/nvfp4.py:203-212" in fb and "CutlassExpertsFp4" in fb
+    assert not [w for w in auto_fallbacks(_plan("vllm", "0.33.0", "B200", "nvfp4", DSV3, "auto", "none", (1, 1, 1)))
+                if w.startswith("[FI0]")]
+    assert not [w for w in _plan("vllm", "0.33.0", "H200", "fp8", DSV3, "auto", "none", (1, 1, 1, "none")).warnings
+                if w.startswith("[FI0]")]  # Hopper FP8 auto: Triton for TP (W6), no FlashInfer first
+    p = _plan("vllm", "0.33.0", "B200", "mxfp4", GPTOSS, "auto", "none", (1, 1, 1, "none"))
+    assert any(w.startswith("[FI0]") and "mxfp4.py:405-425" in w for w in p.warnings) and not p.errors
