@@ -752,7 +752,7 @@ def _vllm_auto_without_flashinfer(f: Facts) -> str | None:
     """FI0 for vLLM: where --moe-backend auto would take a FlashInfer backend first (vLLM 0.33.0's oracle priority
     lists) and the image has none (engine.flashinferVersion none), vLLM passes over it (its experts class's
     _supports_current_device needs has_flashinfer_*, VL-FI-ABSENT) and the next backend of the list runs."""
-    if f.choices.flashinfer_version != "none" or f.rocm or f.ver < (0, 22, 1):
+    if f.choices.flashinfer_version != "none" or f.rocm or f.ver < (0, 33, 0):  # lists read in 0.33.0 only
         return None
     if f.fmt in ("nvfp4", "ct_nvfp4", "mixed", "dsv4_nvfp4") and f.fam in ("sm100", "sm120", "sm121"):
         return ("vLLM auto's NvFP4 list starts with FlashInfer TRT-LLM, CuTeDSL and CUTLASS (select_nvfp4_moe_backend, "
