@@ -23,7 +23,6 @@ or has no access) or has no such repo, revision or listed file (404), or the com
 process (the copy Job runs as a non-root uid; the message names the file and the fix).
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -84,10 +83,6 @@ class Unreadable(Exception):
     """A file or folder of the --from directory this process cannot read."""
 
 
-class NothingToServe(Exception):
-    """The commit (or the --from directory) has no *.safetensors files among those engines read."""
-
-
 def http_status(e: BaseException | None) -> int | None:
     """The HTTP status a hub error carries (huggingface_hub's HfHubHTTPError and httpx's
     HTTPStatusError have the response), looked for along the exception's causes; None: no answer."""
@@ -107,7 +102,7 @@ def exit_code(e: BaseException) -> int:
         return EXIT_CHECKSUM
     if isinstance(e, Unreadable):
         return EXIT_UNREADABLE
-    if isinstance(e, NothingToServe) or http_status(e) in (401, 403, 404):
+    if http_status(e) in (401, 403, 404):
         return EXIT_REFUSED
     return EXIT_FAILED
 
@@ -238,22 +233,18 @@ def _who() -> str:
 def unreadable_message(source: Path, rel: str, what: str, err: OSError | None) -> str:
     """Why a file (or folder) of the copy cannot be read, with its owner and mode, and the fix."""
     p = source / rel if rel else source
-    try:
-        st = p.stat()
-        owner = f"owner uid {st.st_uid} gid {st.st_gid} mode {st.st_mode & 0o7777:04o}"
-    except OSError as e:
-        owner = f"stat: {e.strerror or e}"
     cause = f": {err.strerror or err}" if err is not None else ""
     need = "r-x (list and enter)" if what == "folder" else "r (read)"
+    group_bits = 0o050 if what == "folder" else 0o040
     group_hint = ""
     try:
         st = p.stat()
-        if st.st_mode & (0o050 if what == "folder" else 0o040) == (0o050 if what == "folder" else 0o040) \
-                and st.st_gid not in (os.getgid(), *os.getgroups()):
+        owner = f"owner uid {st.st_uid} gid {st.st_gid} mode {st.st_mode & 0o7777:04o}"
+        if st.st_mode & group_bits == group_bits and st.st_gid not in (os.getgid(), *os.getgroups()):
             group_hint = (f"; its group {st.st_gid} may read it: the chart value modelCache.copySupplementalGroups: "
                           f"[{st.st_gid}] lets the copy Job read it as a member of that group")
-    except OSError:
-        pass
+    except OSError as e:
+        owner = f"stat: {e.strerror or e}"
     return (f"{what} {rel or '.'} of {source} cannot be read by this copy ({_who()}{cause}; {owner}). "
             f"The copy Job runs as non-root uid {RUN_AS} and mounts the source claim read-only, which keeps the "
             f"files' owners and modes (fsGroup does not change a read-only volume), so every file needs {need} "
