@@ -20,7 +20,8 @@ Where the checks run (0.5.23):
     (SG-FI-ABSENT, for an image declared without it: engine.flashinferVersion none);
   * shapes: the layer methods' alignment checks take Case.hidden / Case.moe_inter (config.json) and the
     per-rank split moe_tp_size(tp, ep, a2a). The split checks that hold for every runner (FusedMoE.__init__,
-    check_quantized_moe_compatibility) are the planner's K40, which runs on automatic choices too.
+    check_quantized_moe_compatibility) are the planner's K40, and the attention layers' head-split asserts its
+    K41; both run on automatic choices too and size placement's layouts (planner.split_refusal).
 """
 
 from __future__ import annotations

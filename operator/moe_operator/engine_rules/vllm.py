@@ -20,7 +20,8 @@ How an explicit `--moe-backend` is checked (0.33.0):
      (has_flashinfer_*), the FlashInfer all2all managers assert it (VL-FI-ABSENT, VL-FI-ABSENT-A2A, for an
      image declared without it: engine.flashinferVersion none).
 The MoE split checks that hold for every backend (FusedMoEConfig's intermediate % tp assert, block-FP8
-shards) are the planner's WK40, which runs on automatic choices too and sizes placement's layouts.
+shards) are the planner's WK40, the attention-head split (ModelConfig.verify_with_parallel_config) its WK41;
+both run on automatic choices too and size placement's layouts (planner.split_refusal).
 """
 
 from __future__ import annotations
