@@ -56,6 +56,23 @@ class Linear(nn.Module):
         return F.linear(x, self.weight)
 
 
+class GqaKvCache:
+    """The paged K and V caches of a GQA attention layer: [blocks, block size, KV heads, head dim]
+    each (the layer sets self.nkv and self.hd, its rank's KV heads and the head size)."""
+
+    nkv: int
+    hd: int
+    k_cache: torch.Tensor | None = None
+    v_cache: torch.Tensor | None = None
+
+    def kv_values_per_token(self) -> int:
+        return 2 * self.nkv * self.hd
+
+    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> None:
+        self.k_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
+
+
 class SwiGLU(nn.Module):
     """Dense MLP / shared expert: down(silu(gate(x)) * up(x)). `reduce` ("world"): the weights are this
     rank's intermediate slice and down's output is all-reduced (parallel.RowParallelLinear); None: the

@@ -45,7 +45,8 @@ from moe_kernels.experts import ExpertWeights
 from .. import dispatch, parallel
 from ..errors import RuntimeFailure
 from ..log import log
-from .common import AttnContext, CausalLM, Rope, rope_parameters
+from . import common
+from .common import AttnContext, CausalLM, GqaKvCache, Rope, rope_parameters
 
 # transformers' GptOssConfig defaults for keys a config.json may leave out (the hub's gpt-oss-20b and
 # -120b configs have no swiglu_alpha)
@@ -98,12 +99,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (weight.float() * xf).to(x.dtype)  # weight multiply in fp32, then cast (GptOssRMSNorm)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.eps = eps
-
+class RMSNorm(common.RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
@@ -135,7 +131,7 @@ class RowParallelBiased(nn.Module):
         return parallel.all_reduce_attn(F.linear(x, self.weight, self.bias if first else None))
 
 
-class Attention(nn.Module):
+class Attention(GqaKvCache, nn.Module):
     def __init__(self, cfg: dict[str, Any], w, p: str, rope: Rope, window: int | None):
         super().__init__()
         self.hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -154,13 +150,6 @@ class Attention(nn.Module):
         self.window, self.rope, self.scale = window, rope, self.hd ** -0.5
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
-
-    def kv_values_per_token(self) -> int:
-        return 2 * self.nkv * self.hd
-
-    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> None:
-        self.k_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
 
     def forward(self, x, ctx: AttnContext, cos_sin):
         B, S, _ = x.shape

@@ -12,11 +12,11 @@ from torch import nn
 from .. import parallel
 from moe_kernels import paged_attention as pa
 
-from .common import AttnContext, CausalLM, Linear, RMSNorm, Rope, build_layers, rope_parameters
+from .common import AttnContext, CausalLM, GqaKvCache, Linear, RMSNorm, Rope, build_layers, rope_parameters
 from .moe import MoEBlock, RoutingConfig
 
 
-class GQAttention(nn.Module):
+class GQAttention(GqaKvCache, nn.Module):
     def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], p: str, rope: Rope):
         super().__init__()
         self.hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -30,13 +30,6 @@ class GQAttention(nn.Module):
         self.rope = rope
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
-
-    def kv_values_per_token(self) -> int:
-        return 2 * self.nkv * self.hd
-
-    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> None:
-        self.k_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
 
     def forward(self, x, ctx: AttnContext, cos_sin):
         B, S, _ = x.shape
