@@ -351,6 +351,13 @@ def test_webhook_ships_on_by_default_and_fails_open(helm):
     assert not of_kind(render(helm, "webhook.enabled=false"), "ValidatingWebhookConfiguration")
 
 
+def test_chart_refuses_clusters_older_than_its_api_needs(helm):
+    # the CRD's CEL quantity library is 1.28; an older API server would refuse the CRD at install
+    old = _run_helm("template", "x", str(CHART), "--kube-version", "1.27.9")
+    assert old.returncode != 0 and "kubeVersion" in old.stderr, old.stderr
+    assert _run_helm("template", "x", str(CHART), "--kube-version", "1.28.0").returncode == 0
+
+
 def test_several_replicas_share_the_charts_webhook_certificate(helm, tmp_path):
     """Without cert-manager, several replicas cannot each make a CA (each would overwrite the
     caBundle the others' certificates need): the chart makes one, mounted by all, CA in the bundle."""
