@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from moe_core import registry
+from moe_core import registry, sizing
 from moe_core.bundled import parallel_args, resolve_bundled
 from moe_core.checkpoint import CheckpointInfo
 from moe_core.gpu import BLACKWELL, GpuClass
@@ -530,6 +530,23 @@ def _deepseek_shared_unfused(f: Facts) -> bool:
     return f.arch in DEEPSEEK_FAMILY and (f.ckpt.numSharedExperts or 0) > 0 and f.a2a == "none"
 
 
+def _fits_tps(f: Facts, tps: list[int]) -> tuple[list[int], str]:
+    """The tps of a "works instead" list whose weights fit the GPU (moe_core.sizing.estimate at one KV token, so a
+    layout is left out only when its weights and workspace alone exceed the usable memory), and a note naming those
+    left out. Unknown GPU memory or checkpoint size: every tp is kept (nothing is judged)."""
+    memory = sizing.memory_bytes(f.gpu)
+    if memory is None or not f.ckpt.totalBytes:
+        return tps, ""
+    fits = {t: sizing.estimate(f.ckpt, memory, t, max_len=1, concurrency=1) for t in tps}
+    out = [t for t in tps if fits[t].fits]
+    gone = [t for t in tps if not fits[t].fits]
+    if not gone:
+        return out, ""
+    worst = fits[gone[-1]]
+    return out, (f" (left out: tp {', '.join(map(str, gone))}, whose weights do not fit {f.gpu_name}: tp {worst.gpus} "
+                 f"needs {sizing.gib(worst.need)} per GPU before any KV cache > {sizing.gib(worst.usable)} usable)")
+
+
 def _sglang_moe_shape_problem(ck: CheckpointInfo, tp: int, ep: int, env: dict[str, str], rocm: bool) -> str | None:
     """sglang's check_quantized_moe_compatibility for one (tp, ep): the message it raises, or None."""
     block = ck.weightBlockSize
@@ -575,14 +592,15 @@ def sglang_moe_shape_errors(f: Facts) -> list[str]:
     if msg is None:
         return []
     eps = [e for e in range(2, tp + 1) if tp % e == 0 and _sglang_moe_shape_problem(f.ckpt, tp, e, env, f.rocm) is None]
-    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and _sglang_moe_shape_problem(f.ckpt, t, 1, env, f.rocm) is None]
+    tps, left = _fits_tps(f, [t for t in (1, 2, 4, 8, 16, 32, 64)
+                              if t != tp and _sglang_moe_shape_problem(f.ckpt, t, 1, env, f.rocm) is None])
     works = "; ".join(x for x in (
         f"parallelism.ep {', '.join(map(str, eps))} with tp {tp}" if eps else "",
         f"tp {', '.join(map(str, tps))} with ep 1" if tps else "") if x)
     where = ("FusedMoE.__init__, srt/layers/moe/fused_moe_triton/layer.py:427" if msg.startswith("AssertionError")
              else "check_quantized_moe_compatibility, srt/model_executor/model_runner_components/moe_ep_setup.py:134-176")
     return [f"[K40] sglang {f.version} refuses this layout at start-up: {msg} ({where}, sglang 0.5.23; in every "
-            f"release read from 0.5.10). Works instead: {works or 'no tp/ep split of this checkpoint'}."]
+            f"release read from 0.5.10). Works instead: {works or 'no tp/ep split of this checkpoint'}{left}."]
 
 
 # K41 / WK41: the attention layers split the query heads over the attention tensor-parallel group and assert it; GQA
@@ -598,6 +616,19 @@ _SGLANG_ATTN_SPLIT = {
     "MixtralForCausalLM": ("models/mixtral.py:139-149", "MixtralAttention.__init__", False),
     **{a: ("models/deepseek_v2.py:2057", "DeepseekV2AttentionMLA.__init__", True)
        for a in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM")},
+    # Kimi-K2 ships as DeepseekV3ForCausalLM (above); Kimi-K2.5's language model is sglang's DeepseekV3ForCausalLM
+    # (KimiK25ForConditionalGeneration.__init__, models/kimi_k25.py:693; :711 in 0.5.10), so the MLA assert applies
+    "KimiK25ForConditionalGeneration": ("models/deepseek_v2.py:2057 via models/kimi_k25.py:693",
+                                        "DeepseekV2AttentionMLA.__init__", True),
+    # Llama4Attention asserts heads % attn_tp_size and the KV split/replication (llama4.py:224-234; :221 in 0.5.10);
+    # Llama4ForConditionalGeneration's language model is Llama4ForCausalLM (mllama4.py:496; :477 in 0.5.10)
+    "Llama4ForCausalLM": ("models/llama4.py:224-234", "Llama4Attention.__init__", True),
+    "Llama4ForConditionalGeneration": ("models/llama4.py:224-234 via models/mllama4.py:496", "Llama4Attention.__init__",
+                                       True),
+    # the full-attention layers (Qwen3HybridAttentionDecoderLayer.__init__, qwen3_next.py:624-634; :538 in 0.5.10)
+    "Qwen3NextForCausalLM": ("models/qwen3_next.py:624-634", "Qwen3HybridAttentionDecoderLayer.__init__", True),
+    # DeepSeek-V4 (models/deepseek_v4.py, MqaAttentionBase.__init__:1035-1037) floor-divides n_heads and o_groups by
+    # attn_tp_size without an assert: no start-up refusal is proven there, so it is not listed
 }
 
 
@@ -630,24 +661,25 @@ def attention_split_refusal(f: Facts) -> str | None:
         msg = _heads_problem(ck, size(tp), True)
         if msg is None:
             return None
-        tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and t % dp == 0 and _heads_problem(ck, size(t), True) is None]
+        tps, left = _fits_tps(f, [t for t in (1, 2, 4, 8, 16, 32, 64)
+                                  if t != tp and t % dp == 0 and _heads_problem(ck, size(t), True) is None])
         return (f"[K41] sglang {f.version} refuses this layout at start-up: AssertionError in {fn}: {msg} "
                 f"(srt/{where}, sglang 0.5.23; the same asserts in every release read from 0.5.10). Works instead: "
                 f"{'tp ' + ', '.join(map(str, tps)) if tps else 'no tp of this checkpoint'}"
-                f"{f' with dp {dp}' if dp > 1 and tps else ''}.")
+                f"{f' with dp {dp}' if dp > 1 and tps else ''}{left}.")
     if f.engine == "vllm":
         if f.ver < (0, 22, 1):
             return None
         msg = _heads_problem(ck, tp, True)
         if msg is None:
             return None
-        tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and _heads_problem(ck, t, True) is None]
+        tps, left = _fits_tps(f, [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and _heads_problem(ck, t, True) is None])
         cite = ("vllm/config/model.py:1557-1564 ModelConfig.verify_with_parallel_config and model_executor/layers/"
                 "linear.py:1064-1071 QKVParallelLinear.__init__, vLLM 0.33.0; config/model.py:1195-1202, linear.py:1027-1032"
                 " in 0.22.1")
         return (f"[WK41] vLLM {f.version} refuses this layout at start-up: {msg} ('Total number of attention heads "
                 f"({ck.numAttentionHeads}) must be divisible by tensor parallel size ({tp}).' / '... is not divisible by "
-                f"...') ({cite}). Works instead: {'tp ' + ', '.join(map(str, tps)) if tps else 'no tp of this checkpoint'}.")
+                f"...') ({cite}). Works instead: {'tp ' + ', '.join(map(str, tps)) if tps else 'no tp of this checkpoint'}{left}.")
     return None
 
 
@@ -902,14 +934,15 @@ def vllm_moe_shape_errors(f: Facts, runner: str) -> list[str]:
         (f"parallelism.ep {tp * dp} (--enable-expert-parallel)", _vllm_split_problem(f.ckpt, tp, dp, tp * dp, runner, v) is None),
         ("--moe-backend triton (moe.runnerBackend)", runner == "auto" and _vllm_split_problem(f.ckpt, tp, dp, ep, "triton", v) is None),
     ) if ok]
-    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t != tp and _vllm_split_problem(f.ckpt, t, dp, ep, runner, v) is None]
+    tps, left = _fits_tps(f, [t for t in (1, 2, 4, 8, 16, 32, 64)
+                              if t != tp and _vllm_split_problem(f.ckpt, t, dp, ep, runner, v) is None])
     if tps:
         alts.append(f"tp {', '.join(map(str, tps))}")
     cite = _WK40_CITE["0.33.0" if v >= (0, 33, 0) else "0.22.1"]
     if (0, 22, 1) < v[:3] < (0, 33, 0):
         cite += f"; vLLM {f.version} was not read: refused because 0.22.1 and 0.33.0 both refuse it"
     return [f"[WK40] vLLM {f.version} refuses this layout at start-up: {msg} ({cite}). Works instead: "
-            f"{'; '.join(alts) or 'no tp/ep split of this checkpoint'}."]
+            f"{'; '.join(alts) or 'no tp/ep split of this checkpoint'}{left}."]
 
 
 def _plan_bundled(b: _Builder) -> PlanMoE:
