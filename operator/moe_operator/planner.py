@@ -632,6 +632,20 @@ _SGLANG_ATTN_SPLIT = {
 }
 
 
+# WK41: vLLM's config check covers every architecture; these model files (vLLM 0.33.0) assert the same split in
+# their attention classes, cited with the row when the release is 0.33.0 or later (read in 0.33.0 only)
+_VLLM_ATTN_SPLIT = {
+    "Llama4ForCausalLM": "model_executor/models/llama4.py:189-199 Llama4Attention.__init__",
+    "Llama4ForConditionalGeneration": "model_executor/models/llama4.py:189-199 Llama4Attention.__init__ (mllama4.py:780-785 "
+                                      "builds Llama4ForCausalLM)",
+    "Qwen3NextForCausalLM": "model_executor/models/qwen3_next.py:296-306 Qwen3NextAttention.__init__",
+    "KimiK25ForConditionalGeneration": "model_executor/models/deepseek_v2.py:1041 DeepseekV2MLAAttention.__init__ "
+                                       "(kimi_k25.py:376-380 builds DeepseekV2ForCausalLM)",
+    **{a: "model_executor/models/deepseek_v2.py:1041 DeepseekV2MLAAttention.__init__"
+       for a in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM")},
+    "DeepseekV4ForCausalLM": "models/deepseek_v4/attention.py:218 DeepseekV4Attention.__init__",
+}
+
 def _heads_problem(ck: CheckpointInfo, attn_tp: int, kv: bool) -> str | None:
     heads, kv_heads = ck.numAttentionHeads, ck.numKeyValueHeads
     if attn_tp <= 1 or not heads:
@@ -677,6 +691,8 @@ def attention_split_refusal(f: Facts) -> str | None:
         cite = ("vllm/config/model.py:1557-1564 ModelConfig.verify_with_parallel_config and model_executor/layers/"
                 "linear.py:1064-1071 QKVParallelLinear.__init__, vLLM 0.33.0; config/model.py:1195-1202, linear.py:1027-1032"
                 " in 0.22.1")
+        if f.ver >= (0, 33, 0) and f.arch in _VLLM_ATTN_SPLIT:
+            cite += f"; the model asserts it too: vllm/{_VLLM_ATTN_SPLIT[f.arch]}, vLLM 0.33.0"
         return (f"[WK41] vLLM {f.version} refuses this layout at start-up: {msg} ('Total number of attention heads "
                 f"({ck.numAttentionHeads}) must be divisible by tensor parallel size ({tp}).' / '... is not divisible by "
                 f"...') ({cite}). Works instead: {'tp ' + ', '.join(map(str, tps)) if tps else 'no tp of this checkpoint'}{left}.")

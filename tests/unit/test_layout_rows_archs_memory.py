@@ -103,3 +103,21 @@ def test_wk40_works_instead_leaves_out_tps_whose_weights_do_not_fit():
     assert "tp 1," not in err.split("Works instead:")[1].split("(left out")[0]
     [err] = _err(ck, NO_MEMORY, Choices(tp=32), "vllm", "[WK40]")
     assert "left out" not in err
+
+
+def test_wk41_cites_the_model_files_assert_in_vllm_0330():
+    """vLLM 0.33.0's attention classes assert the head split too: Llama4Attention.__init__ (llama4.py:189-199),
+    Qwen3NextAttention.__init__ (qwen3_next.py:296-306), DeepseekV2MLAAttention.__init__ (deepseek_v2.py:1041; Kimi-K2.5's
+    language model, kimi_k25.py:376-380), DeepseekV4Attention.__init__ (vllm/models/deepseek_v4/attention.py:218)."""
+    dsv4 = CheckpointInfo(architecture="DeepseekV4ForCausalLM", modelType="deepseek_v4", format="bf16",
+                          formatSource="test", numExperts=64, numSharedExperts=1, numAttentionHeads=64,
+                          numKeyValueHeads=1)
+    for ck, tp, where in ((LLAMA4, 16, "llama4.py:189-199 Llama4Attention.__init__"),
+                          (QWEN3_NEXT, 32, "qwen3_next.py:296-306 Qwen3NextAttention.__init__"),
+                          (KIMI_K25, 12, "deepseek_v2.py:1041 DeepseekV2MLAAttention.__init__ (kimi_k25.py:376-380"),
+                          (dsv4, 12, "models/deepseek_v4/attention.py:218 DeepseekV4Attention.__init__")):
+        [err] = _err(ck, H200, Choices(tp=tp), "vllm", "[WK41]")
+        assert "the model asserts it too: vllm/" in err and where in err, err
+        [old] = [e for e in plan(ck, H200, Choices(tp=tp), engine="vllm", engine_version="0.22.1").errors
+                 if e.startswith("[WK41]")]
+        assert "the model asserts it too" not in old  # 0.22.1's model files were not read
