@@ -177,10 +177,12 @@ class AttnContext:
 # Decoder layers and the causal LM
 
 class DecoderLayer(nn.Module):
+    norm = RMSNorm  # an architecture with its own norm (gpt-oss) sets its class here
+
     def __init__(self, attn: nn.Module, mlp: nn.Module, ln1: torch.Tensor, ln2: torch.Tensor, eps: float):
         super().__init__()
         self.self_attn, self.mlp = attn, mlp
-        self.input_layernorm, self.post_attention_layernorm = RMSNorm(ln1, eps), RMSNorm(ln2, eps)
+        self.input_layernorm, self.post_attention_layernorm = self.norm(ln1, eps), self.norm(ln2, eps)
 
     def forward(self, x, ctx: AttnContext, cos_sin):
         x = x + self.self_attn(self.input_layernorm(x), ctx, cos_sin)

@@ -224,17 +224,8 @@ class MoE(nn.Module):
         return dispatch.combine(y, ids, self.experts, False)
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, attn: Attention, mlp: MoE, ln1: torch.Tensor, ln2: torch.Tensor, eps: float):
-        super().__init__()
-        self.self_attn, self.mlp = attn, mlp
-        self.input_layernorm, self.post_attention_layernorm = RMSNorm(ln1, eps), RMSNorm(ln2, eps)
-
-    def forward(self, x, ctx: AttnContext, cos_sin):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, cos_sin)
-        h = self.post_attention_layernorm(x)
-        B, S, H = h.shape
-        return x + self.mlp(h.reshape(B * S, H)).reshape(B, S, H)
+class DecoderLayer(common.DecoderLayer):
+    norm = RMSNorm
 
 
 def layer_windows(cfg: dict[str, Any]) -> list[int | None]:
