@@ -63,7 +63,7 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 # (the engines load config.json through these classes: a DeepSeek-V3 config without
 # n_shared_experts has one shared expert, not zero). model_type -> (config class, {field: (key, value)}).
 # Read from transformers 5.24.0, models/<model_type>/configuration_<model_type>.py; only keys the class
-# defines (Qwen3-MoE has no shared-expert count, so none is invented). tests/unit/test_engine_rules.py
+# defines (Qwen3-MoE has no shared-expert count, so none is invented). tests/unit/operator/test_engine_rules.py
 # checks every entry against the installed transformers.
 TRANSFORMERS_READ = "5.24.0"
 MODEL_DEFAULTS: dict[str, tuple[str, dict[str, tuple[str, int]]]] = {

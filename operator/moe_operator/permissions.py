@@ -1,7 +1,7 @@
 """Every Kubernetes permission the operator process uses, with the call that needs it.
 
 The chart's RBAC (charts/moe-operator/templates/_helpers.tpl, rbac.yaml) must grant exactly these:
-tests/unit/test_chart.py compares them, and the integration suite runs the operator with the
+tests/unit/operator/test_chart.py compares them, and the integration suite runs the operator with the
 chart's ServiceAccount token (tests/integration/test_operator.py), so a call added without its
 permission fails there with 403.
 """

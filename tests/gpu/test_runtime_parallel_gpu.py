@@ -5,7 +5,7 @@
 - tp2 / ep2 / tp2xep2 on two GPUs (skipped unless torch.cuda.device_count() >= 2): the fp32 logits and
   greedy tokens equal the single-GPU run, and `moe-runtime serve --device cuda --tp 2` serves the same
   greedy completions as one process.
-The helpers are those of tests/unit/test_runtime_parallel.py (the CPU/gloo tests), with device="cuda".
+The helpers are those of tests/unit/runtime/test_runtime_parallel.py (the CPU/gloo tests), with device="cuda".
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "unit"))
+sys.path.insert(0, str(ROOT / "tests" / "unit" / "runtime"))
 
 import test_runtime_parallel as P  # noqa: E402
 

@@ -70,7 +70,7 @@ app.kubernetes.io/part-of: moe-operator
 {{/*
 RBAC rules for the namespaced resources the operator touches; used by the ClusterRole when it
 watches all namespaces, else by a Role in every watched namespace. No wildcards. Exactly the
-table in operator/moe_operator/permissions.py (tests/unit/test_chart.py compares them).
+table in operator/moe_operator/permissions.py (tests/unit/operator/test_chart.py compares them).
 */}}
 {{- define "moe-operator.namespacedRules" -}}
 - apiGroups: ["moe.serving.dev"]

@@ -23,7 +23,7 @@ import moe_operator
 from moe_operator import images, permissions
 from moe_operator.crd import crd_yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "moe-operator"
 SKIP_ENV = "MOE_SKIP_INTEGRATION"
 

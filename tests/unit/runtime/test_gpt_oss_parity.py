@@ -317,7 +317,7 @@ def test_moe_runtime_serve_completions_equal_transformers_bf16_generate(saved, t
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": ":".join(str(root / p) for p in ("operator", "runtime", "kernels"))}
     env.pop("MOE_RUNNER_BACKEND", None)
     log = open(tmp_path / "server.log", "w+")

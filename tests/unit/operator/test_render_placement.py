@@ -131,7 +131,7 @@ def test_admission_verdict(tmp_path):
 
 def test_samples_render(tmp_path):
     from pathlib import Path
-    root = Path(__file__).resolve().parents[2] / "deploy" / "samples"
+    root = Path(__file__).resolve().parents[3] / "deploy" / "samples"
     for f in sorted(root.glob("*.yaml")):
         doc = yaml.safe_load(f.read_text())
         s = MoEDeploymentSpec.model_validate(doc["spec"])

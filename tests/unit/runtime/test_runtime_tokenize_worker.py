@@ -82,7 +82,7 @@ def test_the_child_leaves_when_its_parent_is_killed(model, tmp_path):
     import time
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     code = ("import sys, time; sys.path[:0] = sys.argv[2:]; from moe_runtime.tokenize_worker import LongEncoder; "
             "e = LongEncoder(sys.argv[1]); e.encode('hi'); print(list(e._pool._processes)[0], flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code, str(model / "tokenizer.json"),

@@ -16,7 +16,7 @@ import pytest
 
 from moe_runtime.checkpoint_writer import make_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:

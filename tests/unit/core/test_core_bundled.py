@@ -17,7 +17,7 @@ from moe_core.formats import EXPERT_FORMATS, TABLE
 from moe_core.gpu import FAMILIES, PRODUCTS, from_name
 from moe_core.runtime import BUNDLED
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _env():

@@ -28,7 +28,7 @@ PAIRS = [(a, f) for a in ARCHITECTURES for f in FORMATS]
 INSTALLED = {"triton": "3.6.0", "flashinfer-python": None}
 
 # config.json quantization_config (and extra config keys) that moe_core.checkpoint.classify reads as
-# each format; tests/unit/test_checkpoint.py covers the classification itself
+# each format; tests/unit/core/test_checkpoint.py covers the classification itself
 _MIXED = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}
 RECIPES = {
     "bf16": (None, {}),
@@ -154,7 +154,7 @@ def test_every_served_pair_is_accepted():
             assert not bundled_plan(arch, fmt)[1].errors, (arch, fmt)
 
 
-# (gpt-oss MXFP4 was refused here until the runtime served gpt-oss: tests/unit/test_gpt_oss_capability.py)
+# (gpt-oss MXFP4 was refused here until the runtime served gpt-oss: tests/unit/operator/test_gpt_oss_capability.py)
 @pytest.mark.parametrize("arch,fmt", [("DeepseekV3ForCausalLM", "modelopt_fp8"), ("DeepseekV3ForCausalLM", "mixed"),
                                       ("DeepseekV3ForCausalLM", "ct_nvfp4"), ("DeepseekV4ForCausalLM", "dsv4_fp4"),
                                       ("GptOssForCausalLM", "fp8")])
@@ -179,7 +179,7 @@ def test_no_sample_puts_on_the_bundled_engine_what_the_runtime_cannot_serve():
     from moe_core.runtime import problems
     from moe_operator.api import MoEDeploymentSpec
 
-    root = Path(__file__).resolve().parents[2] / "deploy" / "samples"
+    root = Path(__file__).resolve().parents[3] / "deploy" / "samples"
     bundled = []
     for f in sorted(root.glob("*.yaml")):
         spec = MoEDeploymentSpec.model_validate(yaml.safe_load(f.read_text())["spec"])

@@ -18,7 +18,7 @@ from moe_runtime.checkpoint_writer import make_checkpoint
 from moe_runtime.cli import main
 from moe_runtime.errors import RuntimeFailure
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

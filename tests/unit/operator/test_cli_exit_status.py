@@ -18,7 +18,7 @@ from moe_runtime.checkpoint_writer import make_checkpoint
 from moe_runtime.cli import main as runtime_main
 from moe_operator.cli import main as operator_main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "deploy" / "samples" / "checkpoints"
 ENV = {**os.environ, "PYTHONPATH": ":".join(str(ROOT / s) for s in ("operator", "runtime", "kernels"))}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hub_server import Hub  # noqa: E402
 
 from moe_operator.download_cli import EXIT_CHECKSUM, EXIT_FAILED, EXIT_REFUSED, READY_MARKER  # noqa: E402

@@ -10,7 +10,7 @@ from moe_core import registry
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.crd import crd, crd_yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_committed_crd_matches_generator():

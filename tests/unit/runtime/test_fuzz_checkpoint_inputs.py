@@ -27,7 +27,7 @@ from moe_runtime.config_check import KEYS
 from moe_runtime.errors import RuntimeFailure
 
 SEED = 17
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "PYTHONPATH": ":".join(str(ROOT / s) for s in ("operator", "runtime", "kernels"))}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hub_server import Hub  # noqa: E402
 
 from moe_core.checkpoint import read_safetensors_header  # noqa: E402
