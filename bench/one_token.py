@@ -49,6 +49,8 @@ def _stub_experts(fmt: str, experts: int) -> TritonExperts:
     ex = object.__new__(TritonExperts)
     ex.fmt, ex.E, ex.H, ex.I = fmt, experts, H, I
     ex.config, ex.can_pdl, ex._pairwise_perm, ex._fin_counts = None, True, {}, {}
+    ex.b13 = ex.b2 = None
+    ex._no_bias, ex.act_id, ex.alpha, ex.limit = torch.zeros(1, device=DEV), 0, 1.0, 0.0
 
     def zeros(n, k):
         step, sub = STEP_K[fmt], SUB[fmt]

@@ -23,7 +23,7 @@ import torch
 
 from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput
-from .reference import _check_inputs
+from .reference import _check_inputs, check_activation
 
 
 def _flashinfer():
@@ -59,8 +59,18 @@ def _nvfp4_global(t) -> torch.Tensor:
 
 class _Base:
     supports_deferred = False
+    # the wrappers run flashinfer's fused SiLU-gated MoE without expert biases (gpt-oss's clamped
+    # SwiGLU and biases: TritonExperts / TorchExperts)
+    activations = frozenset({"silu"})
+    formats: frozenset[str] = frozenset()
+    supports_bias = False
 
-    def __init__(self, weights: ExpertWeights):
+    def __init__(self, weights: ExpertWeights, *, activation: str = "silu", **activation_args):
+        name = type(self).__name__
+        check_activation(activation, self.activations, name)
+        biases = sorted(k for k in ("w13_bias", "w2_bias") if k in weights.extras)
+        if biases:
+            raise ValueError(f"{name} does not add expert biases ({', '.join(biases)} given)")
         self.weights = weights
         self.E, self.H, self.I = weights.num_experts, weights.hidden_size, weights.intermediate_size
 
@@ -74,11 +84,13 @@ class _Base:
 class FlashinferTrtllmExperts(_Base):
     """SM100 TRT-LLM-gen NVFP4 MoE (W4A4). Unverified (no Blackwell here)."""
 
+    formats = frozenset({"nvfp4"})
+
     supports_deferred = True
     EPILOGUE_TILE_M = 128
 
-    def __init__(self, weights: ExpertWeights):
-        super().__init__(weights)
+    def __init__(self, weights: ExpertWeights, **kw):
+        super().__init__(weights, **kw)
         if weights.format != "nvfp4":
             raise ValueError(f"flashinfer_trtllm loads nvfp4 experts only (registry weight_formats), not {weights.format}")
         if _arch(weights.device) // 10 != 10:
@@ -135,8 +147,10 @@ class FlashinferTrtllmExperts(_Base):
 class FlashinferMxfp4Experts(_Base):
     """SM90 CUTLASS mixed-input W4A16 MXFP4 MoE (flashinfer >= 0.6.11). Unverified (not installed here)."""
 
-    def __init__(self, weights: ExpertWeights):
-        super().__init__(weights)
+    formats = frozenset({"mxfp4"})
+
+    def __init__(self, weights: ExpertWeights, **kw):
+        super().__init__(weights, **kw)
         if weights.format != "mxfp4":
             raise ValueError(f"flashinfer_mxfp4 loads mxfp4 experts only, not {weights.format}")
         if _arch(weights.device) != 90:
@@ -165,8 +179,10 @@ class FlashinferMxfp4Experts(_Base):
 class FlashinferCutlassExperts(_Base):
     """Blackwell CUTLASS NVFP4 MoE (W4A4). Unverified (no Blackwell here)."""
 
-    def __init__(self, weights: ExpertWeights):
-        super().__init__(weights)
+    formats = frozenset({"nvfp4"})
+
+    def __init__(self, weights: ExpertWeights, **kw):
+        super().__init__(weights, **kw)
         if weights.format != "nvfp4":
             raise ValueError(f"flashinfer_cutlass loads nvfp4 experts only, not {weights.format}")
         if _arch(weights.device) < 100:

@@ -1,8 +1,14 @@
 """Torch reference experts: correct on any device, slow. Defines the semantics every backend matches.
 
-For each expert with routed tokens: dequantize its weights to bf16, h = x @ w13^T (bf16 matmul),
-a = bf16(silu(gate) * up) in fp32, y = a @ w2^T; rows of gemm2_out are in expert-sorted order
-(stable), and the finalize weights and sums them in fp32.
+For each expert with routed tokens: dequantize its weights to bf16, h = x @ w13^T (bf16 matmul)
+[+ w13_bias], a = bf16(act(gate, up)) in fp32, y = a @ w2^T [+ w2_bias]; rows of gemm2_out are in
+expert-sorted order (stable), and the finalize weights and sums them in fp32.
+
+Activations (`ACTIVATIONS`): "silu" = silu(gate) * up (every SwiGLU model); "swiglu_oai" = gpt-oss's
+clamped SwiGLU, gate = min(gate, limit), up = clamp(up, -limit, limit),
+(up + 1) * gate * sigmoid(alpha * gate) (transformers GptOssExperts, alpha 1.702, limit 7.0).
+Expert biases, when the weights carry them, are ExpertWeights.extras["w13_bias"] [E, 2I] and
+["w2_bias"] [E, H], added after each GEMM (before the activation / before the routing weight).
 
 `dtype` (default bf16, the backends' contract) is the precision of the activations and dequantized
 weights: the runtime's exact mode (`--dtype float32`, CPU checks against transformers) runs the same
@@ -16,6 +22,42 @@ import torch.nn.functional as Fn
 
 from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, finalize_exact, moe_finalize_fuse_shared
+
+
+ACTIVATIONS = frozenset({"silu", "swiglu_oai"})
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
+
+
+def check_activation(activation: str, supported: frozenset[str], backend: str):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown expert activation {activation!r}; known: {sorted(ACTIVATIONS)}")
+    if activation not in supported:
+        raise ValueError(f"{backend} does not run activation {activation!r} (it runs {sorted(supported)})")
+
+
+def expert_biases(weights: ExpertWeights) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(w13_bias [E, 2I], w2_bias [E, H]) from the weights' extras, each None when absent; shapes checked."""
+    e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    out = []
+    for name, shape in (("w13_bias", (e, 2 * i)), ("w2_bias", (e, h))):
+        b = weights.extras.get(name)
+        if b is not None and tuple(b.shape) != shape:
+            raise ValueError(f"{name} must be {list(shape)}, got {list(b.shape)}")
+        out.append(b)
+    return out[0], out[1]
+
+
+def activate(h: torch.Tensor, activation: str, alpha: float = OAI_ALPHA, limit: float = OAI_LIMIT) -> torch.Tensor:
+    """[rows, 2I] (gate | up) -> [rows, I] in fp32: the activation every backend matches."""
+    inter = h.shape[1] // 2
+    gate, up = h[:, :inter].float(), h[:, inter:].float()
+    if activation == "silu":
+        return Fn.silu(gate) * up
+    if activation == "swiglu_oai":
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(alpha * gate))
+    raise ValueError(f"unknown expert activation {activation!r}; known: {sorted(ACTIVATIONS)}")
 
 
 def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, hidden: int):
@@ -38,9 +80,17 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tens
 
 
 class TorchExperts:
-    def __init__(self, weights: ExpertWeights, dtype: torch.dtype = torch.bfloat16):
+    activations = ACTIVATIONS
+    formats = frozenset({"bf16", "fp8", "nvfp4", "mxfp4"})
+    supports_bias = True
+
+    def __init__(self, weights: ExpertWeights, dtype: torch.dtype = torch.bfloat16, *, activation: str = "silu",
+                 alpha: float = OAI_ALPHA, limit: float = OAI_LIMIT):
+        check_activation(activation, self.activations, "TorchExperts")
         self.weights = weights
         self.dtype = dtype
+        self.activation, self.alpha, self.limit = activation, float(alpha), float(limit)
+        self.b13, self.b2 = expert_biases(weights)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                 shared_output: torch.Tensor | None = None, routed_scale: float = 1.0,
@@ -52,7 +102,6 @@ class TorchExperts:
         sorted_experts = topk_ids.reshape(-1).long()[order]
         gemm2_out = torch.empty(order.numel(), w.hidden_size, dtype=self.dtype, device=x.device)
         xb = x.to(self.dtype)
-        inter = w.intermediate_size
         counts = torch.bincount(sorted_experts, minlength=w.num_experts).tolist()
         start = 0
         for e, c in enumerate(counts):
@@ -61,8 +110,13 @@ class TorchExperts:
             rows = order[start:start + c]
             w13, w2 = w.dequantize_expert(e, self.dtype)
             h = xb[rows // k] @ w13.t()
-            a = (Fn.silu(h[:, :inter].float()) * h[:, inter:].float()).to(self.dtype)
-            gemm2_out[start:start + c] = a @ w2.t()
+            if self.b13 is not None:
+                h = h + self.b13[e].to(self.dtype)
+            a = activate(h, self.activation, self.alpha, self.limit).to(self.dtype)
+            y = a @ w2.t()
+            if self.b2 is not None:
+                y = y + self.b2[e].to(self.dtype)
+            gemm2_out[start:start + c] = y
             start += c
         deferred = DeferredMoEOutput(gemm2_out, topk_weights, perm, float(routed_scale))
         if defer_finalize:

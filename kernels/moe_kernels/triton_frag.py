@@ -374,21 +374,40 @@ def _coalesced_column(k, SUBS: tl.constexpr):
 
 
 @triton.jit
+def gated_activation(g, u, ACT: tl.constexpr, alpha, limit):
+    """The GEMM1 epilogue's activation on fp32 (gate, up): ACT 0 silu(g) * u; 1 gpt-oss's clamped
+    SwiGLU (u + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit), u clamped to [-limit, limit]
+    (reference.activate is the definition)."""
+    if ACT == 1:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+        return (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
 def _store_tile(acc_g, acc_u, c_ptr, stride_cm, pg, pu, slot0, tile_base, N,
                 GATED: tl.constexpr, WN: tl.constexpr, WK: tl.constexpr, RT: tl.constexpr, RI: tl.constexpr,
-                OPERM: tl.constexpr, SUBS: tl.constexpr):
+                OPERM: tl.constexpr, SUBS: tl.constexpr, b_ptr, up_rows, alpha, limit,
+                BIAS: tl.constexpr, ACT: tl.constexpr):
     """C fragment -> rows: lane (g, t) holds (row g, tokens 2t, 2t+1), (row g+8, tokens 2t, 2t+1) of
     its warp's row tile RI; the WK partial sums of a warp row are added here. OPERM: output columns
-    in the coalesced activation order of the next fragment GEMM (see coalesce_activations)."""
+    in the coalesced activation order of the next fragment GEMM (see coalesce_activations).
+    BIAS: b_ptr (this expert's fp32 bias row) [row] is added (gate/up: [row] and [up_rows + row])
+    before the activation ACT (gated_activation)."""
     g3 = tl.sum(tl.reshape(acc_g, (WN, WK, 32, 4)), axis=1) * pg
     wn = tl.arange(0, WN)[:, None, None]
     lane = tl.arange(0, 32)[None, :, None]
     i = tl.arange(0, 4)[None, None, :]
     row = (tile_base + wn * RT + RI) * 16 + lane // 4 + 8 * (i // 2)
     slot = slot0 + 2 * (lane % 4) + i % 2
+    if BIAS:
+        g3 += tl.load(b_ptr + row, mask=row < N, other=0.0)
     if GATED:
         u3 = tl.sum(tl.reshape(acc_u, (WN, WK, 32, 4)), axis=1) * pu
-        out = g3 / (1.0 + tl.exp(-g3)) * u3
+        if BIAS:
+            u3 += tl.load(b_ptr + up_rows + row, mask=row < N, other=0.0)
+        out = gated_activation(g3, u3, ACT, alpha, limit)
     else:
         out = g3
     col = row
@@ -439,7 +458,8 @@ def frag_moe_kernel(
     fin_w_ptr, fin_s_ptr, fin_out_ptr, fin_count_ptr, routed_scale,   # FIN only (see _arrive_and_finalize)
     XCO: tl.constexpr = False, OPERM: tl.constexpr = False, FIN: tl.constexpr = False,
     FIN_SHARED: tl.constexpr = False,
-):
+    bias_ptr=None, stride_be=0, alpha=1.0, limit=0.0, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
+):  # (bias_ptr: any tensor without BIAS)
     """C[token rows of one expert block, N tile] = A @ W[e]^T (GATED: silu(A Wg^T) * A Wu^T).
     Program = one block of 8*NT token rows x WN*RT*16 weight rows; warp (wn, wk) takes RT row tiles
     and every WK-th loop step; the WK partial sums are added at the end.
@@ -452,7 +472,9 @@ def frag_moe_kernel(
     PDL: launched with programmatic dependent launch (pdl.py): wait for the previous kernel before
     the first global access, let the next one launch after the K loop.
     FIN (PAIRWISE down GEMM): the finalize of the one token is done here, by the last of the top-k
-    programs of each column block (_arrive_and_finalize): one launch fewer on the decode path."""
+    programs of each column block (_arrive_and_finalize): one launch fewer on the decode path.
+    BIAS: the expert's fp32 bias row (bias_ptr [E, N or 2N], stride_be) is added in the epilogue;
+    ACT: GEMM1's activation (gated_activation; alpha, limit for gpt-oss's)."""
     if PDL:
         gdc_wait()
     BLOCK_M: tl.constexpr = 8 * NT
@@ -472,7 +494,7 @@ def frag_moe_kernel(
                 nothing = tl.zeros([R, 4], dtype=tl.float32)
                 for ri in tl.static_range(RT):
                     _store_tile(nothing, nothing, c_ptr, stride_cm, 1.0, 1.0, base_m, pid_n * WN * RT, N,
-                                False, WN, WK, RT, ri, OPERM, SUBS)
+                                False, WN, WK, RT, ri, OPERM, SUBS, bias_ptr, 0, alpha, limit, False, 0)
                 if FIN:
                     _arrive_and_finalize(c_ptr, stride_cm, fin_w_ptr, fin_s_ptr, fin_out_ptr, fin_count_ptr,
                                          routed_scale, pid_n, N, TOP_K, 16 * WN * RT, FIN_SHARED)
@@ -567,20 +589,30 @@ def frag_moe_kernel(
     pg = tl.load(p_ptr + e * 2)
     pu = tl.load(p_ptr + e * 2 + 1)
     tile_base = pid_n * WN * RT
+    b_row = bias_ptr + e * stride_be
+    up_rows = up_tiles * 16
     # warp wn's row tiles are tile_base + wn * RT + r: store tile r of every warp with WN-strided tiles
-    _store_tile(g00, u00, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 0, OPERM, SUBS)
+    _store_tile(g00, u00, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 0, OPERM, SUBS,
+                b_row, up_rows, alpha, limit, BIAS, ACT)
     if NT == 2:
-        _store_tile(g01, u01, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 0, OPERM, SUBS)
+        _store_tile(g01, u01, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 0, OPERM, SUBS,
+                b_row, up_rows, alpha, limit, BIAS, ACT)
     if RT >= 2:
-        _store_tile(g10, u10, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 1, OPERM, SUBS)
+        _store_tile(g10, u10, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 1, OPERM, SUBS,
+                b_row, up_rows, alpha, limit, BIAS, ACT)
         if NT == 2:
-            _store_tile(g11, u11, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 1, OPERM, SUBS)
+            _store_tile(g11, u11, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 1, OPERM, SUBS,
+                b_row, up_rows, alpha, limit, BIAS, ACT)
     if RT == 4:
-        _store_tile(g20, u20, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 2, OPERM, SUBS)
-        _store_tile(g30, u30, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 3, OPERM, SUBS)
+        _store_tile(g20, u20, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 2, OPERM, SUBS,
+                b_row, up_rows, alpha, limit, BIAS, ACT)
+        _store_tile(g30, u30, c_ptr, stride_cm, pg, pu, base_m, tile_base, N, GATED, WN, WK, RT, 3, OPERM, SUBS,
+                b_row, up_rows, alpha, limit, BIAS, ACT)
         if NT == 2:
-            _store_tile(g21, u21, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 2, OPERM, SUBS)
-            _store_tile(g31, u31, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 3, OPERM, SUBS)
+            _store_tile(g21, u21, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 2, OPERM, SUBS,
+                b_row, up_rows, alpha, limit, BIAS, ACT)
+            _store_tile(g31, u31, c_ptr, stride_cm, pg, pu, base_m + 8, tile_base, N, GATED, WN, WK, RT, 3, OPERM, SUBS,
+                b_row, up_rows, alpha, limit, BIAS, ACT)
     if FIN:
         _arrive_and_finalize(c_ptr, stride_cm, fin_w_ptr, fin_s_ptr, fin_out_ptr, fin_count_ptr, routed_scale,
                              pid_n, N, TOP_K, 16 * WN * RT, FIN_SHARED)

@@ -1,8 +1,9 @@
 """Triton MoE experts for SM90 (and any NVIDIA GPU Triton supports): weight-only (W4A16 / W8A16).
 
 Pipeline per forward (no host synchronisation, CUDA-graph capturable):
-  align (triton_align.py) -> GEMM1 (gathered x @ [gate; up]^T, SiLU(gate)*up fused in the epilogue,
-  rows in expert-padded order) -> GEMM2 (act @ w2^T, un-weighted rows = gemm2_out)
+  align (triton_align.py) -> GEMM1 (gathered x @ [gate; up]^T [+ w13_bias], the activation fused in
+  the epilogue: SiLU(gate)*up or gpt-oss's clamped SwiGLU; rows in expert-padded order) -> GEMM2
+  (act @ w2^T [+ w2_bias], un-weighted rows = gemm2_out)
   -> finalize (weights, top-k sum, shared add; triton_finalize.py), or hand gemm2_out over (deferred).
 
 Which kernel runs is chosen per batch by rows per expert (triton_config.default_config). FP4 with up
@@ -27,7 +28,7 @@ import triton
 from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, _check as _check_finalize, moe_finalize_fuse_shared
 from .pdl import pdl_supported
-from .reference import _check_inputs
+from .reference import ACTIVATIONS, OAI_ALPHA, OAI_LIMIT, _check_inputs, check_activation, expert_biases
 from .triton_align import TAIL_M, Alignment, align_by_expert, align_mixed, align_split
 from .triton_config import (FragConfig, GemmConfig, MoEConfig, choose_config, default_config,  # noqa: F401
                             load_table, table_path, tuned_configs)
@@ -79,12 +80,27 @@ class TritonExperts:
     where there is one (triton_config.choose_config), else default_config.
     frag: keep the fragment-order FP4 copy (None: where the kernel applies; False saves its memory).
     tuned_table: a loaded tuned-config table (triton_config.load_table), {} for none, or None: the
-    table of this GPU model where one was written (triton_config.table_path; python -m moe_kernels.tune)."""
+    table of this GPU model where one was written (triton_config.table_path; python -m moe_kernels.tune).
+    activation: "silu" or "swiglu_oai" (alpha, limit; reference.activate); expert biases come from
+    weights.extras (w13_bias, w2_bias), added in the GEMM epilogues in fp32."""
+
+    activations = ACTIVATIONS
+    formats = frozenset({"bf16", "fp8", "nvfp4", "mxfp4"})
+    supports_bias = True
 
     def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None, frag: bool | None = None,
-                 tuned_table: dict | None = None):
+                 tuned_table: dict | None = None, *, activation: str = "silu", alpha: float = OAI_ALPHA,
+                 limit: float = OAI_LIMIT):
         if weights.device.type != "cuda" and not _INTERPRET:
             raise ValueError("TritonExperts needs the expert weights on a CUDA device")
+        check_activation(activation, self.activations, "TritonExperts")
+        self.activation, self.alpha, self.limit = activation, float(alpha), float(limit)
+        self.act_id = 1 if activation == "swiglu_oai" else 0
+        b13, b2 = expert_biases(weights)
+        dev = weights.device
+        self.b13 = None if b13 is None else b13.to(dev, torch.float32).contiguous()
+        self.b2 = None if b2 is None else b2.to(dev, torch.float32).contiguous()
+        self._no_bias = torch.zeros(1, dtype=torch.float32, device=dev)   # (pointer argument without BIAS)
         # (the ExpertWeights are not kept: only the re-laid-out copies below live on the GPU)
         self.fmt = weights.format
         self.fmt_id = FMT_ID[weights.format]
@@ -243,8 +259,15 @@ class TritonExperts:
             TOP_K=top_k, GATHER_A=gate_up, GATED=gate_up, FMT=self.fmt_id, GROUP=GROUP[self.fmt_id],
             BLOCK_M=al.block_m, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWAP=cfg.swap and not one_row,
             ASM=asm and not _INTERPRET, DOT_F32=_INTERPRET, ONE_ROW=one_row, PIPE=cfg.pipe if one_row else 0,
+            **self._epilogue(gate_up),
             num_warps=num_warps, num_stages=cfg.num_stages,
         )
+
+    def _epilogue(self, gate_up: bool) -> dict:
+        """The bias and activation arguments of either kernel for GEMM1 (gate_up) or GEMM2."""
+        bias = self.b13 if gate_up else self.b2
+        return dict(bias_ptr=self._no_bias if bias is None else bias, stride_be=0 if bias is None else bias.stride(0),
+                    alpha=self.alpha, limit=self.limit, BIAS=bias is not None, ACT=self.act_id if gate_up else 0)
 
     def _launch_frag(self, fw: FragWeights, a, c, al, n: int, cfg: FragConfig, gate_up: bool, top_k: int,
                      num_pairs: int, *, xco: bool = False, operm: bool = False, fin: _FusedFinalize | None = None,
@@ -279,7 +302,7 @@ class TritonExperts:
             fin_w_ptr=fin.weights if fin else c, fin_s_ptr=fin.shared if fin and fin.shared is not None else c,
             fin_out_ptr=fin.out if fin else c, fin_count_ptr=fin.counts if fin else c,
             routed_scale=fin.routed_scale if fin else 1.0, FIN=fin is not None,
-            FIN_SHARED=fin is not None and fin.shared is not None,
+            FIN_SHARED=fin is not None and fin.shared is not None, **self._epilogue(gate_up),
             num_warps=cfg.wn * wk, **({"launch_pdl": True} if launch_pdl else {}),
         )
 

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from .triton_decode import dense_tile, fp4_dequant
-from .triton_frag import grouped_block
+from .triton_frag import gated_activation, grouped_block
 from .triton_row import fp4_row_loop
 
 
@@ -73,9 +73,13 @@ def moe_gemm_kernel(
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, GATED: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, ONE_ROW: tl.constexpr, PIPE: tl.constexpr,
+    bias_ptr=None, stride_be=0, alpha=1.0, limit=0.0, BIAS: tl.constexpr = False, ACT: tl.constexpr = 0,
 ):
-    """C[rows of one expert block, N tile] = A[rows] @ W[e]^T; GATED: silu(A Wg^T) * (A Wu^T).
-    p_ptr: per-expert fp32 [gate multiplier, up multiplier, FP4 scale multiplier, -]."""
+    """C[rows of one expert block, N tile] = A[rows] @ W[e]^T; GATED: act(A Wg^T, A Wu^T)
+    (triton_frag.gated_activation: ACT 0 SiLU, 1 gpt-oss's clamped SwiGLU with alpha, limit).
+    p_ptr: per-expert fp32 [gate multiplier, up multiplier, FP4 scale multiplier, -].
+    BIAS: the expert's fp32 bias row (bias_ptr [E, N or N + up_offset], stride_be) added to the
+    accumulators before the activation (bias_ptr: any tensor without BIAS)."""
     pid_m, pid_n = grouped_block(tl.program_id(0), num_pid_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_post_pad_ptr):
         return
@@ -160,8 +164,21 @@ def moe_gemm_kernel(
         acc_g = acc_g * tl.load(p_ptr + e * stride_pe)
         if GATED:
             acc_u = acc_u * tl.load(p_ptr + e * stride_pe + 1)
+    if BIAS:
+        b_row = bias_ptr + e * stride_be
+        bg = tl.load(b_row + offs_n, mask=n_ok, other=0.0)
+        if SWAP:
+            acc_g += bg[:, None]
+        else:
+            acc_g += bg[None, :]
+        if GATED:
+            bu = tl.load(b_row + up_offset + offs_n, mask=n_ok, other=0.0)
+            if SWAP:
+                acc_u += bu[:, None]
+            else:
+                acc_u += bu[None, :]
     if GATED:
-        out = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        out = gated_activation(acc_g, acc_u, ACT, alpha, limit)
     else:
         out = acc_g
     if SWAP:

@@ -64,9 +64,18 @@ class BackendSpec:
     # When and where it ran and passed the GPU tests here (tests/gpu), or None: never run here.
     # An unverified backend never outranks a verified one (`candidates`).
     verified: str | None = None
+    # expert activation functions it computes ("silu": silu(gate) * up; "swiglu_oai": gpt-oss's
+    # clamped SwiGLU, moe_kernels.reference.activate) and whether it adds per-expert GEMM biases
+    # (gpt-oss); the experts classes declare the same as class attributes (tests check they agree)
+    expert_activations: frozenset[str] = frozenset({"silu"})
+    expert_bias: bool = False
 
     def supports(self, family: str, weight_format: str) -> bool:
         return family in self.families and weight_format in self.weight_formats
+
+    def runs_experts(self, activation: str = "silu", bias: bool = False) -> bool:
+        """Whether it computes a model's experts with this activation (and biases, if it has them)."""
+        return activation in self.expert_activations and (self.expert_bias or not bias)
 
     def requirements_for(self, family: str) -> tuple[Requirement, ...]:
         return tuple(r for r in self.requirements if r.applies_to(family))
@@ -134,6 +143,8 @@ BACKENDS: tuple[BackendSpec, ...] = (
         implementation="moe_kernels.triton_moe:TritonExperts",
         requirements=(Requirement("triton", "3.0", "Triton JIT kernels"),),
         verified="2026-11-29 on H200 (tests/gpu, bench/README.md)",
+        expert_activations=frozenset({"silu", "swiglu_oai"}),
+        expert_bias=True,
     ),
     BackendSpec(
         name="torch",
@@ -144,6 +155,8 @@ BACKENDS: tuple[BackendSpec, ...] = (
         priority=10,
         implementation="moe_kernels.reference:TorchExperts",
         verified="2026-11-29 on H200 (the reference of tests/gpu) and on CPU in every unit-test run",
+        expert_activations=frozenset({"silu", "swiglu_oai"}),
+        expert_bias=True,
     ),
 )
 
@@ -162,15 +175,19 @@ def names() -> list[str]:
 
 
 def candidates(family: str, weight_format: str, installed: dict[str, str | None] | None = None,
-               a2a: str = "none", backends: tuple[BackendSpec, ...] = BACKENDS) -> list[BackendSpec]:
+               a2a: str = "none", backends: tuple[BackendSpec, ...] = BACKENDS, *, activation: str = "silu",
+               bias: bool = False) -> list[BackendSpec]:
     """Backends able to run `weight_format` on `family`, best first: every verified backend (by
     priority) before any unverified one (by priority), so an unverified backend is chosen for `auto`
     only when nothing verified fits.
 
     With `installed` given ({package: version or None}), backends whose requirements are not met
     are left out; with None, requirements are not checked (the planner checks them against the image).
+    activation / bias: the model's expert activation and whether its experts have biases (gpt-oss:
+    "swiglu_oai", True); backends that cannot compute them are left out.
     """
-    out = [b for b in backends if b.supports(family, weight_format) and a2a in b.a2a]
+    out = [b for b in backends if b.supports(family, weight_format) and a2a in b.a2a
+           and b.runs_experts(activation, bias)]
     if installed is not None:
         out = [b for b in out if not b.missing_requirements(family, installed)]
     return sorted(out, key=lambda b: (b.verified is None, -b.priority))
