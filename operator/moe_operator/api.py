@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from moe_core import registry
 from moe_core.checkpoint import CheckpointInfo
@@ -18,6 +18,8 @@ from moe_core.gpu import FAMILIES
 from moe_core.plan import Plan
 from moe_core.runtime import BUNDLED
 
+from . import env_policy, image_ref
+from .image_ref import IMAGE_PATTERN
 from .planner import ALL_A2A, ALL_RUNNERS, SGLANG_A2A, SGLANG_RUNNERS, VLLM_MOE_BACKENDS
 
 
@@ -25,16 +27,15 @@ def _cel_list(values) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
 # A revision may not start with '-' (it reaches engines as a command-line argument) or '.'.
-MODEL_URI_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9_][A-Za-z0-9._/-]*)?|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?|file:///.*)$"
+# pvc:// sub-paths: letters, digits and ._+=@- per segment (no quote, space, '$' or ';' can reach any
+# command line or path the operator builds from it).
+PVC_SEGMENT = r"[A-Za-z0-9._+=@-]+"
+MODEL_URI_PATTERN = (r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9_][A-Za-z0-9._/-]*)?"
+                     r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/" + PVC_SEGMENT + r")*/?|file:///.*)$")
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
 
-# Env names a MoEDeployment may not set: they load code into every process of the engine
-# (LD_*), let the container runtime hand out GPUs or driver capabilities the pod was not
-# given (NVIDIA_*, the device plugin's own variables), or collide with what the operator sets
-# for multi-node rendezvous (LWS_*). HF_TOKEN is refused only beside model.tokenSecretRef.
-RESERVED_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
-                      "PYTHONSTARTUP")
-RESERVED_ENV_PREFIXES = ("LD_", "NVIDIA_", "LWS_")
+# Env names a MoEDeployment may not set, by class of harm: env_policy.py (the one list the CEL rules
+# and the pydantic validators are both made from).
 ENV_TOTAL_BYTES = 65536  # names + values; keeps status.plan and kopf's annotations far below their limits
 
 # metadata.name becomes a Service name (DNS-1035 label), label values (63) and pod names with
@@ -92,7 +93,15 @@ class EngineSpec(_Model):
     name: Literal["bundled", "sglang", "vllm"] = Field("bundled", description="inference engine the pods run")
     version: str | None = Field(None, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([.-][0-9A-Za-z.]+)?$", max_length=64,
                                 description="engine version (tuning rules are version dependent); default: the tested release")
-    image: str | None = Field(None, max_length=512, description="container image; default: follows the engine and the node")
+    image: str | None = Field(None, max_length=512, pattern=IMAGE_PATTERN,
+                              description="container image reference (registry/path[:tag][@digest]); default: follows the engine and the node")
+
+    @field_validator("image")
+    @classmethod
+    def _reference(cls, v: str | None) -> str | None:
+        if v is not None:
+            image_ref.parse(v)  # ValueError names what is wrong
+        return v
     flashinferVersion: str | None = Field(None, max_length=32,
                                           description="flashinfer-python in a custom image ('none' if absent); default: the engine's pin")
     maxModelLen: int | None = Field(None, ge=16, le=16777216, description=(
@@ -117,14 +126,16 @@ class MoESpec(_Model):
 
 
 class EnvVar(_Model):
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(
-        ("!(self.name in " + _cel_list(RESERVED_ENV_NAMES) + ") && "
-         + " && ".join(f"!self.name.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES),
-         "env name is reserved: " + ", ".join(RESERVED_ENV_NAMES) + " and names starting with "
-         + ", ".join(RESERVED_ENV_PREFIXES) + " load code into the engine, widen its GPU access or collide with the operator's own"),
-    ))
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(*env_policy.cel_item_rules()))
     name: str = Field(pattern=ENV_NAME_PATTERN, max_length=256)
     value: str = Field("", max_length=32768)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, v: str) -> str:
+        if (why := env_policy.refusal(v)):
+            raise ValueError(why)
+        return v
 
 
 class GpuSelection(_Model):
@@ -135,12 +146,35 @@ class GpuSelection(_Model):
                                 description="pin to one nvidia.com/gpu.product")
 
 
+# What the API server refuses in a pod's tolerations (core validation), refused here at admission
+# instead of as a ReplicaSet that silently cannot create pods.
+TOLERATION_RULES = [
+    ("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+     "tolerationSeconds applies only to effect NoExecute",
+     lambda t: t.tolerationSeconds is None or t.effect == "NoExecute"),
+    ("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+     "a toleration with operator Exists must have no value",
+     lambda t: t.operator != "Exists" or not t.value),
+    ("has(self.key) || (has(self.operator) && self.operator == 'Exists')",
+     "a toleration without a key must use operator Exists",
+     lambda t: t.key is not None or t.operator == "Exists"),
+]
+
+
 class Toleration(_Model):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(*[(r, m) for r, m, _ in TOLERATION_RULES]))
     key: str | None = Field(None, max_length=316, pattern=LABEL_KEY_PATTERN)
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(None, max_length=63, pattern=LABEL_VALUE_PATTERN)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    tolerationSeconds: int | None = None
+    tolerationSeconds: int | None = Field(None, ge=-9223372036854775808, le=9223372036854775807)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Toleration":
+        for _, msg, ok in TOLERATION_RULES:
+            if not ok(self):
+                raise ValueError(msg)
+        return self
 
 
 # Map keys cannot be bounded in a CRD schema, so CEL over them costs too much for the API server's
@@ -278,6 +312,7 @@ class MoEDeploymentSpec(_Model):
          "vLLM has no deferred-finalize switch; use engine sglang or bundled"),
         ("!has(self.model.tokenSecretRef) || !has(self.env) || !self.env.exists(e, e.name == 'HF_TOKEN')",
          "env HF_TOKEN collides with model.tokenSecretRef (the operator sets HF_TOKEN from that Secret)"),
+        env_policy.cel_token_rule(),
         (f"!has(self.env) || self.env.map(e, e.name.size() + (has(e.value) ? e.value.size() : 0)).sum() <= {ENV_TOTAL_BYTES}",
          f"env names and values together must stay under {ENV_TOTAL_BYTES} bytes"),
     ))
@@ -317,6 +352,14 @@ class MoEDeploymentSpec(_Model):
 
     def env_dict(self) -> dict[str, str]:
         return {e.name: e.value for e in self.env}
+
+    @model_validator(mode="after")
+    def _no_token_redirect(self) -> "MoEDeploymentSpec":
+        if self.model.tokenSecretRef:
+            why = [w for e in self.env if (w := env_policy.token_refusal(e.name))]
+            if why:
+                raise ValueError("; ".join(why))
+        return self
 
 
 class Condition(_Model):

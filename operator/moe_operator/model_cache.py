@@ -180,9 +180,12 @@ def pod_parts(spec: MoEDeploymentSpec, image: str) -> PodParts:
     refuses to start the engine until the ready marker of this very revision is there."""
     src = source(spec)
     claim, revision = src.claim, src.revision
+    # The revision (for a copy: the tenant's pvc:// uri) and the claim reach the shell only as
+    # positional parameters ("$1"...), never spliced into the script; grep -F matches them as text.
+    script = ('grep -qF -- "\\"revision\\": \\"$1\\"" "$2" || '
+              '{ echo "model cache $3 has no ready marker for $1" >&2; exit 1; }')
     check = {"name": "model-cache-ready", "image": image,
-             "command": ["sh", "-c", f"grep -q '\"revision\": \"{revision}\"' {MOUNT}/{READY_MARKER} || "
-                                     f"{{ echo 'model cache {claim} has no ready marker for {revision}' >&2; exit 1; }}"],
+             "command": ["sh", "-c", script, "model-cache-ready", revision, f"{MOUNT}/{READY_MARKER}", claim],
              "securityContext": container_security(),
              "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
              "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT, "readOnly": True}]}

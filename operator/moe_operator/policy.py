@@ -14,6 +14,7 @@ import posixpath
 from dataclasses import dataclass
 
 from .api import MoEDeploymentSpec
+from . import image_ref
 from .model_uri import ModelURI
 
 # The label a Secret must carry before a MoEDeployment may mount it as a model token: a Secret
@@ -25,8 +26,11 @@ TOKEN_SECRET_LABEL = "moe.serving.dev/model-token"
 @dataclass(frozen=True)
 class Policy:
     allowed_host_paths: tuple[str, ...] = ()  # file:// roots; empty: no host path at all
-    allowed_registries: tuple[str, ...] = ()  # spec.engine.image prefixes; empty: any image
+    allowed_registries: tuple[str, ...] = ()  # registry[/path] prefixes of spec.engine.image; empty: any image
     require_token_label: bool = True
+    # Service types a MoEDeployment may ask for: NodePort and LoadBalancer expose the model outside
+    # the cluster, which is the admin's decision (chart value policy.allowedServiceTypes)
+    allowed_service_types: tuple[str, ...] = ("ClusterIP",)
 
     def problems(self, spec: MoEDeploymentSpec) -> list[str]:
         out = []
@@ -35,6 +39,9 @@ class Policy:
         if spec.engine.image and self.allowed_registries and not image_allowed(spec.engine.image, self.allowed_registries):
             out.append(f"engine.image {spec.engine.image!r} is not from an allowed registry "
                        f"({', '.join(self.allowed_registries)}); leave engine.image unset for the default image")
+        if spec.service.type not in self.allowed_service_types:
+            out.append(f"service.type {spec.service.type} is not allowed on this cluster (allowed: "
+                       f"{', '.join(self.allowed_service_types)}); ask the cluster admin (chart value policy.allowedServiceTypes)")
         return out
 
 
@@ -53,20 +60,6 @@ def host_path_problems(path: str, allowed: tuple[str, ...]) -> list[str]:
             "use pvc:// or hf://, or ask the cluster admin to allow the directory"]
 
 
-def normalize_image(image: str) -> str:
-    """docker's reference rules: 'ubuntu' is docker.io/library/ubuntu, 'a/b' is docker.io/a/b."""
-    first, sep, rest = image.partition("/")
-    if not sep:
-        return f"docker.io/library/{image}"
-    if "." in first or ":" in first or first == "localhost":
-        return image
-    return f"docker.io/{image}"
-
-
 def image_allowed(image: str, registries: tuple[str, ...]) -> bool:
-    ref = normalize_image(image)
-    for prefix in registries:
-        p = prefix.rstrip("/")
-        if ref == p or ref.startswith(p + "/") or ref.startswith(p + ":") or ref.startswith(p + "@"):
-            return True
-    return False
+    """Registry and path components compared (image_ref), not a string prefix."""
+    return image_ref.allowed(image, registries)

@@ -90,7 +90,9 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
         init = [{"name": "fetch-model", "image": image, "command": ["hf"], "args": dl_args, "env": token_env,
                  "securityContext": container_security(),
                  "volumeMounts": [{"name": "hf-cache", "mountPath": "/models"}]}]
-        return ModelLocation("/models/hf", [cache], [{"name": "hf-cache", "mountPath": "/models"}], init, token_env, [])
+        # the engine serves the fetched directory: the token stays in the init container that downloads
+        revision_env = [{"name": "HF_REVISION", "value": revision}] if revision else []
+        return ModelLocation("/models/hf", [cache], [{"name": "hf-cache", "mountPath": "/models"}], init, revision_env, [])
     extra = ["--revision", revision] if revision else []
     return ModelLocation(repo, [cache], [{"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}], [], token_env, extra)
 

@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="file:// models may be read from under DIR (repeatable); default: no host path")
     p.add_argument("--allow-image-registry", action="append", default=[], metavar="PREFIX",
                    help="spec.engine.image must start with PREFIX, e.g. docker.io/lmsysorg (repeatable); default: any")
+    p.add_argument("--allow-service-type", action="append", default=[], choices=["ClusterIP", "NodePort", "LoadBalancer"],
+                   help="spec.service.type may be this (repeatable); default: ClusterIP only")
     p.add_argument("--no-token-secret-label", action="store_true",
                    help=f"do not require the label {TOKEN_SECRET_LABEL}=true on Secrets named by model.tokenSecretRef")
     p.add_argument("--engine-cache-host-path", default=None, metavar="DIR",
@@ -97,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     handlers.CONFIG.admission_configuration = args.admission_configuration
     handlers.CONFIG.policy = Policy(allowed_host_paths=tuple(args.allow_host_path),
                                     allowed_registries=tuple(args.allow_image_registry),
-                                    require_token_label=not args.no_token_secret_label)
+                                    require_token_label=not args.no_token_secret_label,
+                                    allowed_service_types=tuple(args.allow_service_type or ["ClusterIP"]))
     handlers.CONFIG.engine_cache_root = args.engine_cache_host_path
     handlers.CONFIG.model_cache_grace_seconds = args.model_cache_grace
     handlers.CONFIG.model_cache_enabled = args.model_cache_default == "on"

@@ -68,6 +68,30 @@ def wait_event(kubectl, ns, name, reason, timeout=15, log=None) -> dict:
                 "env": [{"name": f"E{i}", "value": "x" * 30000} for i in range(3)]}, "must stay under 65536 bytes"),
     ("badqty", {"model": {"uri": "hf://org/name"}, "resources": {"limits": {"memory": "lots"}}}, "spec.resources.limits.memory"),
     ("badsel", {"model": {"uri": "hf://org/name"}, "nodeSelector": {"zone": "not a label value!"}}, "spec.nodeSelector.zone"),
+    # issue 27: env that loads code, chooses a cache mount, or sends the token elsewhere
+    ("pypath", {"model": {"uri": "hf://org/name"}, "env": [{"name": "PYTHONPATH", "value": "/models/x"}]},
+     "loads code into the engine"),
+    ("pyuser", {"model": {"uri": "hf://org/name"}, "env": [{"name": "PYTHONUSERBASE", "value": "/models/x"}]},
+     "loads code into the engine"),
+    ("path", {"model": {"uri": "hf://org/name"}, "env": [{"name": "PATH", "value": "/models/x"}]}, "loads code"),
+    ("cachedir", {"model": {"uri": "hf://org/name"}, "env": [{"name": "SGLANG_CACHE_DIR", "value": "/usr/lib"}]},
+     "mounted by the operator at fixed paths"),
+    ("endpoint", {"model": {"uri": "hf://org/name"}, "env": [{"name": "HF_ENDPOINT", "value": "http://attacker"}]},
+     "the operator sets it"),
+    ("offline", {"model": {"uri": "hf://org/name"}, "env": [{"name": "HF_HUB_OFFLINE", "value": "0"}]}, "the operator sets it"),
+    ("rev", {"model": {"uri": "hf://org/name"}, "env": [{"name": "HF_REVISION", "value": "main"}]}, "the operator sets it"),
+    ("proxy", {"model": {"uri": "hf://org/name", "tokenSecretRef": {"name": "hf"}},
+               "env": [{"name": "https_proxy", "value": "http://attacker:3128"}]}, "refused beside model.tokenSecretRef"),
+    ("cabundle", {"model": {"uri": "hf://org/name", "tokenSecretRef": {"name": "hf"}},
+                  "env": [{"name": "SSL_CERT_FILE", "value": "/models/ca.pem"}]}, "refused beside model.tokenSecretRef"),
+    ("inject", {"model": {"uri": "pvc://models/x';touch /tmp/p;'"}}, "spec.model.uri"),
+    ("tolsec", {"model": {"uri": "hf://org/name"}, "tolerations": [{"key": "a", "operator": "Exists",
+                                                                     "effect": "NoSchedule", "tolerationSeconds": 5}]},
+     "tolerationSeconds applies only to effect NoExecute"),
+    ("imgspace", {"model": {"uri": "hf://org/name"}, "engine": {"name": "sglang", "image": "lmsysorg/sglang:v0.5 "}},
+     "spec.engine.image"),
+    ("imgat", {"model": {"uri": "hf://org/name"}, "engine": {"name": "sglang", "image": "ghcr.io/moe-operator@evil.example/x"}},
+     "spec.engine.image"),
     ("a" * 60, {"model": {"uri": "hf://org/name"}}, "metadata.name must be at most 52 characters"),
     ("1starts-with-digit", {"model": {"uri": "hf://org/name"}}, "metadata.name must be a DNS-1035 label"),
 ])
@@ -85,6 +109,17 @@ def test_host_path_outside_the_allowed_ones_is_refused_and_mounts_nothing(kubect
     time.sleep(3)
     assert get_json(kubectl, "deployment", "kubelet", "-n", namespace) is None
     assert not get_json(kubectl, "jobs", "-n", namespace)["items"], "no inspection Job may mount the path either"
+
+
+def test_a_load_balancer_needs_the_admin(kubectl, namespace, operator):
+    """policy.allowedServiceTypes defaults to ClusterIP: a tenant cannot expose a model outside the cluster."""
+    doc = sample(namespace, "deepseek-v3-nvfp4-b200.yaml", "exposed")
+    doc["spec"]["service"] = {"type": "LoadBalancer"}
+    apply(kubectl, doc)
+    c = planned_condition(kubectl, namespace, "exposed", "False", "PolicyViolation", log=operator.log_tail)
+    assert "service.type LoadBalancer is not allowed" in c["message"]
+    time.sleep(2)
+    assert get_json(kubectl, "service", "exposed", "-n", namespace) is None
 
 
 def test_rendered_pods_run_without_root_token_or_privileges(kubectl, namespace, operator):

@@ -1,6 +1,8 @@
 """Model cache rendering (pure): the PVC per (model, revision), the locked-down fill Job, the pod
 parts, the cluster-wide defaults."""
 
+import pytest
+
 from moe_core.checkpoint import CheckpointInfo
 from moe_operator import model_cache
 from moe_operator.api import MoEDeploymentSpec
@@ -48,7 +50,35 @@ def test_fill_job_is_locked_down_and_takes_the_token_by_reference():
 def test_pods_mount_it_read_only_behind_the_ready_check():
     parts = model_cache.pod_parts(spec({"enabled": True}), "img:1")
     assert parts.volume["persistentVolumeClaim"]["readOnly"] is True and parts.mount["readOnly"] is True
-    assert SHA in parts.init_container["command"][-1] and parts.init_container["volumeMounts"][0]["readOnly"]
+    cmd = parts.init_container["command"]
+    assert SHA in cmd[3:] and SHA not in cmd[2] and parts.init_container["volumeMounts"][0]["readOnly"]
+
+
+@pytest.mark.parametrize("hostile", ["x';touch {p};'", 'x";touch {p};"', "x$(touch {p})", "x`touch {p}`",
+                                     "x\"; touch {p}; echo \""])
+def test_the_rendered_ready_check_runs_no_tenant_string_in_a_real_sh(tmp_path, hostile):
+    """The schema refuses these sub-paths; the init command must be safe even for one that got
+    past it: run as rendered in a real sh, with and without the marker."""
+    import json
+    import subprocess
+
+    from moe_operator.download_cli import READY_MARKER
+
+    pwned = tmp_path / "pwned"
+    s = spec({"enabled": True}, uri="pvc://models/ok")
+    uri = "pvc://models/" + hostile.format(p=pwned)
+    s = s.model_copy(update={"model": s.model.model_copy(update={"uri": uri})})  # unvalidated, as if admitted
+    c = model_cache.pod_parts(s, "img:1").init_container
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    argv, env = model_cache.local_invocation(c, {model_cache.VOLUME: str(cache)})
+    r = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "has no ready marker" in r.stderr and not pwned.exists(), r.stderr
+    rev = model_cache.source(s).revision
+    (cache / READY_MARKER).write_text(json.dumps({"revision": rev, "bytesTotal": 1}))
+    r = subprocess.run(argv, env=env, capture_output=True, text=True)
+    # a revision JSON escapes (quotes, backslashes) does not match as text: refused, never run
+    assert r.returncode == (0 if json.dumps(rev)[1:-1] == rev else 1) and not pwned.exists(), r.stderr
 
 
 def test_cluster_defaults_fill_only_what_the_spec_leaves_unset():

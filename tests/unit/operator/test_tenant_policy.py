@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.drift import differences
 from moe_operator.model_uri import ModelURI
-from moe_operator.policy import Policy, host_path_problems, image_allowed, normalize_image
+from moe_operator.image_ref import parse as parse_image
+from moe_operator.policy import Policy, host_path_problems, image_allowed
 from moe_operator.render import Owner, engine_cache_volume, inspection_job, render
 
 
@@ -33,19 +34,25 @@ def test_host_paths(path, allowed, ok):
 
 @pytest.mark.parametrize("image,norm", [
     ("ubuntu", "docker.io/library/ubuntu"),
+    ("index.docker.io/x/y", "docker.io/x/y"),
+    ("Registry.Local:5000/a/b/c:t@sha256:" + "a" * 64, "registry.local:5000/a/b/c:t@sha256:" + "a" * 64),
     ("lmsysorg/sglang:v0.5", "docker.io/lmsysorg/sglang:v0.5"),
     ("ghcr.io/moe-operator/moe-runtime:0.1.0", "ghcr.io/moe-operator/moe-runtime:0.1.0"),
     ("localhost/x", "localhost/x"),
     ("registry.local:5000/x", "registry.local:5000/x"),
 ])
 def test_image_references_normalize_like_docker(image, norm):
-    assert normalize_image(image) == norm
+    assert str(parse_image(image)) == norm
 
 
 def test_image_registries():
     allowed = ("docker.io/lmsysorg", "ghcr.io/moe-operator/")
     assert image_allowed("lmsysorg/sglang:v0.5.23", allowed)
-    assert image_allowed("ghcr.io/moe-operator/moe-runtime@sha256:abc", allowed)
+    assert image_allowed("ghcr.io/moe-operator/moe-runtime@sha256:" + "a" * 64, allowed)
+    # a string prefix is not a registry: '@' ends the name, so this is not a reference at all
+    assert not image_allowed("ghcr.io/moe-operator@evil.example/x", allowed)
+    assert not image_allowed("ghcr.io/moe-operator", ("ghcr.io/moe-operator/runtime",))
+    assert image_allowed("ubuntu:24.04", ("docker.io/library",)) and not image_allowed("ubuntu", ("docker.io/lmsysorg",))
     assert not image_allowed("ghcr.io/moe-operator-evil/x", allowed)
     assert not image_allowed("evil.io/lmsysorg/sglang", allowed)
     assert not image_allowed("lmsysorg-x/sglang", allowed)
@@ -68,14 +75,16 @@ def test_policy_problems_name_the_fix():
 
 
 @pytest.mark.parametrize("env", [{"name": "LD_PRELOAD"}, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-                                 {"name": "CUDA_VISIBLE_DEVICES"}, {"name": "LWS_LEADER_ADDRESS"}])
+                                 {"name": "CUDA_VISIBLE_DEVICES"}, {"name": "LWS_LEADER_ADDRESS"},
+                                 {"name": "PYTHONPATH"}, {"name": "SGLANG_CACHE_DIR"}, {"name": "HF_ENDPOINT"}])
 def test_reserved_env_names_are_in_the_crd_rule(env):
     from moe_operator.crd import crd
 
-    rule = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["env"]["items"][
-        "x-kubernetes-validations"][0]["rule"]
+    rules = " ".join(r["rule"] for r in crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"]["env"]["items"]["x-kubernetes-validations"])
     name = env["name"]
-    assert f"'{name}'" in rule or any(f"startsWith('{p}')" in rule for p in ("LD_", "NVIDIA_", "LWS_") if name.startswith(p))
+    assert f"'{name}'" in rules or any(f"startsWith('{p}')" in rules for p in ("LD_", "NVIDIA_", "LWS_", "PYTHON")
+                                       if name.startswith(p))
 
 
 def test_model_uri_revision_may_not_look_like_a_flag():
@@ -241,3 +250,11 @@ def test_an_unchanged_status_is_not_written_again():
     assert status_changed(old, {"replicas": 2})
     assert status_changed(old, {"conditions": [{"type": "Planned", "status": "False"}]})
     assert status_changed(old, {"gpuClass": "sm90/NVIDIA-H200"})
+
+
+def test_service_types_beyond_cluster_ip_need_the_admin():
+    (msg,) = Policy().problems(spec(service={"type": "LoadBalancer"}))
+    assert "service.type LoadBalancer is not allowed" in msg and "policy.allowedServiceTypes" in msg
+    assert Policy().problems(spec(service={"type": "NodePort"}))
+    assert Policy().problems(spec()) == []
+    assert Policy(allowed_service_types=("ClusterIP", "LoadBalancer")).problems(spec(service={"type": "LoadBalancer"})) == []
