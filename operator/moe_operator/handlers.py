@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import kopf
 
 from . import API_GROUP, API_VERSION, PLURAL
 from . import model_cache, webhook
 from .inventory import NodeInfo, build, fingerprint, node_info, pod_gpu_requests
-from .kube import Kube
+from .kube import Kube, _api_message
 from .metrics import GPU_CLASSES, RECONCILES
-from .reconcile import Config, Outcome, reconcile, status_changed
+from .reconcile import UNREACHABLE, Config, Outcome, reconcile, status_changed
 
 log = logging.getLogger("moe_operator")
 RESYNC_SECONDS = float(os.environ.get("MOE_RESYNC_SECONDS", "10"))
 INVENTORY_SETTLE_SECONDS = 1.0  # a node change usually comes in a burst (labels, then status)
+# Reconciles run on a pool of their own (not asyncio.to_thread's, which everything shares), this
+# many at once; the sweep gives one object this long before it goes on without waiting for it.
+WORKERS = int(os.environ.get("MOE_RECONCILE_WORKERS", "8"))
+OBJECT_SECONDS = float(os.environ.get("MOE_OBJECT_SECONDS", "30"))
+# /healthz fails when no sweep has finished for this long (the loop is stuck: a restart helps).
+LIVENESS_STALL_SECONDS = float(os.environ.get("MOE_LIVENESS_STALL_SECONDS", str(max(120.0, 6 * RESYNC_SECONDS))))
+QUIET_SECONDS = 60.0  # one log line per kind of failure per this long
 G, V, P = API_GROUP, API_VERSION, PLURAL
 CONFIG = Config()  # filled by run_cli before kopf starts
 
@@ -39,6 +49,62 @@ class State:
     lock_users: dict[tuple[str, str], int] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)  # the inventory changed: sweep now
     inventory: str | None = None  # fingerprint of the GPU classes at the last node event
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(WORKERS, thread_name_prefix="moe-io"))
+    swept: float = field(default_factory=time.monotonic)  # when the sweep last finished
+    quiet: "Quiet" = field(default_factory=lambda: Quiet(log))
+
+    async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking call on the operator's own bounded pool."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args))
+
+
+def _cause(e: BaseException) -> str:
+    """One line naming a failure: an API error's status and the server's own message."""
+    from kubernetes.client.rest import ApiException
+
+    if isinstance(e, ApiException):
+        return f"HTTP {e.status}: {_api_message(e)}"
+    return f"{type(e).__name__}: " + (str(e).splitlines() or [""])[0]
+
+
+class Quiet:
+    """One warning per kind of failure per QUIET_SECONDS (an API outage fails every object the same
+    way: hundreds of identical lines and tracebacks said nothing more than one), and one line when
+    it is over."""
+
+    def __init__(self, logger: logging.Logger, clock: Callable[[], float] = time.monotonic):
+        self.logger, self.clock = logger, clock
+        self.last: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+
+    def failed(self, kind: str, message: str, retry: str) -> None:
+        self.count[kind] = self.count.get(kind, 0) + 1
+        now = self.clock()
+        if now - self.last.get(kind, -1e18) >= QUIET_SECONDS:
+            self.last[kind] = now
+            self.logger.warning("%s: %s; %s (further failures of this kind are counted, not logged, for %.0fs)",
+                                kind, message[:500], retry, QUIET_SECONDS)
+
+    def ok(self, kind: str) -> None:
+        if self.count.pop(kind, 0):
+            self.last.pop(kind, None)
+            self.logger.info("%s: recovered", kind)
+
+
+class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled configuration as digests of spec and metadata (issue 34 item 4): the
+    stock storage copies the whole spec into an annotation, so a large valid spec applied with
+    `kubectl apply` (whose own annotation holds it once more) passes the API server's 256 KiB
+    limit on annotations and kopf never records the object as handled. The handlers read the
+    object afresh and use no diff, only whether spec changed: a digest says that."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        import hashlib
+        import json
+
+        essence = super().build(body=body, extra_fields=extra_fields)
+        return {k: {"sha256": hashlib.sha256(json.dumps(v, sort_keys=True, separators=(",", ":")).encode()).hexdigest()}
+                for k, v in essence.items()}  # type: ignore[return-value]
 
 
 def _state(memo: kopf.Memo) -> State:
@@ -49,11 +115,13 @@ def _state(memo: kopf.Memo) -> State:
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = "moe.serving.dev/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="moe.serving.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="moe.serving.dev", key="last-handled-configuration")
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(prefix="moe.serving.dev", key="last-handled-configuration")
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 8
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+    settings.networking.request_timeout = 30  # kopf's own API calls (patches, events); not the watches
+    settings.networking.connect_timeout = 5
     # Peers of equal priority all pause each other; a random priority per replica makes exactly
     # one of them (the highest) act while the others stand by.
     settings.peering.priority = random.randint(1, 2**30)
@@ -107,31 +175,35 @@ async def node_changed(memo: kopf.Memo, gpu_nodes: kopf.Index, gpu_pods: kopf.In
 # --- MoEDeployment ---------------------------------------------------------------------------
 
 async def _reconcile_and_report(st: State, namespace: str, name: str, gpu_nodes: kopf.Index, gpu_pods: kopf.Index,
-                                logger: Any, source: str) -> Outcome:
+                                logger: Any, source: str, skip_if_busy: bool = False) -> Outcome | None:
     """The one path every trigger takes: read the object, reconcile, write status if it changed,
     post Events, count, log. The object is read here, under its lock, never taken from the trigger
-    (which may hold a body from before the previous reconcile's status)."""
+    (which may hold a body from before the previous reconcile's status). With `skip_if_busy` (the
+    sweep) an object whose lock is held is skipped (None): its holder reconciles it anyway."""
     st.indexes.update(nodes=gpu_nodes, pods=gpu_pods)
     key = (namespace, name)
+    if skip_if_busy and key in st.locks and st.locks[key].locked():
+        return None
     st.lock_users[key] = st.lock_users.get(key, 0) + 1
     try:
         async with st.locks.setdefault(key, asyncio.Lock()):
-            moed = await asyncio.to_thread(st.kube.get_moed, namespace, name)
+            moed = await st.io(st.kube.get_moed, namespace, name)
             if moed is None or moed["metadata"].get("deletionTimestamp"):   # gone or going: nothing to do
                 return Outcome(status={})
             classes = current_classes(gpu_nodes, gpu_pods)
-            outcome = await asyncio.to_thread(reconcile, moed, classes, st.kube, st.cfg)
+            outcome = await st.io(reconcile, moed, classes, st.kube, st.cfg)
             if status_changed(moed.get("status") or {}, outcome.status):
-                await asyncio.to_thread(st.kube.patch_status, namespace, name, outcome.status)
+                await st.io(st.kube.patch_status, namespace, name, outcome.status)
     finally:
         st.lock_users[key] -= 1
         if not st.lock_users[key]:   # nobody holds or waits for it: a later reconcile makes a new one
             del st.lock_users[key], st.locks[key]
     for type_, reason, message in outcome.events:
         try:
-            await asyncio.to_thread(st.kube.post_event, moed, type_, reason, message)
+            await st.io(st.kube.post_event, moed, type_, reason, message)
         except Exception as e:  # an Event that cannot be posted must not stop the caller (the sweep)
-            logger.warning("could not post Event %s on %s/%s: %s", reason, namespace, name, e)
+            st.quiet.failed("posting Events", f"{reason} on {namespace}/{name}: {_cause(e)}",
+                            "not retried")
     s = outcome.status
     logger.debug("reconciled %s/%s (%s): gpuClass=%s backend=%s deferredFinalize=%s ready=%s/%s",
                  namespace, name, source, s.get("gpuClass"), s.get("runnerBackend"),
@@ -145,13 +217,19 @@ async def _reconcile_and_report(st: State, namespace: str, name: str, gpu_nodes:
 @kopf.on.update(G, V, P, field="spec")
 async def on_change(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, logger: Any,
                     **_: Any) -> None:
-    outcome = await _reconcile_and_report(_state(memo), body.metadata.namespace, body.metadata.name, gpu_nodes,
-                                          gpu_pods, logger, "handler")
-    s = outcome.status
+    st = _state(memo)
+    try:
+        outcome = await _reconcile_and_report(st, body.metadata.namespace, body.metadata.name, gpu_nodes,
+                                              gpu_pods, logger, "handler")
+    except UNREACHABLE as e:  # an API outage: one line per kind (Quiet), kopf retries without a traceback
+        st.quiet.failed("Kubernetes API unreachable", _cause(e), "retried in 10s")
+        raise kopf.TemporaryError(f"Kubernetes API unreachable ({type(e).__name__})", delay=10) from None
+    st.quiet.ok("Kubernetes API unreachable")
+    s = outcome.status if outcome else {}
     logger.info("reconciled: gpuClass=%s backend=%s deferredFinalize=%s ready=%s/%s",
                 s.get("gpuClass"), s.get("runnerBackend"), s.get("deferredFinalize"),
                 s.get("readyReplicas"), s.get("replicas"))
-    if outcome.retry_after:
+    if outcome and outcome.retry_after:
         raise kopf.TemporaryError("will retry: " + "; ".join(m for _, _, m in outcome.events)[:200] or "pending",
                                   delay=outcome.retry_after)
 
@@ -159,29 +237,49 @@ async def on_change(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index, gpu
 # One cluster-wide sweep instead of per-object kopf timers: timers make kopf put a finalizer on
 # every MoEDeployment, and a finalizer would block deletion whenever the operator is down.
 
-async def sweep(st: State, logger: Any) -> int:
-    """Reconcile every MoEDeployment once; one object's failure never stops the others."""
-    items = await asyncio.to_thread(st.kube.list_moeds, st.cfg.namespaces)
-    failed = 0
-    for moed in items:
-        meta = moed["metadata"]
-        if meta.get("deletionTimestamp"):
-            continue
+async def _bounded(st: State, moed: dict[str, Any], slots: asyncio.Semaphore, logger: Any) -> str | None:
+    """One object of the sweep in a worker slot for at most OBJECT_SECONDS: past that the sweep goes
+    on (the reconcile keeps its lock and finishes on its own). The kind of failure, or None."""
+    meta = moed["metadata"]
+    async with slots:
+        task = asyncio.ensure_future(_reconcile_and_report(st, meta["namespace"], meta["name"], st.indexes["nodes"],
+                                                           st.indexes["pods"], logger, "resync", skip_if_busy=True))
         try:
-            await _reconcile_and_report(st, meta["namespace"], meta["name"], st.indexes["nodes"], st.indexes["pods"],
-                                        logger, "resync")
+            await asyncio.wait_for(asyncio.shield(task), OBJECT_SECONDS)
+        except asyncio.TimeoutError:
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its failure is not lost unseen
+            logger.warning("resync of %s/%s takes over %.0fs; the sweep goes on without it",
+                           meta["namespace"], meta["name"], OBJECT_SECONDS)
+            return "slow"
         except asyncio.CancelledError:
             raise
+        except UNREACHABLE as e:
+            st.quiet.failed("Kubernetes API unreachable", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
+            return "unreachable"
         except Exception as e:  # noqa: BLE001 - the next object and the next tick go on
-            failed += 1
-            logger.warning("resync of %s/%s failed: %s: %s", meta["namespace"], meta["name"], type(e).__name__, e)
+            st.quiet.failed(f"resync {type(e).__name__}", f"{meta['namespace']}/{meta['name']}: {_cause(e)}",
+                            f"retried in {RESYNC_SECONDS:.0f}s")
+            return type(e).__name__
+    return None
+
+
+async def sweep(st: State, logger: Any) -> int:
+    """Reconcile every MoEDeployment once, WORKERS at a time; one object's failure or slowness
+    never stops or holds the others."""
+    items = await st.io(st.kube.list_moeds, st.cfg.namespaces)
+    slots = asyncio.Semaphore(WORKERS)
+    kinds = await asyncio.gather(*(_bounded(st, m, slots, logger) for m in items
+                                   if not m["metadata"].get("deletionTimestamp")))
+    failed = sum(1 for k in kinds if k)
+    if "unreachable" not in kinds:
+        st.quiet.ok("Kubernetes API unreachable")
     try:  # model caches whose last user is gone: released, deleted after the grace period
-        for claim in await asyncio.to_thread(model_cache.sweep, st.kube, items, st.cfg.namespaces,
-                                             st.cfg.model_cache_grace_seconds):
+        for claim in await st.io(model_cache.sweep, st.kube, items, st.cfg.namespaces,
+                                 st.cfg.model_cache_grace_seconds):
             logger.info("deleted model cache %s (unused for %ss)", claim, st.cfg.model_cache_grace_seconds)
     except Exception as e:  # noqa: BLE001 - the next tick retries
         failed += 1
-        logger.warning("model cache sweep failed: %s: %s", type(e).__name__, e)
+        st.quiet.failed("model cache sweep", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
     return failed
 
 
@@ -196,13 +294,30 @@ async def _resync_loop(st: State, logger: Any) -> None:
             pass
         st.wakeup.clear()
         if "nodes" not in st.indexes:
+            st.swept = time.monotonic()
             continue  # no handler has run yet: the indexes are not known
         try:
             await sweep(st, logger)
+            st.quiet.ok("listing MoEDeployments")
         except asyncio.CancelledError:
             raise
         except Exception as e:  # listing failed (API outage): the next tick retries
-            logger.warning("resync failed: %s: %s", type(e).__name__, e)
+            st.quiet.failed("listing MoEDeployments", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
+        st.swept = time.monotonic()  # the loop goes round: an outage is no reason to restart the pod
+
+
+def sweep_health(st: State, now: float | None = None) -> dict[str, float]:
+    """The liveness answer: the sweep's last round, or an error when it is stuck."""
+    age = (time.monotonic() if now is None else now) - st.swept
+    if age > LIVENESS_STALL_SECONDS:
+        raise RuntimeError(f"the resync sweep has not finished a round for {age:.0f}s")
+    return {"lastSweepSecondsAgo": round(age, 1)}
+
+
+@kopf.on.probe(id="sweep")
+def sweep_progress(memo: kopf.Memo, **_: Any) -> dict[str, float]:
+    """/healthz answers 500 when this raises: liveness follows the sweep, not only the event loop."""
+    return sweep_health(_state(memo))
 
 
 @kopf.on.startup()
@@ -230,8 +345,12 @@ async def owned_object_changed(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf
     owner = next((o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "MoEDeployment"), None)
     if owner is None:
         return
-    await _reconcile_and_report(_state(memo), body.metadata.namespace, owner["name"], gpu_nodes, gpu_pods, logger,
-                                "owned-object")
+    st = _state(memo)
+    try:
+        await _reconcile_and_report(st, body.metadata.namespace, owner["name"], gpu_nodes, gpu_pods, logger,
+                                    "owned-object")
+    except UNREACHABLE as e:  # the sweep repairs it once the API answers again
+        st.quiet.failed("Kubernetes API unreachable", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
 
 
 # --- admission -------------------------------------------------------------------------------

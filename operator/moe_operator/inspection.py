@@ -1,13 +1,20 @@
 """Checkpoint inspection per `model.uri` (I/O edge): file://, hf:// (headers over HTTP), pvc:// (a Job).
 
-Results are cached per (uri, revision). Failures raise `InspectionFailed` with a reason and a
-message naming the cause; the handler turns that into `CheckpointInspected=False` and backs off.
+Results are cached by who may read them (issue 27 item 7): file:// by uri (admin-allowed host
+paths), hf:// by (repo, revision) and the token's access (facts read with a token are served only
+to callers with that token; facts read without one to anyone), pvc:// by (namespace, claim UID,
+path). Hub calls run on a bounded pool of their own with a timeout per request and a deadline per
+inspection (issue 27 item 6): a reconcile waits HUB_WAIT_SECONDS, then reports `Inspecting` and
+goes on, so a stalled hub never holds a reconcile thread. Failures raise `InspectionFailed` with a
+reason and a message naming the cause; the handler turns that into `CheckpointInspected=False`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -18,6 +25,7 @@ from moe_core.formats import is_fp4
 from moe_core.checkpoint import CheckpointInfo, InspectionError, TensorMeta, classify, inspect_dir
 
 from .api import MoEDeploymentSpec
+from .io_pool import Background, DeadlineExceeded, Pending
 from .metrics import INSPECTION_SECONDS
 from .model_uri import ModelURI
 
@@ -34,11 +42,40 @@ class InspectionPending(Exception):
     """The inspection Job is still running; try again shortly."""
 
 
-_cache: dict[str, CheckpointInfo] = {}
+HUB_TIMEOUT_SECONDS = float(os.environ.get("MOE_HUB_TIMEOUT_SECONDS", "10"))  # one hub request
+HUB_DEADLINE_SECONDS = float(os.environ.get("MOE_HUB_DEADLINE_SECONDS", "60"))  # one inspection, retries included
+HUB_WAIT_SECONDS = 1.0  # how long a reconcile waits for a fast hub before reporting Inspecting
+HUB = Background(workers=int(os.environ.get("MOE_HUB_WORKERS", "4")), name="moe-hub")
+
+_cache: dict[Any, CheckpointInfo] = {}
+_resolved: dict[Any, tuple[float, str]] = {}  # (uri, access) -> (monotonic time, sha), for follow
 
 
-def cache_key(uri: str) -> str:
-    return uri  # the revision is part of the uri (hf://org/name@rev)
+def access(token: str | None) -> str:
+    """Who may read what a hub call returned: '' for anyone (no token), else the token's digest."""
+    return hashlib.sha256(token.encode()).hexdigest()[:32] if token else ""
+
+
+def cache_key(uri: str, access: str = "", scope: tuple[str, str] | None = None) -> Any:
+    """file:// and public hf:// facts by uri (the revision is part of an hf:// uri); hf:// read
+    with a token by (uri, token access); pvc:// by (namespace, claim UID, path): a namespace with
+    another claim of the same name, or none, never gets them."""
+    if uri.startswith("pvc://"):
+        if scope is None:
+            raise ValueError("a pvc:// cache key needs the (namespace, claim UID) scope")
+        return ("pvc", scope[0], scope[1], ModelURI.parse(uri).path)
+    return (uri, access) if access else uri
+
+
+def _hf_lookup(uri: str, acc: str) -> CheckpointInfo | None:
+    return _cache.get(cache_key(uri, acc)) or (_cache.get(cache_key(uri)) if acc else None)
+
+
+def reset() -> None:
+    """Forget every inspection and resolution (tests)."""
+    _cache.clear()
+    _resolved.clear()
+    HUB._entries.clear()
 
 
 def resolve_local(uri: str, local_models_dir: str | None) -> Path:
@@ -65,13 +102,15 @@ def inspect_hf(uri: str, token: str | None) -> CheckpointInfo:
     parsed = ModelURI.parse(uri)
     repo, revision = parsed.repo, parsed.revision or None
     try:
-        cfg_path = hf_hub_download(repo, "config.json", revision=revision, token=token)
+        t = HUB_TIMEOUT_SECONDS
+        cfg_path = hf_hub_download(repo, "config.json", revision=revision, token=token, etag_timeout=t)
         config = json.loads(Path(cfg_path).read_text())
         try:
-            hq = json.loads(Path(hf_hub_download(repo, "hf_quant_config.json", revision=revision, token=token)).read_text())
+            hq = json.loads(Path(hf_hub_download(repo, "hf_quant_config.json", revision=revision, token=token,
+                                                 etag_timeout=t)).read_text())
         except EntryNotFoundError:
             hq = None
-        meta = HfApi(token=token).get_safetensors_metadata(repo, revision=revision)
+        meta = HfApi(token=token).get_safetensors_metadata(repo, revision=revision, timeout=t)
     except json.JSONDecodeError as e:
         raise InspectionFailed("MalformedConfig", f"{uri}: config.json is not valid JSON: {e}", retry=False) from None
     except HfHubHTTPError as e:
@@ -87,33 +126,42 @@ def inspect_hf(uri: str, token: str | None) -> CheckpointInfo:
     return info
 
 
-def inspect_spec(spec: MoEDeploymentSpec, *, local_models_dir: str | None = None,
+def inspect_spec(spec: MoEDeploymentSpec, *, local_models_dir: str | None = None, hub: bool = False,
                  hf_token: Callable[[], str | None] | None = None,
-                 pvc_job: Callable[[str], dict[str, Any] | None] | None = None) -> CheckpointInfo:
-    """Inspect (or skip inspecting) the checkpoint of a spec. Cached per uri."""
+                 pvc_job: Callable[[str], dict[str, Any] | None] | None = None,
+                 pvc_scope: Callable[[str], tuple[str, str] | None] | None = None) -> CheckpointInfo:
+    """Inspect (or skip inspecting) the checkpoint of a spec, cached by who may read it.
+
+    hf:// asks the hub only with `hub=True` (the reconcile; the admission webhook never does: it
+    gets cached facts or InspectionPending), in the background: InspectionPending while it runs.
+    pvc:// needs `pvc_scope(claim)` -> (namespace, claim UID), None when the claim is missing."""
     if spec.model.format != "auto":
         return from_explicit_format(spec)
     uri = spec.model.uri
-    key = cache_key(uri)
+    scheme = uri.split("://", 1)[0]  # the CRD's pattern admits only hf, pvc and file
+    if scheme == "hf":
+        return _inspect_hf_cached(uri, hub, hf_token)
+    if scheme == "pvc":
+        if pvc_job is None or pvc_scope is None:
+            raise InspectionFailed("NoInspector", f"{uri}: pvc:// needs an inspection Job and none can run here")
+        claim = ModelURI.parse(uri).claim
+        scope = pvc_scope(claim)
+        if scope is None:
+            raise InspectionFailed("NotFound", f"{uri}: PersistentVolumeClaim {claim!r} not found in the namespace")
+        key = cache_key(uri, scope=scope)
+    elif scheme == "file":
+        key = cache_key(uri)
+    else:
+        raise InspectionFailed("UnsupportedURI", f"unsupported model uri scheme {scheme!r}", retry=False)
     if key in _cache:
         return _cache[key]
-    scheme = uri.split("://", 1)[0]  # the CRD's pattern admits only hf, pvc and file
     started = time.monotonic()
     try:
         if scheme == "file":
             path = resolve_local(uri, local_models_dir)
-            if not path.exists() and pvc_job is not None:
-                info = _from_job(pvc_job, uri)
-            else:
-                info = inspect_dir(path)
-        elif scheme == "hf":
-            info = inspect_hf(uri, hf_token() if hf_token else None)
-        elif scheme == "pvc":
-            if pvc_job is None:
-                raise InspectionFailed("NoInspector", f"{uri}: pvc:// needs an inspection Job and none can run here")
-            info = _from_job(pvc_job, uri)
+            info = _from_job(pvc_job, uri) if not path.exists() and pvc_job is not None else inspect_dir(path)
         else:
-            raise InspectionFailed("UnsupportedURI", f"unsupported model uri scheme {scheme!r}", retry=False)
+            info = _from_job(pvc_job, uri)
     except InspectionError as e:
         raise InspectionFailed("Unreadable", str(e), retry=True) from None
     finally:
@@ -121,6 +169,38 @@ def inspect_spec(spec: MoEDeploymentSpec, *, local_models_dir: str | None = None
     _cache[key] = info
     log.info("inspected %s: %s %s (%s)", uri, info.architecture, info.format, info.formatSource)
     return info
+
+
+def _hub_call(key: Any, fn: Callable[[], Any], uri: str, what: str) -> Any:
+    """`fn` on the hub pool: its result if it ends within HUB_WAIT_SECONDS, else InspectionPending
+    (InspectionFailed HubTimeout past HUB_DEADLINE_SECONDS)."""
+    try:
+        return HUB.run(key, fn, wait=HUB_WAIT_SECONDS, deadline=HUB_DEADLINE_SECONDS)
+    except Pending as e:
+        raise InspectionPending(f"{uri}: {what} at the hub, {e}") from None
+    except DeadlineExceeded as e:
+        raise InspectionFailed("HubTimeout", f"{uri}: {what}: the hub gave {e}") from None
+
+
+def _inspect_hf_cached(uri: str, hub: bool, hf_token: Callable[[], str | None] | None) -> CheckpointInfo:
+    token = hf_token() if hf_token else None
+    acc = access(token)
+    if (info := _hf_lookup(uri, acc)) is not None:
+        return info
+    if not hub:
+        raise InspectionPending(f"{uri}: not inspected yet (only the reconcile asks the hub)")
+
+    def work() -> CheckpointInfo:  # on the hub pool; the result lands in the cache even if nobody waits
+        started = time.monotonic()
+        try:
+            got = inspect_hf(uri, token)
+        finally:
+            INSPECTION_SECONDS.labels("hf").observe(time.monotonic() - started)
+        _cache[cache_key(uri, acc)] = got
+        log.info("inspected %s: %s %s (%s)", uri, got.architecture, got.format, got.formatSource)
+        return got
+
+    return _hub_call(("inspect", uri, acc), work, uri, "reading the headers")
 
 
 def _from_job(pvc_job: Callable[[str], dict[str, Any] | None], uri: str) -> CheckpointInfo:
@@ -134,7 +214,6 @@ def _from_job(pvc_job: Callable[[str], dict[str, Any] | None], uri: str) -> Chec
 
 COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 FOLLOW_RESOLVE_SECONDS = 300.0  # revisionPolicy follow: how long a resolved sha is trusted before asking again
-_resolved: dict[str, tuple[float, str]] = {}  # uri -> (monotonic time, sha), for follow
 
 
 def resolve_revision(uri: str, token: str | None) -> str:
@@ -144,16 +223,21 @@ def resolve_revision(uri: str, token: str | None) -> str:
 
     parsed = ModelURI.parse(uri)
     try:
-        sha = HfApi(token=token).model_info(parsed.repo, revision=parsed.revision or None).sha
+        sha = HfApi(token=token).model_info(parsed.repo, revision=parsed.revision or None,
+                                            timeout=HUB_TIMEOUT_SECONDS).sha
     except HfHubHTTPError as e:
         status = getattr(getattr(e, "response", None), "status_code", None)
         reason = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(status, "HubError")
         raise InspectionFailed(reason, f"{uri}: resolving the revision: {e}", retry=status not in (401, 403, 404)) from None
-    except Exception as e:  # network errors
+    except Exception as e:  # network errors, timeouts
         raise InspectionFailed("HubError", f"{uri}: resolving the revision: {type(e).__name__}: {e}") from None
     if not sha or not COMMIT_SHA.match(sha):
         raise InspectionFailed("HubError", f"{uri}: the hub answered no commit sha ({sha!r})")
     return sha
+
+
+def _resolve_key(uri: str, acc: str) -> Any:
+    return (uri, acc) if acc else uri
 
 
 @dataclass(frozen=True)
@@ -181,17 +265,26 @@ def pin(spec: MoEDeploymentSpec, status: dict[str, Any], token: Callable[[], str
     known = status.get("revision") if status.get("revisionUri") == uri else None
     if known and spec.model.revisionPolicy == "pin":
         return Pinned(f"{base}@{known}", known, f"pinned at first use ({parsed.revision or 'main'})")
-    cached = _resolved.get(uri)
+    tok = token() if token else None
+    rkey = _resolve_key(uri, access(tok))
+    cached = _resolved.get(rkey)
     if cached and spec.model.revisionPolicy == "follow" and now() - cached[0] < FOLLOW_RESOLVE_SECONDS:
         return Pinned(f"{base}@{cached[1]}", cached[1], f"following {parsed.revision or 'main'}")
+    asked = now()
+
+    def work() -> str:  # on the hub pool
+        got = resolve_revision(uri, tok)
+        _resolved[rkey] = (asked, got)
+        return got
+
     try:
-        sha = resolve_revision(uri, token() if token else None)
-    except InspectionFailed:
-        if known:  # follow, hub down: keep serving what was pinned
+        sha = _hub_call(("resolve", rkey), work, uri, "resolving the revision")
+    except (InspectionFailed, InspectionPending):
+        if known:  # follow, hub down or slow: keep serving what was pinned
             log.warning("%s: hub unreachable, keeping revision %s", uri, known)
             return Pinned(f"{base}@{known}", known, "hub unreachable: kept the pinned revision")
         raise
-    _resolved[uri] = (now(), sha)
+    _resolved[rkey] = (now(), sha)
     how = f"following {parsed.revision or 'main'}" if spec.model.revisionPolicy == "follow" else \
         f"resolved {parsed.revision or 'main'} at first use"
     return Pinned(f"{base}@{sha}", sha, how)
@@ -203,7 +296,11 @@ def cached(uri: str, status: dict[str, Any] | None = None,
     inspections only, without any I/O (the admission webhook): the uri as is (file://, pvc://, a sha
     in an hf:// uri); for hf:// at a branch, the sha this object's status pinned for this very uri,
     else the sha the operator resolved for it less than FOLLOW_RESOLVE_SECONDS ago (another
-    MoEDeployment of the model). None when no inspection of that revision ran in this process."""
+    MoEDeployment of the model). Only facts anyone may read: hf:// inspected without a token (a
+    tenant's token-read facts stay with that token), never pvc:// (scoped by namespace and claim).
+    None when no such inspection of that revision ran in this process."""
+    if uri.startswith("pvc://"):
+        return None
     candidates = []
     parsed = ModelURI.parse(uri)
     if parsed.scheme == "hf" and not (parsed.revision and COMMIT_SHA.match(parsed.revision)):
@@ -218,6 +315,3 @@ def cached(uri: str, status: dict[str, Any] | None = None,
             return u, info
     return None
 
-
-def forget(uri: str) -> None:
-    _cache.pop(cache_key(uri), None)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
+import time
 from functools import cached_property
 from typing import Any
 
@@ -12,7 +15,6 @@ from kubernetes.client.rest import ApiException
 
 from . import API_GROUP, API_VERSION, PLURAL
 from .day2 import OPTIONAL_CRDS
-from .model_uri import ModelURI
 from .render import FIELD_MANAGER, Owner, inspection_job
 
 log = logging.getLogger("moe_operator.kube")
@@ -31,9 +33,32 @@ class ApplyError(Exception):
         super().__init__(message)
 
 
+# Every request of this client gets a (connect, read) timeout unless its caller gave one (issue 27
+# item 6): the generated clients default to none, so one stalled connection held its thread for ever.
+REQUEST_TIMEOUT = (5.0, float(os.environ.get("MOE_KUBE_TIMEOUT_SECONDS", "30")))
+
+
+def with_request_timeout(api_client: client.ApiClient, timeout: tuple[float, float] = REQUEST_TIMEOUT) -> client.ApiClient:
+    """Give every request through `api_client` (typed, dynamic and discovery calls alike) a default
+    timeout: all of them go through its one RESTClientObject.request."""
+    rest = api_client.rest_client
+    request = rest.request
+
+    def timed(*args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
+        return request(*args, _request_timeout=_request_timeout or timeout, **kwargs)
+
+    rest.request = timed
+    return api_client
+
+
 class Kube:
     def __init__(self, api_client: client.ApiClient | None = None):
-        self.api_client = api_client or client.ApiClient()
+        self.api_client = with_request_timeout(api_client or client.ApiClient())
+        # Discovery is resolved once per kind under this lock: the dynamic client's discovery cache
+        # is not thread-safe (concurrent reconciles raised KeyError: 'resources' from it).
+        self._discovery_lock = threading.Lock()
+        self._resources: dict[str, Any] = {}
+        self._missing_until: dict[str, float] = {}
 
     @cached_property
     def custom(self) -> client.CustomObjectsApi:
@@ -53,27 +78,38 @@ class Kube:
 
         return DynamicClient(self.api_client)
 
-    # An optional CRD found missing is not looked up again for this long: every miss makes the
-    # dynamic client re-read the whole discovery document, once per reconcile of every object.
+    # A CRD found missing is not looked up again for this long: every miss makes the dynamic
+    # client re-read the whole discovery document, once per reconcile of every object.
     MISSING_CRD_RECHECK_SECONDS = 15.0
 
     def _resource(self, kind: str):
-        import time
-
+        if (res := self._resources.get(kind)) is not None:
+            return res
         from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-        missing = self.__dict__.setdefault("_missing_until", {})
-        if kind in OPTIONAL_CRDS and missing.get(kind, 0.0) > time.monotonic():
-            raise ApplyError(*OPTIONAL_CRDS[kind])
+        with self._discovery_lock:
+            if (res := self._resources.get(kind)) is not None:
+                return res
+            if self._missing_until.get(kind, 0.0) <= time.monotonic():
+                try:
+                    res = self._resources[kind] = self.dynamic.resources.get(api_version=_API_VERSIONS[kind], kind=kind)
+                    return res
+                except ResourceNotFoundError:
+                    if kind != "LeaderWorkerSet" and kind not in OPTIONAL_CRDS:
+                        raise
+                    self._missing_until[kind] = time.monotonic() + self.MISSING_CRD_RECHECK_SECONDS
+        if kind == "LeaderWorkerSet":
+            raise ApplyError("LeaderWorkerSetMissing", "multi-node replicas need the LeaderWorkerSet CRD "
+                             "(leaderworkerset.x-k8s.io/v1); install LWS (kubernetes-sigs/lws) first")
+        raise ApplyError(*OPTIONAL_CRDS[kind])
+
+    def pvc_uid(self, namespace: str, name: str) -> str | None:
+        """The claim's UID (None: no such claim): what pvc:// inspection facts are scoped by."""
         try:
-            return self.dynamic.resources.get(api_version=_API_VERSIONS[kind], kind=kind)
-        except ResourceNotFoundError:
-            if kind == "LeaderWorkerSet":
-                raise ApplyError("LeaderWorkerSetMissing", "multi-node replicas need the LeaderWorkerSet CRD "
-                                 "(leaderworkerset.x-k8s.io/v1); install LWS (kubernetes-sigs/lws) first") from None
-            if kind in OPTIONAL_CRDS:
-                missing[kind] = time.monotonic() + self.MISSING_CRD_RECHECK_SECONDS
-                raise ApplyError(*OPTIONAL_CRDS[kind]) from None
+            return self.core.read_namespaced_persistent_volume_claim(name, namespace).metadata.uid
+        except ApiException as e:
+            if e.status == 404:
+                return None
             raise
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -189,14 +225,6 @@ class Kube:
         import hashlib
 
         name = "moe-inspect-" + hashlib.sha256(uri.encode()).hexdigest()[:10]
-        if uri.startswith("pvc://"):
-            claim = ModelURI.parse(uri).claim
-            try:
-                self.core.read_namespaced_persistent_volume_claim(claim, namespace)
-            except ApiException as e:
-                if e.status == 404:
-                    return {"error": f"PersistentVolumeClaim {claim!r} not found in namespace {namespace}"}
-                raise
         job = self.get("Job", namespace, name)
         if job is None:
             self.apply(inspection_job(namespace, name, uri, image, owner))

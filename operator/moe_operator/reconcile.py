@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3
 from kubernetes.client.rest import ApiException
 from moe_core.gpu import from_name
 from pydantic import ValidationError
@@ -74,9 +75,24 @@ def set_condition(conds: list[dict[str, Any]], type_: str, status: str, reason: 
     return [c for c in conds if c.get("type") != type_] + [new]
 
 
+# Failures of reaching the API server at all (an outage): the caller logs one line per kind and
+# retries; status cannot be written then anyway.
+UNREACHABLE = (OSError, urllib3.exceptions.HTTPError)
+
+
 def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Kube, cfg: Config) -> Outcome:
     try:
         return _reconcile(body, classes, kube, cfg)
+    except UNREACHABLE:
+        raise
+    except ApplyError as e:  # e.g. a missing LeaderWorkerSet CRD, found before anything was applied
+        meta, status = body["metadata"], dict(body.get("status") or {})
+        conds = set_condition(list(status.get("conditions") or []), "Degraded", "True", e.reason, e.message,
+                              meta.get("generation"))
+        conds = set_condition(conds, "Progressing", "False", e.reason, e.message, meta.get("generation"))
+        ERRORS.labels(e.reason).inc()
+        return Outcome(status={"conditions": conds, "observedGeneration": meta.get("generation")},
+                       events=[("Warning", e.reason, e.message)], retry_after=30)
     except ApiException as e:
         # Forbidden (RBAC), quota, admission of an owned object...: say so on the object.
         meta, status = body["metadata"], dict(body.get("status") or {})
@@ -155,11 +171,12 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
         if (pinned := pin(spec, status, hf_token)) is not None:
             out.status.update(revision=pinned.revision, revisionUri=spec.model.uri)
             spec = spec.model_copy(update={"model": spec.model.model_copy(update={"uri": pinned.uri})})
-        ckpt = inspect_spec(spec, local_models_dir=cfg.local_models_dir, hf_token=hf_token,
-                            pvc_job=job if cfg.inspect_in_cluster else None)
-    except InspectionPending as e:
+        ckpt = inspect_spec(spec, local_models_dir=cfg.local_models_dir, hub=True, hf_token=hf_token,
+                            pvc_job=job if cfg.inspect_in_cluster else None,
+                            pvc_scope=lambda claim: (ns, uid) if (uid := kube.pvc_uid(ns, claim)) else None)
+    except InspectionPending as e:  # hub calls or a Job run in the background: nothing here waits on them
         conds = set_condition(conds, "CheckpointInspected", "Unknown", "Inspecting", str(e), gen)
-        out.retry_after = 5
+        out.retry_after = 3
         return finish()
     except InspectionFailed as e:
         conds = set_condition(conds, "CheckpointInspected", "False", e.reason, e.message, gen)

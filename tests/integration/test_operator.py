@@ -354,3 +354,24 @@ def test_pvc_checkpoint_is_inspected_by_a_job(kubectl, namespace, operator):
     cnd = wait_for(failed, 60, "CheckpointInspected=False from the Job result", operator.log_tail)
     assert "without a termination message" in cnd["message"]
     kubectl("delete", "pv", f"models-{namespace}", "--wait=false")
+
+
+def test_a_large_valid_spec_applied_with_kubectl_is_handled(kubectl, namespace, operator):
+    """kubectl's last-applied annotation plus kopf's record of the handled configuration used to
+    pass the 256 KiB limit on annotations (issue 34 item 4): kopf's record is a digest now."""
+    doc = apply_sample(kubectl, namespace, "qwen3-moe-fp8.yaml")
+    name = doc["metadata"]["name"]
+    doc["metadata"]["annotations"] = {"example.com/notes": "n" * 90_000}
+    doc["spec"]["env"] = [{"name": f"APP_SETTING_{i}", "value": "v" * 900} for i in range(40)]  # ~37 KB
+    r = kubectl("apply", "-f", "-", input=json.dumps(doc), check=False)
+    assert r.returncode == 0, r.stderr
+
+    def handled():
+        obj = get_json(kubectl, "moed", name, "-n", namespace)
+        ann = obj["metadata"].get("annotations") or {}
+        rec = ann.get("moe.serving.dev/last-handled-configuration")
+        c = condition(obj, "Planned")
+        env = obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"]
+        return rec if rec and env and c and c["status"] == "True" else None
+    rec = wait_for(handled, 60, f"{namespace}/{name} handled", operator.log_tail)
+    assert len(rec) < 1000 and "sha256" in rec

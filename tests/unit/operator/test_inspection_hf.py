@@ -20,7 +20,7 @@ def hub(monkeypatch, tmp_path):
     files = {}
     calls = []
 
-    def download(repo, filename, revision=None, token=None):
+    def download(repo, filename, revision=None, token=None, etag_timeout=None):
         calls.append((repo, filename, revision, token))
         if filename not in files:
             raise EntryNotFoundError(f"{filename} not found")
@@ -32,14 +32,14 @@ def hub(monkeypatch, tmp_path):
         def __init__(self, token=None):
             pass
 
-        def get_safetensors_metadata(self, repo, revision=None):
+        def get_safetensors_metadata(self, repo, revision=None, timeout=None):
             t = SimpleNamespace(dtype="U8", shape=[8, 8], data_offsets=[0, 64])
             return SimpleNamespace(files_metadata={"model-00001.safetensors": SimpleNamespace(
                 tensors={"model.layers.3.mlp.experts.0.w1.weight": t})})
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
     monkeypatch.setattr(huggingface_hub, "HfApi", Api)
-    inspection._cache.clear()
+    inspection.reset()
     return files, calls
 
 
@@ -54,19 +54,31 @@ def test_hf_dsv4_fp4_from_headers_with_revision_and_token(hub):
     files, calls = hub
     files["config.json"] = json.dumps({"architectures": ["DeepseekV4ForCausalLM"], "n_routed_experts": 256,
                                        "quantization_config": {"quant_method": "fp8"}})
-    info = inspection.inspect_spec(spec("hf://deepseek-ai/DeepSeek-V4-Flash@abc123", token=True), hf_token=lambda: "tok")
+    uri = "hf://deepseek-ai/DeepSeek-V4-Flash@abc123"
+    info = inspection.inspect_spec(spec(uri, token=True), hub=True, hf_token=lambda: "tok")
     assert info.format == "dsv4_fp4" and "safetensors" in info.formatSource and info.totalBytes == 64
     assert calls[0] == ("deepseek-ai/DeepSeek-V4-Flash", "config.json", "abc123", "tok")
-    # cached per (uri, revision): no second round trip
-    inspection.inspect_spec(spec("hf://deepseek-ai/DeepSeek-V4-Flash@abc123"))
+    # cached per (uri, revision, token access): the same token, no second round trip
+    inspection.inspect_spec(spec(uri, token=True), hub=True, hf_token=lambda: "tok")
     assert len([c for c in calls if c[1] == "config.json"]) == 1
+    # facts read with a token never reach a caller without it (issue 27 item 7): nor the webhook
+    with pytest.raises(inspection.InspectionPending):
+        inspection.inspect_spec(spec(uri))
+    assert inspection.cached(uri) is None
+    # another token, or none, asks the hub with its own access
+    inspection.inspect_spec(spec(uri, token=True), hub=True, hf_token=lambda: "other")
+    inspection.inspect_spec(spec(uri), hub=True)
+    assert [c[3] for c in calls if c[1] == "config.json"] == ["tok", "other", None]
+    # facts read without a token are public: any token gets them, the webhook too
+    inspection.inspect_spec(spec(uri, token=True), hub=True, hf_token=lambda: "third")
+    assert len([c for c in calls if c[1] == "config.json"]) == 3 and inspection.cached(uri)[1].format == "dsv4_fp4"
 
 
 def test_hf_malformed_config_is_a_clear_failure(hub):
     files, _ = hub
     files["config.json"] = "{nope"
     with pytest.raises(inspection.InspectionFailed) as e:
-        inspection.inspect_spec(spec("hf://org/broken"))
+        inspection.inspect_spec(spec("hf://org/broken"), hub=True)
     assert e.value.reason == "MalformedConfig" and "config.json" in e.value.message and not e.value.retry
 
 

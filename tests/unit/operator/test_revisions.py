@@ -37,8 +37,7 @@ def hub(monkeypatch, tmp_path):
     monkeypatch.setattr(c, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    inspection._cache.clear()
-    inspection._resolved.clear()
+    inspection.reset()
     yield h
     h.stop()
 
@@ -52,7 +51,7 @@ def test_first_use_pins_the_sha_and_a_new_upload_changes_nothing(hub, tmp_path):
     s = spec("hf://org/dsv3")
     p1 = inspection.pin(s, {})
     assert p1.revision == sha1 and p1.uri == f"hf://org/dsv3@{sha1}" and "first use" in p1.how
-    info = inspection.inspect_spec(s.model_copy(update={"model": s.model.model_copy(update={"uri": p1.uri})}))
+    info = inspection.inspect_spec(s.model_copy(update={"model": s.model.model_copy(update={"uri": p1.uri})}), hub=True)
     assert info.format == "nvfp4"
     assert inspection.cache_key(p1.uri).endswith(sha1)  # the sha is in the inspection cache key
     status = {"revision": p1.revision, "revisionUri": s.model.uri}
@@ -64,7 +63,7 @@ def test_first_use_pins_the_sha_and_a_new_upload_changes_nothing(hub, tmp_path):
     assert again.revision == sha1 and len(hub.requests) == asked  # pinned: not even a round trip
     # inspection of the pinned uri still sees the first commit's files (nvfp4), not the fp8 upload
     inspection._cache.clear()
-    assert inspection.inspect_spec(s.model_copy(update={"model": s.model.model_copy(update={"uri": again.uri})})).format == "nvfp4"
+    assert inspection.inspect_spec(s.model_copy(update={"model": s.model.model_copy(update={"uri": again.uri})}), hub=True).format == "nvfp4"
 
     # the spec changes (an explicit branch): re-resolved
     changed = inspection.pin(spec("hf://org/dsv3@main"), status)
@@ -77,7 +76,7 @@ def test_first_use_pins_the_sha_and_a_new_upload_changes_nothing(hub, tmp_path):
     followed = inspection.pin(spec("hf://org/dsv3", policy="follow"), status, now=lambda: later)
     assert followed.revision == sha2 and followed.how.startswith("following")
     inspection._cache.clear()
-    assert inspection.inspect_spec(spec(followed.uri)).format == "fp8"
+    assert inspection.inspect_spec(spec(followed.uri), hub=True).format == "fp8"
 
 
 def test_follow_keeps_the_pinned_sha_when_the_hub_is_down(hub, tmp_path):

@@ -1,0 +1,76 @@
+"""The operator's edges under faults (issues 27 item 6, 34 item 5): one log line per kind of
+failure, liveness that follows the sweep, the sweep never waiting on a busy object."""
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from moe_operator import handlers
+from moe_operator.handlers import Quiet, State, sweep_health
+
+
+def test_quiet_logs_one_line_per_kind_and_one_when_it_recovers(caplog):
+    now = [0.0]
+    q = Quiet(logging.getLogger("t"), clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="t"):
+        for _ in range(200):
+            q.failed("Kubernetes API unreachable", "MaxRetryError: connection refused", "retried in 10s")
+        q.failed("listing MoEDeployments", "MaxRetryError", "retried in 10s")
+        now[0] += handlers.QUIET_SECONDS + 1
+        q.failed("Kubernetes API unreachable", "MaxRetryError: connection refused", "retried in 10s")
+        q.ok("Kubernetes API unreachable")
+        q.ok("Kubernetes API unreachable")  # nothing failed since: no second line
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and sum("unreachable" in m for m in lines) == 3
+    assert "retried in 10s" in lines[0] and lines[-1] == "Kubernetes API unreachable: recovered"
+    assert not any(r.exc_info for r in caplog.records)  # no tracebacks
+
+
+def test_liveness_fails_only_when_the_sweep_stops_going_round():
+    st = State(kube=None, cfg=None)  # type: ignore[arg-type]
+    assert sweep_health(st)["lastSweepSecondsAgo"] < 1
+    with pytest.raises(RuntimeError, match="not finished a round"):
+        sweep_health(st, now=time.monotonic() + handlers.LIVENESS_STALL_SECONDS + 1)
+
+
+class _SlowKube:
+    """get_moed of the busy object blocks until released; the others answer at once."""
+
+    def __init__(self, release):
+        self.release, self.reads = release, []
+
+    def list_moeds(self, namespaces):
+        return [{"metadata": {"namespace": "a", "name": n}} for n in ("busy", "x", "y")]
+
+    def get_moed(self, ns, name):
+        self.reads.append(name)
+        if name == "busy":
+            self.release.wait(10)
+        return None  # gone: nothing more to do
+
+
+def test_the_sweep_skips_a_busy_object_and_bounds_a_slow_one(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(handlers, "OBJECT_SECONDS", 0.3)
+    monkeypatch.setattr(handlers.model_cache, "sweep", lambda *a: [])
+    release = threading.Event()
+    kube = _SlowKube(release)
+    st = State(kube=kube, cfg=handlers.Config())  # type: ignore[arg-type]
+    st.indexes.update(nodes={}, pods={})
+
+    async def go():
+        t = time.monotonic()
+        failed = await handlers.sweep(st, logging.getLogger("t"))  # busy takes 10 s: the sweep goes on at 0.3
+        first = time.monotonic() - t
+        kube.reads.clear()
+        await handlers.sweep(st, logging.getLogger("t"))  # busy still holds its lock: skipped, not awaited
+        second = time.monotonic() - t - first
+        release.set()
+        return failed, first, second
+
+    failed, first, second = asyncio.run(go())
+    assert failed == 1 and first < 2 and second < 1
+    assert sorted(kube.reads) == ["x", "y"]
