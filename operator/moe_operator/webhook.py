@@ -199,9 +199,20 @@ def fallback_warnings(spec_dict: dict[str, Any], cfg: Any, status: dict[str, Any
                           for k, g in classes.items()})
 
 
+def spec_unchanged(operation: str | None, old: Any, new: Any) -> bool:
+    """An UPDATE that leaves spec as it was (kopf's own annotation patches, a user's labels, a
+    finalizer): nothing to judge. Refusing it would keep kopf from recording its state on an object
+    admitted before a policy tightened; the reconcile reports such an object instead."""
+    if operation != "UPDATE" or old is None or new is None:
+        return False
+    return dict(old.get("spec") or {}) == dict(new.get("spec") or {})
+
+
 def admission_handler(cfg: Any) -> Callable[..., None]:
     def admission(spec: kopf.Spec, status: Any = None, warnings: list[str] | None = None, gpu_nodes: Any = None,
-                  **_: Any) -> None:
+                  operation: str | None = None, old: Any = None, new: Any = None, **_: Any) -> None:
+        if spec_unchanged(operation, old, new):
+            return
         try:
             msg = verdict(dict(spec), cfg, dict(status or {}))
         except Exception as e:  # noqa: BLE001 - a bug here must not block every write

@@ -296,3 +296,34 @@ def test_webhook_admits_deletes_and_writes_when_the_operator_is_gone(kubectl, ku
     finally:
         op.stop()
         kubectl("delete", "validatingwebhookconfiguration", "validate.moe.serving.dev", "--ignore-not-found")
+
+
+def test_webhook_admits_updates_that_leave_spec_unchanged(kubectl, kubeconfig, namespace, crd, tmp_path):
+    """An object that violates policy (admitted before the webhook, or before the policy tightened)
+    still takes label and annotation changes (kopf's own state annotations among them); a spec change
+    that still violates the policy is refused."""
+    from .operator_fixture import start_webhook_operator
+
+    doc = moed(namespace, "old-violator", model={"uri": "file:///var/lib/kubelet"})
+    apply(kubectl, doc)  # no webhook yet
+    op, _ = start_webhook_operator(kubeconfig, tmp_path / "admission.log")
+    try:
+        wait_for(lambda: get_json(kubectl, "validatingwebhookconfiguration", "validate.moe.serving.dev"), 30,
+                 "managed ValidatingWebhookConfiguration", op.log_tail)
+        tries = iter(range(2, 1000))
+
+        def refused():  # a new spec each try: before the webhook answers, the apply goes through
+            doc["spec"]["replicas"] = next(tries)
+            r = apply(kubectl, doc, check=False)
+            return r.stderr if r.returncode != 0 and "denied the request" in r.stderr else None
+        err = wait_for(refused, 30, "webhook refusal of the spec change", op.log_tail)
+        assert "not under an allowed host path" in err
+        kubectl("-n", namespace, "label", "moed", "old-violator", "team=a")
+        kubectl("-n", namespace, "annotate", "moed", "old-violator", "kopf.zalando.org/last-handled-configuration={}",
+                "--overwrite")
+        got = get_json(kubectl, "moed", "old-violator", "-n", namespace)
+        assert got["metadata"]["labels"]["team"] == "a"
+        assert got["spec"]["replicas"] == doc["spec"]["replicas"] - 1  # the refused change did not land
+    finally:
+        op.stop()
+        kubectl("delete", "validatingwebhookconfiguration", "validate.moe.serving.dev", "--ignore-not-found")
