@@ -94,7 +94,16 @@ FRAG_MAX_ROWS = 80
 ONE_ROW_MAX_ROWS = 1.5
 
 
-def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = False) -> MoEConfig:
+# One token: below this many gate/up programs at four row tiles per warp (pairs x I / 64), the gate/up
+# GEMM leaves SMs idle (132 on an H200); it then takes one row tile per warp with K split over four
+# warps: four times the programs. H200, 2026-12-01 (python -m moe_kernels.tune, NVFP4): DeepSeek-V3
+# TP8 (I=256, 32 programs) 42.6 -> 15.3 us, Qwen3-235B TP4 (I=384, 48) 29.5 -> 15.4 us; the whole
+# DeepSeek-V3 layer (I=2048, 256 programs) keeps four tiles (64 us, 72% of its byte limit).
+DECODE_MIN_PROGRAMS = 256
+
+
+def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = False,
+                   inter: int | None = None) -> MoEConfig:
     """Tile choice by rows per touched expert (measured on an H200, see bench/README.md).
 
     FP4 with the fragment copy (frag=True), up to FRAG_MAX_ROWS rows per expert: the fragment-order
@@ -118,6 +127,10 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
             # two per SM): launched early. NVFP4 keeps 4 stages and waits for the previous kernel
             # (64.6 us against 65.5 with 5 stages launched early; one-token A/B in bench/README.md).
             # Down GEMM: one-warp programs (also the fused finalize's column blocks).
+            # Small I (TP shards): more, K-split gate/up programs (DECODE_MIN_PROGRAMS).
+            if inter is not None and num_pairs * inter // 64 < DECODE_MIN_PROGRAMS:
+                g2 = FragConfig(1, 4, 1, 1, 3)
+                return MoEConfig(8, FragConfig(1, 1, 1, 4, 4), g2, gate_up_pdl=False)
             if fmt == "nvfp4":
                 return MoEConfig(8, FragConfig(1, 4, 1, 2, 4), FragConfig(1, 4, 1, 1, 3), gate_up_pdl=False)
             return MoEConfig(8, FragConfig(1, 4, 1, 2, 3), FragConfig(1, 4, 1, 1, 3))
@@ -163,9 +176,9 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
 #   {"format_version": 1, "device": "NVIDIA H200",
 #    "entries": {"nvfp4 E=256,H=7168,I=256,topk=8": {"1": {config}, "8": {...}, ...}}, "meta": {...}}
 # Keys of an entry are token counts (the buckets the sweep ran); a forward of T tokens takes the bucket
-# nearest to T in ratio (log distance; a tie goes to the smaller). A shape, format or top-k with no
+# nearest to T in ratio (log distance; a tie goes to the smaller), if within TUNED_REACH of T. A shape, format or top-k with no
 # entry, or a config this experts object cannot run (fragment kernel without the fragment copy), falls
-# back to default_config. No table ships with the package: one appears only where the tune ran.
+# back to default_config. The committed table (configs/NVIDIA_H200.json) holds the H200 sweeps of 2026-12-01.
 TABLE_VERSION = 1
 TABLE_ENV = "MOE_KERNELS_TUNED_CONFIGS"   # a table file, or a directory of <device>.json files
 TABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -257,12 +270,22 @@ def nearest_bucket(buckets, num_tokens: int) -> int:
     return min(sorted(buckets), key=lambda b: Fraction(max(t, b), max(1, min(t, b))))   # exact ratio
 
 
+# A tuned bucket stands for token counts within this factor of it: kernels change with rows per expert
+# (a 64-token winner ran 4096 tokens 1.6-1.9x slower than the default on the H200, 2026-12-01), so
+# further away the default's rules decide.
+TUNED_REACH = 2
+
+
 def choose_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = False, *,
-                  top_k: int | None = None, tuned: dict[int, MoEConfig] | None = None) -> MoEConfig:
-    """The tuned config of the nearest token bucket when `tuned` (tuned_configs of this shape and
-    top_k) has one this object can run, else default_config."""
+                  top_k: int | None = None, tuned: dict[int, MoEConfig] | None = None,
+                  inter: int | None = None) -> MoEConfig:
+    """The tuned config of the nearest token bucket (within TUNED_REACH of the batch's token count)
+    when `tuned` (tuned_configs of this shape and top_k) has one this object can run, else
+    default_config."""
     if tuned and top_k:
-        cfg = tuned[nearest_bucket(tuned, num_pairs // top_k)]
-        if frag or not (cfg.frag or cfg.tail is not None or cfg.small is not None):
+        t = max(1, num_pairs // top_k)
+        b = nearest_bucket(tuned, t)
+        cfg = tuned[b] if max(t, b) <= TUNED_REACH * min(t, b) else None
+        if cfg is not None and (frag or not (cfg.frag or cfg.tail is not None or cfg.small is not None)):
             return cfg
-    return default_config(fmt, num_pairs, num_experts, frag)
+    return default_config(fmt, num_pairs, num_experts, frag, inter)

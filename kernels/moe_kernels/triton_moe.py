@@ -147,7 +147,7 @@ class TritonExperts:
             if top_k not in self._tuned:
                 self._tuned[top_k] = tuned_configs(self.tuned_table, self.fmt, self.E, self.H, self.I, top_k)
             tuned = self._tuned[top_k]
-        return choose_config(self.fmt, num_pairs, self.E, self.frag, top_k=top_k, tuned=tuned)
+        return choose_config(self.fmt, num_pairs, self.E, self.frag, top_k=top_k, tuned=tuned, inter=self.I)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                 shared_output: torch.Tensor | None = None, routed_scale: float = 1.0,

@@ -31,8 +31,10 @@ from .triton_config import (TABLE_VERSION, FragConfig, GemmConfig, MoEConfig, co
 
 # (rt, wn, wk, pipe) of the fragment kernel, (block_n, num_warps, num_stages, swap) of the tile kernel,
 # (block_n, pipe) of the one-row loop: the neighbourhoods of the defaults the H200 sweeps explored
-# (bench/bench_moe.py, bench/one_token.py). Invalid ones (too much shared memory) fail and are dropped.
-FRAG_SPACE = [(4, 1, 2, 4), (4, 1, 1, 3), (4, 2, 1, 3), (4, 1, 2, 3), (4, 1, 1, 4), (2, 2, 1, 3), (2, 1, 2, 4),
+# (bench/bench_moe.py, bench/one_token.py); first, one and two row tiles per warp with K split over
+# four warps: more programs where few experts x small I leave SMs idle (decode on TP shards).
+# Invalid ones (too much shared memory) fail and are dropped.
+FRAG_SPACE = [(1, 1, 4, 4), (2, 1, 4, 3), (1, 2, 2, 4), (4, 1, 2, 4), (4, 1, 1, 3), (4, 2, 1, 3), (4, 1, 2, 3), (4, 1, 1, 4), (2, 2, 1, 3), (2, 1, 2, 4),
               (2, 2, 2, 4), (4, 1, 4, 3), (4, 2, 2, 3)]
 TILE_SPACE = [(128, 8, 2, False), (128, 8, 3, False), (128, 8, 2, True), (64, 4, 2, False), (64, 4, 3, True),
               (256, 8, 2, True)]
@@ -47,11 +49,11 @@ def _variants(g, kind: str):
     return [dataclasses.replace(g, block_n=bn, num_warps=w, num_stages=s, swap=sw) for bn, w, s, sw in TILE_SPACE]
 
 
-def candidate_configs(fmt: str, num_pairs: int, num_experts: int, frag: bool, limit: int | None = None
-                      ) -> list[MoEConfig]:
+def candidate_configs(fmt: str, num_pairs: int, num_experts: int, frag: bool, limit: int | None = None,
+                      inter: int | None = None) -> list[MoEConfig]:
     """The default config first, then one GEMM varied at a time (gate/up, then down), alternating, no
     duplicates; the first `limit`. Pure: no GPU."""
-    base = default_config(fmt, num_pairs, num_experts, frag)
+    base = default_config(fmt, num_pairs, num_experts, frag, inter)
     kind = "frag" if base.frag else ("one_row" if base.gemm1.one_row else "tile")
     v1 = [dataclasses.replace(base, gemm1=g) for g in _variants(base.gemm1, kind)]
     v2 = [dataclasses.replace(base, gemm2=g) for g in _variants(base.gemm2, kind)]
@@ -156,7 +158,7 @@ def tune(shape: tuple[int, int, int, int], fmt: str, tokens: list[int], *, max_c
     for t in tokens:
         x, w, ids = _inputs(t, e, h, k, seed + t, dev)
         want = ref.forward(x, w, ids)
-        cands = candidate_configs(fmt, t * k, e, ex.frag, max_candidates)
+        cands = candidate_configs(fmt, t * k, e, ex.frag, max_candidates, inter=i)
         print(f"  T={t}: {len(cands)} candidates", flush=True)
         results = []   # (us, err, cfg)
         default_us = None

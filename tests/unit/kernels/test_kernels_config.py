@@ -36,3 +36,15 @@ def test_switches_are_config_fields():
     assert not (off.coalesce or off.fuse_finalize or off.pdl) and off.gemm1 == cfg.gemm1 and cfg.coalesce
     with pytest.raises(AttributeError):
         cfg.coalesce = False   # frozen dataclass
+
+
+def test_one_token_on_small_intermediate_splits_k_over_more_programs():
+    from moe_kernels.triton_config import DECODE_MIN_PROGRAMS
+    for fmt in ("nvfp4", "mxfp4"):
+        shard = default_config(fmt, 8, 256, True, inter=256)        # DeepSeek-V3 TP8: 32 programs at rt=4
+        assert (shard.gemm1.rt, shard.gemm1.wk) == (1, 4) and not shard.gate_up_pdl
+        layer = default_config(fmt, 8, 256, True, inter=2048)       # 8 * 2048 / 64 = 256 programs: kept
+        assert layer == default_config(fmt, 8, 256, True) and layer.gemm1.rt == 4
+        assert 8 * 2048 // 64 >= DECODE_MIN_PROGRAMS > 8 * 256 // 64
+        # only one token: 8 tokens keep their configs
+        assert default_config(fmt, 64, 256, True, inter=256) == default_config(fmt, 64, 256, True)

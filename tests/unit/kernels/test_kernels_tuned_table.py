@@ -59,7 +59,10 @@ def test_lookup_by_shape_format_and_top_k():
     # tokens = pairs / top_k, nearest bucket
     assert choose_config("nvfp4", 8, 256, True, top_k=8, tuned=got) == FRAG
     assert choose_config("nvfp4", 8 * 40, 256, True, top_k=8, tuned=got) == TILE
-    assert choose_config("nvfp4", 8 * 4096, 256, True, top_k=8, tuned=got) == TILE
+    assert choose_config("nvfp4", 8 * 128, 256, True, top_k=8, tuned=got) == TILE     # 2x the bucket: still it
+    # further than TUNED_REACH from every bucket: the default's rules (a 64-token winner is no 4096 config)
+    for t in (129, 4096):
+        assert choose_config("nvfp4", 8 * t, 256, True, top_k=8, tuned=got) == default_config("nvfp4", 8 * t, 256, True)
 
 
 def test_fallback_to_default_rules():
