@@ -168,6 +168,27 @@ def place(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, classes: dict[str, Clas
     return Placement(inv, p, rejected, sized)
 
 
+def settle_hold(spec: MoEDeploymentSpec, current: str | None, placement: Placement, running: bool,
+                leaving_for: float, settle: float) -> str | None:
+    """Why a running workload stays on its class for now (issue 34 item 3), or None to follow
+    `placement`. A GPU Feature Discovery restart removes a node's GPU labels for seconds: the
+    class looks gone (or short of nodes) and a re-plan would roll every workload on it. A workload
+    with ready pods keeps its class until it has looked unfit for `settle` seconds (`leaving_for`:
+    how long so far); a new or idle one, or one whose spec no longer allows the class, follows
+    placement at once."""
+    if not running or not current or leaving_for >= settle:
+        return None
+    family, _, product = current.partition("/")
+    if (spec.gpu.allowedArchitectures and family not in spec.gpu.allowedArchitectures) or (
+            spec.gpu.product and product != spec.gpu.product):
+        return None  # the spec no longer allows the class: nothing to wait for
+    if placement.ok and placement.inventory is not None and placement.inventory.gpu_class.key() == current:
+        return None
+    why = placement.rejected.get(current) or "its nodes are gone from the GPU inventory (labels removed?)"
+    return (f"GPU class {current} no longer fits ({why[:300]}); the running pods stay on it for "
+            f"{settle - leaving_for:.0f}s more in case the labels come back (settle period {settle:.0f}s)")
+
+
 def sized_for_cli(ckpt: CheckpointInfo, gpu, engine: str, kw: dict, gpus_per_node: int, nodes: int,
                   max_len: int | None, concurrency: int | None, version: str | None = None,
                   env: dict[str, str] | None = None):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +30,7 @@ from . import model_cache
 from .inventory import ClassInventory, fingerprint
 from .kube import ApplyError, Kube, _api_message
 from .metrics import DECISIONS, ERRORS
-from .placement import place
+from .placement import place, settle_hold
 from .policy import TOKEN_SECRET_LABEL, Policy
 from .render import Owner, render
 
@@ -52,6 +54,8 @@ class Config:
     model_cache_enabled: bool = False  # spec.model.cache.enabled when the spec leaves it unset
     model_cache_storage_class: str | None = None  # spec.model.cache.storageClassName when unset
     model_cache_copy_groups: tuple[int, ...] = ()  # supplementalGroups of pvc:// copy Jobs (chart value)
+    # a running workload keeps a class that stopped fitting this long (a GFD restart takes seconds)
+    placement_settle_seconds: float = float(os.environ.get("MOE_PLACEMENT_SETTLE_SECONDS", "60"))
 
 
 @dataclass
@@ -114,6 +118,11 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
         ERRORS.labels("ReconcileError").inc()
         return Outcome(status={"conditions": conds, "observedGeneration": meta.get("generation")},
                        events=[("Warning", "ReconcileError", msg)], retry_after=30)
+
+
+# (namespace, name) -> when its running workload's class was first seen not to fit (process memory:
+# after a restart the settle period starts again, which only errs on the side of not moving pods)
+_leaving_since: dict[tuple[str, str], float] = {}
 
 
 def _live_gpu_class(live: dict[str, Any] | None) -> str | None:
@@ -195,6 +204,22 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     current = _live_gpu_class(live_workload) or status.get("gpuClass")
     placement = place(spec, ckpt, classes, current=current)
     inv_fp = fingerprint(classes)
+    running = int(((live_workload or {}).get("status") or {}).get("readyReplicas") or 0) > 0
+    key = (ns, name)
+    # only the inventory moving is settled: a spec change (a new generation) follows placement at once
+    leaving = current is not None and status.get("observedGeneration") == gen and not (
+        placement.ok and placement.inventory.gpu_class.key() == current)
+    since = _leaving_since.setdefault(key, time.monotonic()) if leaving else _leaving_since.pop(key, None)
+    held = settle_hold(spec, current, placement, running, time.monotonic() - (since or time.monotonic()),
+                       cfg.placement_settle_seconds) if leaving else None
+    if held:
+        if not any(c.get("type") == "PlacementHeld" and c.get("status") == "True" for c in conds):
+            out.events.append(("Normal", "PlacementHeld", held))
+        conds = set_condition(conds, "PlacementHeld", "True", "SettlingInventory", held, gen)
+        out.retry_after = 5
+        return finish()  # the rest of status (gpuClass, plan) and the workload stay as they are
+    if any(c.get("type") == "PlacementHeld" for c in conds):
+        conds = set_condition(conds, "PlacementHeld", "False", "Settled", "placement follows the inventory", gen)
     if not placement.ok:
         msg = f"no GPU class can run this: {placement.explain()}"
         if status.get("inventoryHash") != inv_fp or not any(

@@ -375,3 +375,43 @@ def test_a_large_valid_spec_applied_with_kubectl_is_handled(kubectl, namespace, 
         return rec if rec and env and c and c["status"] == "True" else None
     rec = wait_for(handled, 60, f"{namespace}/{name} handled", operator.log_tail)
     assert len(rec) < 1000 and "sha256" in rec
+
+
+def test_a_gpu_label_flap_moves_no_running_workload(dev_cluster, kubectl, namespace, operator):
+    """GPU Feature Discovery restarting removes a node's GPU labels for seconds (issue 34 item 3):
+    running pods keep their class through the settle period (PlacementHeld meanwhile), and once
+    the labels are back nothing has moved or rolled."""
+    from moe_operator.devcluster.pools import POOL_LABEL
+
+    doc = apply_sample(kubectl, namespace, "deepseek-v3-nvfp4-b200.yaml")
+    name = doc["metadata"]["name"]
+    kubectl("patch", "moed", name, "-n", namespace, "--type=merge",
+            "-p", '{"spec":{"gpu":{"allowedArchitectures":["sm120"]}}}')
+
+    def running():
+        dep = get_json(kubectl, "deployment", name, "-n", namespace)
+        moed = get_json(kubectl, "moed", name, "-n", namespace)
+        ok = dep and (dep.get("status") or {}).get("readyReplicas") and moed["status"].get("gpuClass", "").startswith("sm120")
+        return dep if ok else None
+    dep = wait_for(running, 60, "a ready Deployment on sm120", operator.log_tail)
+    gen, cls = dep["metadata"]["generation"], get_json(kubectl, "moed", name, "-n", namespace)["status"]["gpuClass"]
+    nodes = get_json(kubectl, "nodes", "-l", f"{POOL_LABEL}=rtx-pro-6000")["items"]
+    gfd = {k: v for k, v in nodes[0]["metadata"]["labels"].items() if k.startswith("nvidia.com/")}
+    kubectl("label", "nodes", "-l", f"{POOL_LABEL}=rtx-pro-6000", *[f"{k}-" for k in gfd])
+    try:
+        def held():
+            c = condition(get_json(kubectl, "moed", name, "-n", namespace), "PlacementHeld")
+            return c if c and c["status"] == "True" else None
+        c = wait_for(held, 15, "PlacementHeld", operator.log_tail)
+        assert cls in c["message"] and "settle" in c["message"]
+        time.sleep(3)
+    finally:
+        kubectl("label", "--overwrite", "nodes", "-l", f"{POOL_LABEL}=rtx-pro-6000", *[f"{k}={v}" for k, v in gfd.items()])
+
+    def settled():
+        c = condition(get_json(kubectl, "moed", name, "-n", namespace), "PlacementHeld")
+        return c if c and c["status"] == "False" else None
+    wait_for(settled, 20, "PlacementHeld=False", operator.log_tail)
+    obj = get_json(kubectl, "moed", name, "-n", namespace)
+    assert obj["status"]["gpuClass"] == cls
+    assert get_json(kubectl, "deployment", name, "-n", namespace)["metadata"]["generation"] == gen
