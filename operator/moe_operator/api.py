@@ -379,6 +379,8 @@ class WorkloadRef(_Model):
 
 class ModelCacheStatus(_Model):
     claimName: str
+    claimUid: str | None = Field(None, description="UID of the cache PVC the operator made (only a recorded PVC is mounted or deleted)")
+    jobUid: str | None = Field(None, description="UID of the operator's fill Job (only its result marks the cache ready)")
     state: Literal["Pending", "Downloading", "Ready", "Failed"]
     bytesDone: int | None = None
     bytesTotal: int | None = None

@@ -8,7 +8,14 @@ source claim read-only and runs `download-model --from`, the pods mount the copy
 
 The PVC is not owned by any MoEDeployment (it outlives each of them): users mark it with a label
 `user.moe.serving.dev/<name>`; `collect()` deletes a cache no MoEDeployment uses any more once it
-has been unused for the grace period (annotation unused-since).
+has been unused for the grace period.
+
+Names are predictable and labels and annotations are anyone's to write who may edit PVCs in the
+namespace, so neither says who made an object. The operator adopts, marks ready and deletes only
+what it made, by UID: its record is status.modelCache (claimUid, jobUid) of the MoEDeployments
+(the status subresource only the operator writes) and, for what it made since it started, this
+process (RECORD). The unused-since annotation is for people; the grace period runs from when this
+process first saw the cache unused.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from moe_core.checkpoint import CheckpointInfo
@@ -36,6 +43,18 @@ USER_PREFIX = "user.moe.serving.dev/"
 A_MODEL, A_REVISION = "moe.serving.dev/model", "moe.serving.dev/revision"
 A_READY, A_UNUSED = "moe.serving.dev/cache-ready", "moe.serving.dev/unused-since"
 GiB = 1024 ** 3
+
+
+@dataclass
+class Record:
+    """What this process made: (namespace, claim) -> PVC UID, PVC UID -> fill Job UID, and when it
+    first saw each PVC unused (its own clock, never an annotation)."""
+    claims: dict[tuple[str, str], str] = field(default_factory=dict)
+    jobs: dict[str, str] = field(default_factory=dict)
+    unused_since: dict[str, dt.datetime] = field(default_factory=dict)
+
+
+RECORD = Record()
 
 
 def enabled(spec: MoEDeploymentSpec) -> bool:
@@ -212,41 +231,87 @@ def _progress_from_log(text: str) -> tuple[int | None, int | None]:
     return None, None
 
 
+def recorded(kube, namespace: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(claim name -> PVC UID, PVC UID -> fill Job UID) the operator made in `namespace`: its
+    MoEDeployments' status.modelCache and this process's RECORD."""
+    claims = {c: uid for (ns, c), uid in RECORD.claims.items() if ns == namespace}
+    jobs = dict(RECORD.jobs)
+    for m in kube.list_moeds([namespace]):
+        mc = (m.get("status") or {}).get("modelCache") or {}
+        if mc.get("claimName") and mc.get("claimUid"):
+            claims.setdefault(mc["claimName"], mc["claimUid"])
+            if mc.get("jobUid"):
+                jobs.setdefault(mc["claimUid"], mc["jobUid"])
+    return claims, jobs
+
+
+def _made_here(obj: dict[str, Any]) -> bool:
+    """A create by our apply: no other field manager has touched it (a same-named object someone
+    made between our get and our apply has theirs)."""
+    from .render import FIELD_MANAGER  # render imports this module
+
+    managers = {f.get("manager") for f in (obj.get("metadata") or {}).get("managedFields") or []}
+    return managers <= {FIELD_MANAGER}
+
+
 def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None,
            image: str, copy_groups: tuple[int, ...] = ()) -> ModelCacheStatus:
-    """Create the PVC and its fill Job when missing, mark `user`, and say where the cache stands."""
+    """Create the PVC and its fill Job when missing, mark `user`, and say where the cache stands.
+    A PVC or Job of the cache's name that the operator did not make is never used (Failed, saying so)."""
     claim_obj = pvc(namespace, spec, ckpt)
     claim = claim_obj["metadata"]["name"]
+    claims, jobs = recorded(kube, namespace)
     live = kube.get("PersistentVolumeClaim", namespace, claim)
     if live is None:
-        kube.apply(claim_obj)
-        live = kube.get("PersistentVolumeClaim", namespace, claim) or claim_obj
+        made = kube.apply(claim_obj) or {}
+        live = kube.get("PersistentVolumeClaim", namespace, claim) or made or claim_obj
+        uid = (live.get("metadata") or {}).get("uid")
+        if uid and _made_here(made or live):
+            RECORD.claims[(namespace, claim)] = claims[claim] = uid
     meta = live.get("metadata") or {}
+    claim_uid = meta.get("uid")
+    if not claim_uid or claims.get(claim) != claim_uid:
+        return ModelCacheStatus(claimName=claim, state="Failed", message=(
+            f"PVC {claim} exists but the operator did not make it (its UID is in no record of the operator): it is "
+            "not used as the model cache; delete it and the operator makes its own"))
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    RECORD.unused_since.pop(claim_uid, None)
     if labels.get(USER_PREFIX + user) != "true" or A_UNUSED in annotations:
         kube.merge_patch_metadata("PersistentVolumeClaim", namespace, claim,
                                   {"labels": {USER_PREFIX + user: "true"}, "annotations": {A_UNUSED: None}})
     src = source(spec)
     revision = src.revision
     filled = f"copied from {revision}" if src.copy_from is not None else f"filled with {revision}"
-    if annotations.get(A_READY):
-        ready = json.loads(annotations[A_READY])
-        return ModelCacheStatus(claimName=claim, state="Ready", bytesDone=ready.get("bytesDone"),
+    job_uid = jobs.get(claim_uid)
+    base = dict(claimName=claim, claimUid=claim_uid, jobUid=job_uid)
+    ready = _ready_marker(annotations.get(A_READY))
+    if ready and job_uid and ready.get("job") == job_uid:  # written by us for our own Job's result
+        return ModelCacheStatus(**base, state="Ready", bytesDone=ready.get("bytesDone"),
                                 bytesTotal=ready.get("bytesTotal"), message=filled)
     job_name = claim + "-fill"
     job = kube.get("Job", namespace, job_name)
     if job is None:
-        kube.apply(fill_job(namespace, spec, image, os.environ.get("HF_ENDPOINT"), copy_groups))
-        return ModelCacheStatus(claimName=claim, state="Pending", bytesTotal=ckpt.totalBytes if ckpt else None,
+        made = kube.apply(fill_job(namespace, spec, image, os.environ.get("HF_ENDPOINT"), copy_groups)) or {}
+        got = kube.get("Job", namespace, job_name) or made
+        uid = (got.get("metadata") or {}).get("uid")
+        if uid and _made_here(made or got):
+            RECORD.jobs[claim_uid] = uid
+            base["jobUid"] = uid
+        return ModelCacheStatus(**base, state="Pending", bytesTotal=ckpt.totalBytes if ckpt else None,
                                 message=f"download Job {job_name} created")
+    if not job_uid or (job.get("metadata") or {}).get("uid") != job_uid:
+        return ModelCacheStatus(**base, state="Failed", message=(
+            f"Job {job_name} exists but the operator did not make it (its UID is in no record of the operator): its "
+            "result is not trusted; delete it and the operator runs its own"))
     st = job.get("status") or {}
     conds = {c.get("type"): c for c in st.get("conditions") or [] if c.get("status") == "True"}
     if st.get("succeeded") or "Complete" in conds:
         result = kube.job_termination_message(namespace, job_name) or {}
         total = result.get("bytesTotal", ckpt.totalBytes if ckpt else None)
-        marker = {"revision": revision, "bytesDone": result.get("bytesDone", total), "bytesTotal": total, "at": _now()}
+        marker = {"revision": revision, "bytesDone": result.get("bytesDone", total), "bytesTotal": total,
+                  "job": job_uid, "at": _now()}
         kube.merge_patch_metadata("PersistentVolumeClaim", namespace, claim, {"annotations": {A_READY: json.dumps(marker)}})
-        return ModelCacheStatus(claimName=claim, state="Ready", bytesDone=marker["bytesDone"], bytesTotal=total,
+        return ModelCacheStatus(**base, state="Ready", bytesDone=marker["bytesDone"], bytesTotal=total,
                                 message=filled)
     if st.get("failed") and "Failed" in conds:
         result = kube.job_termination_message(namespace, job_name) or {}
@@ -257,11 +322,19 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
         else:
             message += f" (after {st.get('failed')} attempts"
         message += f"; delete Job {job_name} to try again once the cause is fixed)"
-        return ModelCacheStatus(claimName=claim, state="Failed", message=message)
+        return ModelCacheStatus(**base, state="Failed", message=message)
     done, total = _progress_from_log(kube.job_log_tail(namespace, job_name))
-    return ModelCacheStatus(claimName=claim, state="Downloading", bytesDone=done,
+    return ModelCacheStatus(**base, state="Downloading", bytesDone=done,
                             bytesTotal=total or (ckpt.totalBytes if ckpt else None),
                             message=f"download Job {job_name} running")
+
+
+def _ready_marker(text: str | None) -> dict[str, Any] | None:
+    try:
+        d = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
+    return d if isinstance(d, dict) else None
 
 
 def release(kube, namespace: str, user: str, keep: str | None = None) -> None:
@@ -280,18 +353,29 @@ def release(kube, namespace: str, user: str, keep: str | None = None) -> None:
 
 
 def collect(kube, namespace: str, grace_seconds: float, now: dt.datetime | None = None) -> list[str]:
-    """Delete the caches (PVC and fill Job) unused for longer than the grace period; returns their names."""
+    """Delete the caches (PVC and fill Job) this process made that have had no user for longer than
+    the grace period, counted from when it first saw them unused; returns their names. A PVC it did
+    not make is never deleted, whatever its labels and annotations say."""
     now = now or dt.datetime.now(dt.timezone.utc)
     gone = []
+    mine = {uid for (ns, _), uid in RECORD.claims.items() if ns == namespace}
     for c in kube.list_labeled("PersistentVolumeClaim", namespace, f"{CACHE_LABEL}=true"):
         meta = c["metadata"]
-        since = (meta.get("annotations") or {}).get(A_UNUSED)
-        if not since or any(k.startswith(USER_PREFIX) for k in (meta.get("labels") or {})):
+        uid = meta.get("uid")
+        if uid not in mine:
             continue
-        t = dt.datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-        if (now - t).total_seconds() >= grace_seconds:
-            kube.delete("Job", namespace, meta["name"] + "-fill")
+        if any(k.startswith(USER_PREFIX) for k in (meta.get("labels") or {})):
+            RECORD.unused_since.pop(uid, None)
+            continue
+        since = RECORD.unused_since.setdefault(uid, now)
+        if (now - since).total_seconds() >= grace_seconds:
+            job = kube.get("Job", namespace, meta["name"] + "-fill")
+            if job and RECORD.jobs.get(uid) == (job.get("metadata") or {}).get("uid"):
+                kube.delete("Job", namespace, meta["name"] + "-fill")
             kube.delete("PersistentVolumeClaim", namespace, meta["name"])
+            RECORD.claims.pop((namespace, meta["name"]), None)
+            RECORD.jobs.pop(uid, None)
+            RECORD.unused_since.pop(uid, None)
             gone.append(meta["name"])
     return gone
 

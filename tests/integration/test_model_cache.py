@@ -133,7 +133,7 @@ def test_two_deployments_share_one_cache_filled_once_then_it_goes(hub, hub_opera
         vol = next(v for v in pod["volumes"] if v.get("persistentVolumeClaim"))
         assert vol["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
         init = next(i for i in pod["initContainers"] if i["name"] == "model-cache-ready")
-        assert sha in init["command"][-1] and ".moe-ready" in init["command"][-1]
+        assert sha in init["command"][3:] and any(a.endswith("/.moe-ready") for a in init["command"][3:])
         assert run_here(init, {"model-cache": pv_dir}, tmp_path).returncode == 0
         eng = pod["containers"][0]
         assert eng["args"][eng["args"].index("--model-path") + 1] == "/models/cache"
@@ -162,6 +162,36 @@ def test_two_deployments_share_one_cache_filled_once_then_it_goes(hub, hub_opera
     wait_for(lambda: get_json(kubectl, "pvc", claim, "-n", namespace) is None
              or get_json(kubectl, "pvc", claim, "-n", namespace)["metadata"].get("deletionTimestamp"),
              30 + GRACE, "cache PVC deleted", hub_operator.log_tail)
+
+
+def test_a_pvc_the_operator_did_not_make_is_neither_adopted_nor_collected(hub, hub_operator, kubectl, namespace,
+                                                                          tmp_path):
+    """A tenant who may edit PVCs pre-creates the cache's predictable name with a ready annotation,
+    and labels another PVC as an old unused cache: the first is not mounted as the model (Failed,
+    no Job, no workload), the second is not deleted."""
+    sha = upload_sample(hub, tmp_path, "org/poison", "deepseek-v3-nvfp4")
+    claim = model_cache.claim_name("org/poison", sha)
+
+    def pvc(name, labels, annotations):
+        return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
+                "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS,
+                         "resources": {"requests": {"storage": "1Gi"}}}}
+    cache = {model_cache.CACHE_LABEL: "true"}
+    kubectl("apply", "-f", "-", input=json.dumps(pvc(claim, cache, {model_cache.A_READY: json.dumps({"revision": sha})})))
+    kubectl("apply", "-f", "-", input=json.dumps(pvc("team-db", cache, {model_cache.A_UNUSED: "2000-01-01T00:00:00Z"})))
+    kubectl("apply", "-f", "-", input=json.dumps(moed("poisoned", namespace, f"hf://org/poison@{sha}")))
+
+    def failed():
+        c = condition(get_json(kubectl, "moed", "poisoned", "-n", namespace), "ModelCacheReady")
+        return c if c and c["reason"] == "Failed" else None
+    c = wait_for(failed, 60, "ModelCacheReady Failed", hub_operator.log_tail)
+    assert c["status"] == "False" and "the operator did not make it" in c["message"]
+    assert get_json(kubectl, "job", f"{claim}-fill", "-n", namespace) is None
+    assert get_json(kubectl, "deployment", "poisoned", "-n", namespace) is None
+    time.sleep(GRACE + 4)  # two resyncs past the grace period
+    db = get_json(kubectl, "pvc", "team-db", "-n", namespace)
+    assert db is not None and not db["metadata"].get("deletionTimestamp"), "a PVC the operator did not make was deleted"
 
 
 def run_here(container: dict, dirs: dict, tmp: Path) -> subprocess.CompletedProcess:

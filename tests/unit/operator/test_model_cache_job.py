@@ -161,7 +161,14 @@ class FakeKube:
         return self.objects.get((kind, ns, name))
 
     def apply(self, obj):
-        self.objects[(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])] = json.loads(json.dumps(obj))
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        stored = json.loads(json.dumps(obj))
+        stored["metadata"]["uid"] = (self.objects.get(key) or {}).get("metadata", {}).get("uid") or f"uid-{len(self.objects)}"
+        self.objects[key] = stored
+        return stored
+
+    def list_moeds(self, namespaces=None):
+        return []
 
     def merge_patch_metadata(self, kind, ns, name, patch):
         meta = self.objects[(kind, ns, name)]["metadata"]
@@ -340,3 +347,52 @@ def test_a_group_readable_source_is_read_with_the_charts_copy_groups():
         assert json.loads((cache / READY_MARKER).read_text())["revision"] == "pvc://c/x"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+class GcKube(FakeKube):
+    def list_labeled(self, kind, ns, selector):
+        want = dict(p.split("=") for p in selector.split(","))
+        return [o for (k, n, _), o in self.objects.items() if k == kind and n == ns
+                and all((o["metadata"].get("labels") or {}).get(key) == v for key, v in want.items())]
+
+    def delete(self, kind, ns, name):
+        self.objects.pop((kind, ns, name), None)
+
+
+def _hf_spec():
+    return MoEDeploymentSpec.model_validate({"model": {"uri": "hf://org/m@" + "a" * 40, "cache": {"enabled": True}}})
+
+
+def test_a_cache_pvc_or_job_the_operator_did_not_make_is_not_used(monkeypatch):
+    monkeypatch.setattr(model_cache, "RECORD", model_cache.Record())
+    kube, s = GcKube(), _hf_spec()
+    claim = model_cache.source(s).claim
+    kube.apply({"kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": "ns", "annotations": {
+        model_cache.A_READY: json.dumps({"revision": "a" * 40})}}})  # a tenant's, with a forged ready marker
+    st = model_cache.ensure(kube, "ns", "u", s, None, "img:1")
+    assert st.state == "Failed" and "did not make it" in st.message and ("Job", "ns", claim + "-fill") not in kube.objects
+    # the operator's own PVC, but a tenant's Job of the fill Job's name: its result is not trusted
+    kube.objects.clear()
+    kube.apply({"kind": "Job", "metadata": {"name": claim + "-fill", "namespace": "ns"}, "status": {"succeeded": 1}})
+    st = model_cache.ensure(kube, "ns", "u", s, None, "img:1")
+    assert st.state == "Failed" and f"Job {claim}-fill exists but the operator did not make it" in st.message
+    assert model_cache.A_READY not in (kube.get("PersistentVolumeClaim", "ns", claim)["metadata"].get("annotations") or {})
+
+
+def test_the_gc_deletes_only_its_own_caches_on_its_own_clock(monkeypatch):
+    import datetime as dt
+
+    monkeypatch.setattr(model_cache, "RECORD", model_cache.Record())
+    kube, s = GcKube(), _hf_spec()
+    kube.apply({"kind": "PersistentVolumeClaim", "metadata": {"name": "team-db", "namespace": "ns", "labels": {
+        model_cache.CACHE_LABEL: "true"}, "annotations": {model_cache.A_UNUSED: "2000-01-01T00:00:00Z"}}})
+    model_cache.ensure(kube, "ns", "u", s, None, "img:1")
+    claim = model_cache.source(s).claim
+    model_cache.release(kube, "ns", "u")
+    ours = kube.get("PersistentVolumeClaim", "ns", claim)
+    ours["metadata"]["annotations"][model_cache.A_UNUSED] = "2000-01-01T00:00:00Z"  # forged: not trusted
+    t0 = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+    assert model_cache.collect(kube, "ns", 60, now=t0) == []  # first seen unused now
+    assert model_cache.collect(kube, "ns", 60, now=t0 + dt.timedelta(seconds=61)) == [claim]
+    assert kube.get("PersistentVolumeClaim", "ns", "team-db") is not None
+    assert kube.get("Job", "ns", claim + "-fill") is None
