@@ -144,24 +144,42 @@ class Tokenizer:
 
 
 class IncrementalDecoder:
-    """Streams text for a growing token list without splitting multi-byte characters."""
+    """Streams text for a growing token list without splitting multi-byte characters, decoding only
+    a short window per token (O(1) per token, not the whole text every time).
 
-    def __init__(self, tok: Tokenizer):
-        self.tok, self.ids, self.sent = tok, [], ""
+    The offsets scheme of vLLM's `detokenize_incrementally` (vllm/transformers_utils/detokenizer_utils.py,
+    v0.11.0): decode ids[prefix:] and ids[prefix:read] and send the difference; the prefix tokens
+    give the decoder its context (SentencePiece's leading space, byte-level merges)."""
+
+    # a window that never becomes valid text (invalid bytes, a run of skipped special tokens) is sent
+    # as decoded once it is this long, so the per-token cost stays bounded
+    MAX_WINDOW = 16
+
+    def __init__(self, tok: Tokenizer, skip_special_tokens: bool = True):
+        self.tok, self.ids, self.skip = tok, [], skip_special_tokens
+        self.prefix = self.read = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok._tok.decode(ids, skip_special_tokens=self.skip)
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+        new = self._decode(self.ids[self.prefix:])
+        held = len(self.ids) - self.prefix > self.MAX_WINDOW
+        if new.endswith("\ufffd") and not held:  # an incomplete UTF-8 sequence: wait for the next token
             return ""
-        delta, self.sent = text[len(self.sent):], text
-        return delta
+        old = self._decode(self.ids[self.prefix:self.read])
+        if len(new) <= len(old) and not held:
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return new[len(old):]
 
     def flush(self) -> str:
         """At the end of the sequence: whatever was held back (an incomplete character, as U+FFFD)."""
-        text = self.tok.decode(self.ids)
-        delta, self.sent = text[len(self.sent):], text
-        return delta
+        new = self._decode(self.ids[self.prefix:])
+        old = self._decode(self.ids[self.prefix:self.read])
+        self.prefix, self.read = self.read, len(self.ids)
+        return new[len(old):]
 
 
 # Typed reads of the tokenizer's side files: a wrong value is refused naming file, key and value
