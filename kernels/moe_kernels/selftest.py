@@ -58,17 +58,29 @@ def _calibrate_input_scales(weights: ExpertWeights, x, topk_w, topk_ids):
     weights.extras.setdefault("w2_input_scale", (act.abs().amax() / 2688.0).reshape(1))
 
 
-def selftest(backend_name: str, weight_format: str, device: str) -> SelfTestResult:
+def selftest(backend_name: str, weight_format: str, device: str, activation: str = "silu",
+             bias: bool = False) -> SelfTestResult:
+    """activation / bias: the model's expert activation and whether its experts have biases (gpt-oss:
+    "swiglu_oai", True): the problem then has random biases and gate/up values past the clamp."""
     try:
         spec = registry.get(backend_name)
         if weight_format not in spec.weight_formats:
             return SelfTestResult(False, float("inf"), f"{backend_name} does not load {weight_format} experts")
+        if not spec.runs_experts(activation, bias):
+            return SelfTestResult(False, float("inf"), f"{backend_name} does not run {activation} experts"
+                                  + (" with biases" if bias else ""))
         weights, x, topk_w, topk_ids, shared = _problem(weight_format, device)
+        if bias:
+            g = torch.Generator().manual_seed(1)
+            e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+            weights.extras.update(w13_bias=(torch.randn(e, 2 * i, generator=g) * 8).to(torch.bfloat16).to(device),
+                                  w2_bias=torch.randn(e, h, generator=g).to(torch.bfloat16).to(device))
+        kw = {} if activation == "silu" else {"activation": activation}
         w4a4 = spec.activation not in ("bf16",)
         if w4a4:
             _calibrate_input_scales(weights, x, topk_w, topk_ids)
-        ref = TorchExperts(weights).forward(x, topk_w, topk_ids, shared_output=shared, routed_scale=1.5)
-        experts = load_backend(backend_name)(weights)
+        ref = TorchExperts(weights, **kw).forward(x, topk_w, topk_ids, shared_output=shared, routed_scale=1.5)
+        experts = load_backend(backend_name)(weights, **kw)
         out = experts.forward(x, topk_w, topk_ids, shared_output=shared, routed_scale=1.5)
         err = _rel(out, ref)
         msgs = [f"forward rel err {err:.2e}"]
@@ -81,7 +93,7 @@ def selftest(backend_name: str, weight_format: str, device: str) -> SelfTestResu
             torch.cuda.synchronize(device)
         tol = TOLERANCE_W4A4 if w4a4 else TOLERANCE
         ok = err <= tol
-        return SelfTestResult(ok, err, f"{backend_name}/{weight_format} on {device}: " + ", ".join(msgs)
+        return SelfTestResult(ok, err, f"{backend_name}/{weight_format}/{activation} on {device}: " + ", ".join(msgs)
                               + ("" if ok else f" > tolerance {tol}"))
     except Exception as exc:  # any failure means: do not use this backend
         return SelfTestResult(False, float("inf"), f"{backend_name}/{weight_format} on {device} failed: "

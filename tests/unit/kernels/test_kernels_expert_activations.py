@@ -134,3 +134,12 @@ def test_triton_bias_and_activation_in_interpreter(fmt, mode, act, bias):
     # the interpreter rounds fp32 -> bf16 by truncation (looser than on the GPU); the other activation
     # must be far off on this data, else the test could not tell them apart
     assert float(err) < 3e-2 and float(gap) > 0.2
+
+
+def test_selftest_runs_the_model_activation_and_refuses_backends_without_it():
+    from moe_kernels.selftest import selftest
+    for fmt in ("bf16", "mxfp4"):
+        res = selftest("torch", fmt, "cpu", activation="swiglu_oai", bias=True)
+        assert res.ok and "swiglu_oai" in res.message, res.message
+    res = selftest("flashinfer_mxfp4", "mxfp4", "cpu", activation="swiglu_oai", bias=True)
+    assert not res.ok and "does not run swiglu_oai experts with biases" in res.message
