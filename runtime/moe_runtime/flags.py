@@ -73,8 +73,8 @@ def check_bind(host: str, port: int) -> None:
 
 
 def server_options(args):
-    """The HTTP layer's settings from the serve flags (server.ServerOptions), passed to its state."""
-    from .server import ServerOptions
+    """The HTTP layer's settings from the serve flags (http.state.ServerOptions), passed to its state."""
+    from .http.state import ServerOptions
 
     return ServerOptions(api_key=getattr(args, "api_key", None),
                          max_body_bytes=getattr(args, "max_body_bytes", ServerOptions.max_body_bytes))

@@ -266,7 +266,8 @@ def _serve(args, rank, sock) -> int:
     from .engine import Engine
     from .flags import engine_options, server_options
     from .metrics import Metrics
-    from .server import ServerState, create_app
+    from .http.app import create_app
+    from .http.state import ServerState
     from .tokenize_worker import LongEncoder
     from .tokenizer import Tokenizer
 

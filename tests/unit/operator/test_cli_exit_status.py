@@ -104,7 +104,7 @@ def test_serve_model_path_and_busy_port(model, tmp_path, busy_port, capsys, monk
 
 def test_good_serve_flags_reach_serve_with_options(model, capsys, monkeypatch):
     import moe_runtime.serve as serve_mod
-    from moe_runtime import server
+    from moe_runtime.http.state import ServerOptions
 
     from moe_runtime.flags import server_options
 
@@ -115,7 +115,7 @@ def test_good_serve_flags_reach_serve_with_options(model, capsys, monkeypatch):
     assert rc == 0, err
     a = seen["args"]
     assert a.threads == 1 and a.max_batch == 8 and a.max_model_len == 64
-    assert server_options(a) == server.ServerOptions(api_key="k", max_body_bytes=4096)  # what serve's state gets
+    assert server_options(a) == ServerOptions(api_key="k", max_body_bytes=4096)  # what serve's state gets
 
 
 @pytest.mark.parametrize("argv,status,needle", [

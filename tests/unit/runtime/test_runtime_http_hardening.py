@@ -20,7 +20,8 @@ from fastapi.testclient import TestClient
 
 from moe_runtime.engine import Engine
 from moe_runtime.metrics import Metrics
-from moe_runtime.server import ServerOptions, ServerState, create_app
+from moe_runtime.http.app import create_app
+from moe_runtime.http.state import ServerOptions, ServerState
 from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
 
 MAX_LEN = 128
@@ -266,7 +267,8 @@ def test_stop_token_ids_and_min_tokens(client, stack, tok):
     assert stop not in chain[:3]
     r = ok(client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 12, "temperature": 0,
                                                 "ignore_eos": True, "stop_token_ids": [stop]}))
-    assert r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 3
+    # the stop token counts (as in vLLM), its text does not
+    assert r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 4
     assert r["choices"][0]["text"] == tok.decode(chain[:3])
     # min_tokens: the stop id cannot be picked before 5 tokens (the reference masks it)
     first = chain[0]
@@ -279,10 +281,10 @@ def test_stop_token_ids_and_min_tokens(client, stack, tok):
     ref = greedy_chain(model, {first}, 7, 8, masked)
     r = ok(client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
                                                 "stop_token_ids": [first], "min_tokens": 5}))
-    assert len(ref) >= 5 and r["usage"]["completion_tokens"] == len(ref) and r["choices"][0]["text"] == tok.decode(ref)
+    assert len(ref) >= 5 and r["usage"]["completion_tokens"] == len(ref) + (len(ref) < 8) and r["choices"][0]["text"] == tok.decode(ref)
     plain = ok(client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
                                                     "ignore_eos": True, "stop_token_ids": [first]}))
-    assert plain["usage"]["completion_tokens"] == 0  # without min_tokens it stops at once
+    assert plain["usage"]["completion_tokens"] == 1  # without min_tokens it stops at once (on the stop id)
 
 
 @pytest.mark.parametrize("params", [{"repetition_penalty": 1.8}, {"frequency_penalty": 1.5},

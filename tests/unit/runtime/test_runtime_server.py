@@ -226,7 +226,8 @@ def test_ready_flips_after_loading():
     from fastapi.testclient import TestClient
 
     from moe_runtime.metrics import Metrics
-    from moe_runtime.server import ServerState, create_app
+    from moe_runtime.http.app import create_app
+    from moe_runtime.http.state import ServerState
 
     state = ServerState(model_name="m", metrics=Metrics())
     client = TestClient(create_app(state))

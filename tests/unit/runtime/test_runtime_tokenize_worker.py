@@ -46,7 +46,8 @@ def test_server_sends_only_long_texts_to_the_child(model):
     import asyncio
 
     from moe_runtime.metrics import Metrics
-    from moe_runtime.server import ServerState, create_app
+    from moe_runtime.http.app import create_app
+    from moe_runtime.http.state import ServerState
 
     calls = []
 

@@ -1,0 +1,218 @@
+"""The OpenAI wire format this server speaks: request bodies (pydantic), the error shape
+({"error": {"message", "type", "param", "code"}}) and the refusal of parameters it does not
+implement (400 naming them, never silently ignored)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..engine import SamplingParams
+
+MAX_N = 16  # choices per request
+MAX_STOP = 16  # stop strings / stop token ids per request
+MAX_LOGPROBS = 20
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_exceeded",
+          499: "client_closed_request", 500: "server_error", 503: "unavailable"}
+
+
+def error(status: int, message: str, type_: str | None = None, code: str | int | None = None,
+          headers: dict[str, str] | None = None, param: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_ or ERROR_TYPES.get(status, "server_error" if status >= 500
+                                                                       else "invalid_request_error"),
+                      "param": param, "code": code if code is not None else status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+
+# ---------------------------------------------------------------------------------------- bodies
+
+# Parameters of the OpenAI API this server does not implement, with the values that mean "not
+# used" (accepted). Anything else set is refused with 400 naming the parameter, never ignored.
+_UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
+    "function_call": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
+    "response_format": (None, {"type": "text"}), "logit_bias": (None, {}), "best_of": (None, 1),
+    "suffix": (None, ""), "echo": (None, False), "audio": (None,), "modalities": (None, ["text"]),
+    "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,), "store": (None, False),
+    "metadata": (None, {}), "service_tier": (None, "auto", "default"), "guided_json": (None,),
+    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "prompt_logprobs": (None,),
+    "use_beam_search": (None, False), "length_penalty": (None, 1.0), "include_stop_str_in_output": (None, False),
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP)
+    min_tokens: int = Field(default=0, ge=0)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    ignore_eos: bool = False
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings")
+        return v
+
+    def max_new(self, default_max: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default_max
+
+    def top_logprobs_k(self) -> int | None:  # None: no logprobs asked (the subclasses' fields)
+        return None
+
+    def sampling(self, default_max: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_new(default_max), temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+            ignore_eos=self.ignore_eos, top_k=max(self.top_k, 0), min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty, stop_token_ids=tuple(self.stop_token_ids or ()),
+            min_tokens=self.min_tokens, logprobs=self.top_logprobs_k())
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else [s for s in (self.stop or []) if s]
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v):
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be empty")
+        if isinstance(v, list) and isinstance(v[0], (str, list)) and len(v) != 1:
+            raise ValueError("batched prompts are not supported; send one prompt per request")
+        if isinstance(v, list) and isinstance(v[0], list) and not v[0]:
+            raise ValueError("prompt must not be empty")
+        return v
+
+    def top_logprobs_k(self) -> int | None:
+        return self.logprobs
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = ""
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, v):
+        if isinstance(v, list):
+            for part in v:
+                if part.get("type") != "text" or not isinstance(part.get("text", ""), str):
+                    raise ValueError(f"content part type {part.get('type')!r} is not supported "
+                                     "(this server takes text parts only)")
+        return v
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _no_tool_calls(cls, v):
+        if v:
+            raise ValueError("tool_calls are not supported by this server")
+        return v
+
+    def text(self) -> str:
+        if isinstance(self.content, list):  # OpenAI content parts: the text parts
+            return "".join(p.get("text", "") for p in self.content)
+        return self.content or ""
+
+
+class ChatRequest(Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def top_logprobs_k(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return None  # refused in refusal
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    tokens: list[int]
+
+
+def bad_unicode(obj: Any, path: str = "") -> str | None:
+    """The first string (by path) that is not valid Unicode (a lone surrogate from a \\ud800 escape)."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return None
+    for k, v in items:
+        if (bad := bad_unicode(v, f"{path}.{k}" if path else str(k))) is not None:
+            return bad
+    return None
+
+
+def refusal(body: Sampling, vocab: int) -> JSONResponse | None:
+    """400 for what is set but not implemented, unknown, or inconsistent; None when acceptable."""
+    extra = body.model_extra or {}
+    unimpl = [k for k, v in extra.items() if k in _UNIMPLEMENTED and v not in _UNIMPLEMENTED[k]]
+    if unimpl:
+        return error(400, f"parameter(s) not supported by this server: {', '.join(unimpl)}", param=unimpl[0],
+                     code="unsupported_parameter")
+    unknown = [k for k in extra if k not in _UNIMPLEMENTED]
+    if unknown:
+        return error(400, f"unknown parameter(s): {', '.join(unknown)}", param=unknown[0], code="unknown_parameter")
+    if (bad := bad_unicode(body.model_dump())) is not None:
+        return error(400, f"invalid Unicode in {bad} (a lone surrogate)", param=bad)
+    if body.stream_options is not None and not body.stream:
+        return error(400, "stream_options is only allowed with stream=true", param="stream_options")
+    if isinstance(body, ChatRequest) and body.top_logprobs is not None and not body.logprobs:
+        return error(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+    bad_ids = [t for t in body.stop_token_ids or () if not 0 <= t < vocab]
+    if bad_ids:
+        return error(400, f"stop_token_ids must be in [0, {vocab}); got {bad_ids[0]}", param="stop_token_ids")
+    return None
+

@@ -1,0 +1,29 @@
+"""What the HTTP layer is given: its settings (from the serve flags) and the serving state that
+serve fills in while it loads (engine, tokenizer, ready/draining)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ServerOptions:
+    """HTTP-layer settings from the serve flags (flags.server_options), given to ServerState."""
+
+    api_key: str | None = None  # Bearer token for /v1/*, /tokenize, /detokenize (None: open)
+    max_body_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass
+class ServerState:
+    model_name: str
+    metrics: Any
+    engine: Any = None
+    tokenizer: Any = None
+    ready: bool = False
+    draining: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    options: ServerOptions = field(default_factory=ServerOptions)
+    long_encoder: Any = None  # tokenize_worker.LongEncoder (serve sets it): long texts off the GIL
+
