@@ -91,6 +91,9 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    # vLLM's stop_reason: the stop token id (or, set by the server, the stop string) that ended the
+    # output; None for EOS, length and the rest (vllm/v1/core/sched/utils.py check_stop, v0.11.0)
+    stop_reason: int | str | None = None
 
 
 def plan_kv_blocks(model, device: str, block_size: int, max_batch: int, max_len: int, kv_blocks: int | None = None,
@@ -378,11 +381,12 @@ class Engine:
         if not stop:
             r.emit(tok if lp is None else lp)  # a sampling.Sampled when the client asked for logprobs
         if stop:
-            self._finish(r, "stop")
+            eos = tok in self.stop_ids and not r.params.ignore_eos
+            self._finish(r, "stop", stop_reason=None if eos else tok)
         elif len(r.generated) >= r.params.max_tokens or len(r.tokens) >= self.max_len:
             self._finish(r, "length")
 
-    def _finish(self, r: Request, reason: str, error: str | None = None) -> None:
+    def _finish(self, r: Request, reason: str, error: str | None = None, stop_reason: int | None = None) -> None:
         if r.done:
             return
         r.done = True
@@ -391,7 +395,7 @@ class Engine:
         if r.blocks is not None:
             self.kv.free_seq(r.blocks)
             r.blocks = None
-        n_out = len(r.generated) - (1 if reason == "stop" else 0)
-        r.emit(Finished(reason, len(r.prompt_ids), max(n_out, 0), error))
+        # the EOS / stop token counts, as in vLLM (its output token_ids keep it; only the text drops it)
+        r.emit(Finished(reason, len(r.prompt_ids), len(r.generated), error, stop_reason))
         if self.metrics:
             self.metrics.latency.observe(time.time() - r.created)
