@@ -52,6 +52,7 @@ class State:
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(WORKERS, thread_name_prefix="moe-io"))
     swept: float = field(default_factory=time.monotonic)  # when the sweep last finished
     quiet: "Quiet" = field(default_factory=lambda: Quiet(log))
+    owned_seen: dict[tuple, tuple] = field(default_factory=dict)  # (kind, ns, name) -> owned_essence at the last event
 
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking call on the operator's own bounded pool."""
@@ -341,16 +342,34 @@ _OWNED = {"labels": {"app.kubernetes.io/managed-by": "moe-operator"}}
 @kopf.on.event("apps", "v1", "deployments", **_OWNED)
 @kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", **_OWNED)
 async def owned_object_changed(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index, gpu_pods: kopf.Index,
-                               logger: Any, **_: Any) -> None:
+                               logger: Any, type: str | None = None, **_: Any) -> None:
     owner = next((o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "MoEDeployment"), None)
     if owner is None:
         return
     st = _state(memo)
+    key = (body.get("kind"), body.metadata.namespace, body.metadata.name)
+    seen = owned_essence(dict(body))
+    if type == "DELETED":
+        st.owned_seen.pop(key, None)
+    elif st.owned_seen.get(key) == seen:
+        return  # a status-only event (the controller's own bookkeeping): nothing the reconcile reads moved
+    else:
+        st.owned_seen[key] = seen
     try:
         await _reconcile_and_report(st, body.metadata.namespace, owner["name"], gpu_nodes, gpu_pods, logger,
                                     "owned-object")
     except UNREACHABLE as e:  # the sweep repairs it once the API answers again
         st.quiet.failed("Kubernetes API unreachable", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
+
+
+def owned_essence(obj: dict[str, Any]) -> tuple:
+    """What a reconcile reads of an owned workload (issue 34 item 1): its spec (generation),
+    labels and annotations, and the replica counts of readiness. An event changing none of these
+    (the controller's conditions, observedGeneration, availableReplicas) reconciles nothing."""
+    meta, st = obj.get("metadata") or {}, obj.get("status") or {}
+    return (meta.get("generation"), repr(sorted((meta.get("labels") or {}).items())),
+            repr(sorted((meta.get("annotations") or {}).items())), meta.get("deletionTimestamp"),
+            st.get("readyReplicas"), st.get("updatedReplicas"), st.get("replicas"))
 
 
 # --- admission -------------------------------------------------------------------------------

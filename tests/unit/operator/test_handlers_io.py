@@ -74,3 +74,18 @@ def test_the_sweep_skips_a_busy_object_and_bounds_a_slow_one(monkeypatch):
     failed, first, second = asyncio.run(go())
     assert failed == 1 and first < 2 and second < 1
     assert sorted(kube.reads) == ["x", "y"]
+
+
+def test_status_only_events_of_an_owned_workload_change_nothing_the_reconcile_reads():
+    from moe_operator.handlers import owned_essence
+
+    dep = {"metadata": {"generation": 3, "labels": {"a": "1"}, "annotations": {"x": "y"}},
+           "status": {"readyReplicas": 1, "updatedReplicas": 1, "replicas": 1, "observedGeneration": 3,
+                      "conditions": [{"type": "Available", "lastUpdateTime": "t1"}]}}
+    churn = {**dep, "status": {**dep["status"], "conditions": [{"type": "Available", "lastUpdateTime": "t2"}],
+                               "availableReplicas": 1}}
+    assert owned_essence(churn) == owned_essence(dep)
+    for changed in ({**dep, "metadata": {**dep["metadata"], "generation": 4}},
+                    {**dep, "metadata": {**dep["metadata"], "labels": {}}},
+                    {**dep, "status": {**dep["status"], "readyReplicas": 0}}):
+        assert owned_essence(changed) != owned_essence(dep)
