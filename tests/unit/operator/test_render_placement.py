@@ -65,7 +65,7 @@ def test_placement_prefers_most_free_capacity_and_explains_rejections(tmp_path):
 
 def test_render_deployment_env_user_wins_and_hash_ignores_prose(tmp_path):
     ck = inspect_dir(write_sample("deepseek-v4-flash-fp4", tmp_path / "c"))
-    s = spec(env=[{"name": "SGLANG_CACHE_DIR", "value": "/mine"}, {"name": "FOO", "value": "bar"}])
+    s = spec(env=[{"name": "FOO", "value": "bar"}])  # SGLANG_CACHE_DIR is the operator's (issue 27: fixed path)
     p = place(s, ck, classes()).plan
     objs = render(Owner("m", "ns", "uid-1"), s, p, classes()["sm90/NVIDIA-H200"].gpu_class)
     kinds = [o["kind"] for o in objs]
@@ -73,7 +73,7 @@ def test_render_deployment_env_user_wins_and_hash_ignores_prose(tmp_path):
     dep = objs[-1]
     c = dep["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["SGLANG_CACHE_DIR"] == "/mine" and env["FOO"] == "bar"
+    assert env["SGLANG_CACHE_DIR"] == "/var/cache/moe/sglang" and env["FOO"] == "bar"
     assert c["args"][c["args"].index("--moe-runner-backend") + 1] == "flashinfer_mxfp4"
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for o in objs)
