@@ -186,9 +186,10 @@ async def _run(state: ServerState, request: Request, prompt_ids: list[int], body
     stops = body.stops()
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(stream(state, reqs, rid, created, chat, stops, usage), media_type="text/event-stream",
+        return StreamingResponse(stream(state, reqs, rid, created, chat, stops, usage,
+                                        body.include_stop_str_in_output), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    gather = asyncio.ensure_future(asyncio.gather(*[collect(state, r, stops) for r in reqs]))
+    gather = asyncio.ensure_future(asyncio.gather(*[collect(state, r, stops, body.include_stop_str_in_output) for r in reqs]))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({gather, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -213,9 +214,9 @@ async def _run(state: ServerState, request: Request, prompt_ids: list[int], body
         if chat:
             choices.append({"index": i, "message": {"role": "assistant", "content": text},
                             "logprobs": chat_logprobs(state.tokenizer, lps) if params.logprobs is not None else None,
-                            "finish_reason": fin.reason})
+                            "finish_reason": fin.reason, "stop_reason": fin.stop_reason})
         else:
-            choices.append({"index": i, "text": text, "finish_reason": fin.reason,
+            choices.append({"index": i, "text": text, "finish_reason": fin.reason, "stop_reason": fin.stop_reason,
                             "logprobs": completion_logprobs(state.tokenizer, lps) if params.logprobs is not None else None})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": state.model_name, "choices": choices, "usage": usage}

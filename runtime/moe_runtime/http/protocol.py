@@ -42,7 +42,7 @@ _UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,), "store": (None, False),
     "metadata": (None, {}), "service_tier": (None, "auto", "default"), "guided_json": (None,),
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "prompt_logprobs": (None,),
-    "use_beam_search": (None, False), "length_penalty": (None, 1.0), "include_stop_str_in_output": (None, False),
+    "use_beam_search": (None, False), "length_penalty": (None, 1.0),
 }
 
 
@@ -68,6 +68,7 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False  # vLLM: the matched stop string ends the text
     stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP)
     min_tokens: int = Field(default=0, ge=0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)

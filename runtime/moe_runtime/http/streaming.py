@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from ..engine import Finished, Request as EngineRequest
+from ..stop_strings import StopScanner
 from ..tokenizer import IncrementalDecoder
 from .state import ServerState
 
@@ -36,41 +37,45 @@ def completion_logprobs(tokenizer, lps, offset: int = 0) -> dict[str, Any]:
             "text_offset": offsets}
 
 
-async def events(state: ServerState, req: EngineRequest, stops: list[str]):
-    """(delta text, Sampled | None, Finished | None) as tokens arrive; applies stop strings."""
+async def events(state: ServerState, req: EngineRequest, stops: list[str], include_stop_str: bool = False):
+    """(delta text, Sampled | None, Finished | None) as tokens arrive; applies stop strings. The
+    possible start of a stop string is held back (StopScanner); on a match the request is cancelled
+    and the tokens up to the one that completed it are counted (vLLM stops right there, so the
+    tokens the engine made before the cancel landed are not the client's)."""
     dec = IncrementalDecoder(state.tokenizer)
-    text = ""
+    scan = StopScanner(stops, include_stop_str) if stops else None
+    n = 0  # tokens received (the EOS / stop token is not sent, only counted in Finished)
     while True:
         item = await req.out.get()
         if isinstance(item, Finished):
             tail = dec.flush() if item.reason != "cancelled" else ""
-            if stops and tail:  # a stop string completed by the held-back text
-                joined = text + tail
-                hit = min((joined.find(s) for s in stops if s in joined), default=-1)
-                if hit >= 0:
-                    yield joined[len(text):hit], None, Finished("stop", item.prompt_tokens, item.completion_tokens)
+            if scan is not None:
+                tail = scan.push(tail) if tail else ""
+                if scan.matched is not None:  # completed by the text held back in the decoder
+                    yield tail, None, Finished("stop", item.prompt_tokens, item.completion_tokens,
+                                               stop_reason=scan.matched)
                     return
+                tail += scan.flush()
             yield tail, None, item
             return
+        n += 1
         lp = None if isinstance(item, int) else item
         delta = dec.push(item if isinstance(item, int) else item.id)
-        if stops and delta:
-            joined = text + delta
-            hit = min((joined.find(s) for s in stops if s in joined), default=-1)
-            if hit >= 0:
+        if scan is not None and delta:
+            delta = scan.push(delta)
+            if scan.matched is not None:
                 state.engine.cancel(req)
-                yield joined[len(text):hit], lp, None
+                yield delta, lp, None
                 while not isinstance(fin := await req.out.get(), Finished):
                     pass
-                yield "", None, Finished("stop", fin.prompt_tokens, fin.completion_tokens)
+                yield "", None, Finished("stop", fin.prompt_tokens, n, stop_reason=scan.matched)
                 return
-            text = joined
         yield delta, lp, None
 
 
-async def collect(state: ServerState, req, stops):
+async def collect(state: ServerState, req, stops, include_stop_str: bool = False):
     parts, lps = [], []
-    async for delta, lp, fin in events(state, req, stops):
+    async for delta, lp, fin in events(state, req, stops, include_stop_str):
         parts.append(delta)
         if lp is not None:
             lps.append(lp)
@@ -79,11 +84,12 @@ async def collect(state: ServerState, req, stops):
     raise RuntimeError("unreachable")
 
 
-async def stream(state: ServerState, reqs, rid, created, chat, stops, include_usage):
+async def stream(state: ServerState, reqs, rid, created, chat, stops, include_usage, include_stop_str: bool = False):
     obj = "chat.completion.chunk" if chat else "text_completion"
     offsets = [0] * len(reqs)
 
-    def chunk(i: int, delta: str | None, finish: str | None, lp=None, first: bool = False) -> str:
+    def chunk(i: int, delta: str | None, finish: str | None, lp=None, first: bool = False,
+              stop_reason: int | str | None = None) -> str:
         if chat:
             d: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if delta:
@@ -94,6 +100,8 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
             c = {"index": i, "text": delta or "", "finish_reason": finish,
                  "logprobs": completion_logprobs(state.tokenizer, [lp], offsets[i]) if lp is not None else None}
             offsets[i] += len(delta or "")
+        if finish is not None:
+            c["stop_reason"] = stop_reason
         out = {"id": rid, "object": obj, "created": created, "model": state.model_name, "choices": [c]}
         if include_usage:
             out["usage"] = None
@@ -103,7 +111,7 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
 
     async def pump(i, r):
         try:
-            async for delta, lp, fin in events(state, r, stops):
+            async for delta, lp, fin in events(state, r, stops, include_stop_str):
                 await q.put((i, delta, lp, fin))
                 if fin is not None:
                     return
@@ -131,7 +139,7 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
                                                            "type": "server_error", "param": None,
                                                            "code": 500}}) + "\n\n"
                 else:
-                    yield chunk(i, None, fin.reason)
+                    yield chunk(i, None, fin.reason, stop_reason=fin.stop_reason)
             elif delta or lp is not None:
                 yield chunk(i, delta, None, lp)
         if include_usage:
