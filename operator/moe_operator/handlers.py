@@ -16,6 +16,7 @@ import kopf
 
 from . import API_GROUP, API_VERSION, PLURAL
 from . import model_cache, webhook
+from . import revocation  # noqa: F401 - registers the token-revocation timer
 from .inventory import NodeInfo, build, fingerprint, node_info, pod_gpu_requests
 from .kube import Kube, _api_message
 from .metrics import GPU_CLASSES, RECONCILES

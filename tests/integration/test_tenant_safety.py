@@ -171,6 +171,30 @@ def test_token_secret_must_be_marked_for_model_use(kubectl, namespace, operator)
     assert "hunter2" not in st
 
 
+def test_a_secret_that_loses_its_label_takes_the_token_out_of_the_workload(kubectl, namespace, operator):
+    kubectl("-n", namespace, "create", "secret", "generic", "hf-tok", "--from-literal=token=t")
+    kubectl("-n", namespace, "label", "secret", "hf-tok", "moe.serving.dev/model-token=true")
+    doc = sample(namespace, "deepseek-v3-nvfp4-b200.yaml", "revoked")
+    doc["spec"]["model"] = {"uri": "hf://nvidia/DeepSeek-V3-0324-FP4@" + "0" * 40, "format": "nvfp4",
+                            "architecture": "DeepseekV3ForCausalLM", "tokenSecretRef": {"name": "hf-tok"}}
+    doc["spec"]["replicas"] = 0
+    apply(kubectl, doc)
+    planned_condition(kubectl, namespace, "revoked", "True", log=operator.log_tail)
+
+    def token_env():
+        dep = get_json(kubectl, "deployment", "revoked", "-n", namespace)
+        pod = dep["spec"]["template"]["spec"]
+        return [e for c in pod["containers"] + pod.get("initContainers", []) for e in c.get("env") or []
+                if (e.get("valueFrom") or {}).get("secretKeyRef", {}).get("name") == "hf-tok"]
+    wait_for(token_env, 30, "the token in the Deployment", operator.log_tail)
+    kubectl("-n", namespace, "label", "secret", "hf-tok", "moe.serving.dev/model-token-")
+    wait_for(lambda: not token_env(), 30, "the token removed from the Deployment", operator.log_tail)
+    e = wait_event(kubectl, namespace, "revoked", "TokenRevoked", log=operator.log_tail)
+    assert "no longer labelled" in e["message"]
+    time.sleep(5)  # stays out: the reconcile reports PolicyViolation and renders nothing
+    assert not token_env()
+
+
 # ------------------------------------------------------------------------------- drift
 def test_drift_repair_removes_fields_the_operator_does_not_render(kubectl, namespace, operator):
     doc = sample(namespace, "deepseek-v3-nvfp4-b200.yaml", "whole")
