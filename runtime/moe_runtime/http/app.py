@@ -36,7 +36,7 @@ from ..engine import Draining, QueueFull, Request as EngineRequest
 from ..tokenize_worker import LONG_TEXT_CHARS
 from .guard import Guard
 from .protocol import (ChatMessage, ChatRequest, CompletionRequest, DetokenizeRequest, Sampling, TokenizeRequest,
-                       bad_unicode, error, refusal)
+                       bad_unicode, context_overflow, default_max_tokens, error, refusal)
 from .state import ServerState
 from .streaming import chat_logprobs, collect, completion_logprobs, stream
 
@@ -157,7 +157,12 @@ async def _disconnected(request: Request) -> None:
 
 async def _run(state: ServerState, request: Request, prompt_ids: list[int], body: Sampling, chat: bool):
     loop = asyncio.get_running_loop()
-    params = body.sampling(16 if not chat else 256)
+    max_len = _max_len(state)
+    asked = body.max_completion_tokens or body.max_tokens
+    if (why := context_overflow(len(prompt_ids), asked, max_len)) is not None:
+        return error(400, why, param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
+                     code="context_length_exceeded")
+    params = body.sampling(default_max_tokens(chat, len(prompt_ids), max_len))
     if params.min_tokens > params.max_tokens:
         return error(400, f"min_tokens ({params.min_tokens}) is larger than max_tokens ({params.max_tokens})",
                      param="min_tokens")

@@ -217,3 +217,24 @@ def refusal(body: Sampling, vocab: int) -> JSONResponse | None:
         return error(400, f"stop_token_ids must be in [0, {vocab}); got {bad_ids[0]}", param="stop_token_ids")
     return None
 
+
+# Output length against the context, as vLLM's OpenAI server decides it (v0.11.0:
+# vllm/entrypoints/openai/serving_engine.py OpenAIServing._validate_input refuses an asked max_tokens
+# that does not fit; vllm/entrypoints/utils.py get_max_tokens gives the rest of the context otherwise).
+
+def context_overflow(prompt_n: int, asked: int | None, max_len: int | None) -> str | None:
+    """vLLM's 400 message when prompt + asked max_tokens exceed the context (None: it fits)."""
+    if asked is None or max_len is None or prompt_n >= max_len or prompt_n + asked <= max_len:
+        return None  # a prompt that alone is too long is the engine's own refusal
+    return (f"This model's maximum context length is {max_len} tokens. However, you requested "
+            f"{prompt_n + asked} tokens ({prompt_n} in the messages, {asked} in the completion). "
+            "Please reduce the length of the messages or completion.")
+
+
+def default_max_tokens(chat: bool, prompt_n: int, max_len: int | None) -> int:
+    """Unasked: the rest of the context for chat (vLLM), OpenAI's 16 for completions, within it."""
+    rest = max(max_len - prompt_n, 1) if max_len is not None else None
+    if chat:
+        return rest if rest is not None else 256
+    return min(16, rest) if rest is not None else 16
+
