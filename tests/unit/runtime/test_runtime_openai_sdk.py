@@ -1,0 +1,95 @@
+"""The official `openai` SDK against the server, unchanged (issue 31 item 9): completions, chat,
+streaming with usage, stop strings, and errors mapped to the SDK's exception classes. The real app
+and Engine in-process (the SDK's httpx client is the app's TestClient), over a table model."""
+
+import openai
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from moe_runtime.engine import Engine
+from moe_runtime.http.app import create_app
+from moe_runtime.http.state import ServerState
+from moe_runtime.metrics import Metrics
+from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
+
+MAX_LEN = 96
+
+
+class TableModel:
+    def __init__(self, vocab: int):
+        self.cfg = {"vocab_size": vocab}
+        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(3)) * 3
+
+    def kv_bytes_per_block(self, block_size):
+        return block_size
+
+    def allocate_kv(self, num_blocks, block_size):
+        pass
+
+    def __call__(self, ids, pos, block_tables, last_index=None, kv_len=None):
+        if last_index is not None:
+            ids = ids[torch.arange(ids.shape[0]), last_index][:, None]
+        return self.table[ids]
+
+
+@pytest.fixture(scope="module")
+def sdk(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    build_tokenizer_files(d, 512, MAX_LEN)
+    tok = Tokenizer(d)
+    m = Metrics()
+    eng = Engine(TableModel(tok.vocab_size), "cpu", 4, 16, MAX_LEN, tok.stop_ids, m)
+    eng.start()
+    http = TestClient(create_app(ServerState("tiny", m, eng, tok, ready=True)))
+    yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
+    eng.stop()
+
+
+def test_models(sdk):
+    assert [m.id for m in sdk.models.list().data] == ["tiny"]
+
+
+def test_completion_and_its_stream_agree(sdk):
+    r = sdk.completions.create(model="tiny", prompt="Hello", max_tokens=8, temperature=0,
+                               extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens > 0 and r.choices[0].text
+    chunks = list(sdk.completions.create(model="tiny", prompt="Hello", max_tokens=8, temperature=0, stream=True,
+                                         stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+def test_chat_stream_and_stop_string(sdk):
+    msgs = [{"role": "user", "content": "Hi"}]
+    r = sdk.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    text = r.choices[0].message.content
+    assert r.choices[0].message.role == "assistant" and text
+    parts = [c.choices[0].delta.content or "" for c in sdk.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=12, temperature=0, stream=True, extra_body={"ignore_eos": True})]
+    assert "".join(parts) == text
+    stop = text[3:6]
+    s = sdk.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0, stop=[stop],
+                                    extra_body={"ignore_eos": True})
+    assert s.choices[0].message.content == text[:text.find(stop)] and s.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_through_the_sdk(sdk):
+    r = sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                    temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+@pytest.mark.parametrize("kw,exc,needle", [
+    ({"model": "other"}, openai.NotFoundError, "does not exist"),
+    ({"max_tokens": 10_000}, openai.BadRequestError, "maximum context length"),
+    ({"temperature": 5}, openai.BadRequestError, "temperature"),
+    ({"extra_body": {"best_of": 3}}, openai.BadRequestError, "best_of"),
+])
+def test_errors_are_the_sdks_exception_classes(sdk, kw, exc, needle):
+    with pytest.raises(exc) as e:
+        sdk.completions.create(**{"model": "tiny", "prompt": "Hello", **kw})
+    assert needle in str(e.value)
