@@ -44,6 +44,14 @@ NAME_MAX = 52
 NAME_RULES = [
     {"rule": f"self.metadata.name.size() <= {NAME_MAX}",
      "message": f"metadata.name must be at most {NAME_MAX} characters (it names the Service, labels and pods)"},
+    # A LeaderWorkerSet names a worker StatefulSet <name>-<group> per replica, whose pods carry the label
+    # controller-revision-hash=<name>-<group>-<hash of up to 10> (63 at most): the name leaves room for
+    # the largest group index the replicas (or the autoscaler's maximum) reach.
+    {"rule": "self.spec.nodesPerReplica <= 1 || self.metadata.name.size() + string(("
+             "self.spec.autoscaling.enabled && self.spec.autoscaling.maxReplicas > self.spec.replicas ? "
+             "self.spec.autoscaling.maxReplicas : self.spec.replicas) - 1).size() + 12 <= 63",
+     "message": "metadata.name is too long for a multi-node MoEDeployment: <name>-<replica index>-<10-character hash> "
+     "names its pods' revision label, at most 63 characters"},
     {"rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
      "message": "metadata.name must be a DNS-1035 label (lower case letters, digits and '-', starting with a letter): it names the Service"},
 ]

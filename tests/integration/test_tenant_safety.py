@@ -93,6 +93,10 @@ def wait_event(kubectl, ns, name, reason, timeout=15, log=None) -> dict:
     ("imgat", {"model": {"uri": "hf://org/name"}, "engine": {"name": "sglang", "image": "ghcr.io/moe-operator@evil.example/x"}},
      "spec.engine.image"),
     ("a" * 60, {"model": {"uri": "hf://org/name"}}, "metadata.name must be at most 52 characters"),
+    ("l" * 51, {"model": {"uri": "hf://org/name"}, "engine": {"name": "sglang"}, "nodesPerReplica": 2, "replicas": 1},
+     "too long for a multi-node MoEDeployment"),
+    ("l" * 50, {"model": {"uri": "hf://org/name"}, "engine": {"name": "sglang"}, "nodesPerReplica": 2, "replicas": 11},
+     "too long for a multi-node MoEDeployment"),
     ("1starts-with-digit", {"model": {"uri": "hf://org/name"}}, "metadata.name must be a DNS-1035 label"),
 ])
 def test_hostile_specs_are_refused_by_the_api_server(kubectl, namespace, crd, name, spec, message):
