@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import RuntimeFailure
@@ -84,20 +85,46 @@ def plan_check(args, family: str, product: str):
     return v, res, dtype
 
 
-def prepare(args) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Prepared:
+    """What stages 1 and 2 decided: the device, the GPU (family, product), the validated checkpoint,
+    the backend resolution and the compute dtype."""
+
+    device: str
+    family: str
+    product: str
+    validated: Any  # loader.ValidatedCheckpoint
+    resolution: Any  # plan_check's resolution (resolve_bundled's decision as verified in the pod)
+    dtype: Any  # torch.dtype
+
+    def on(self, device: str) -> "Prepared":
+        """The same decisions for a rank of a parallel group, on its own device (cuda:<local rank>)."""
+        return replace(self, device=device)
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """One process's place in a tensor/expert-parallel group (what parallel.launch hands each rank)."""
+
+    layout: Any  # parallel.Layout: tp, ep, this rank's global rank
+    local_rank: int
+    device: str
+    rendezvous: Any  # addr, port of rank 0's process group store
+
+
+def prepare(args) -> Prepared:
     """Stages 1 and 2: everything that can be refused before the port opens."""
     device, family, product, _ = probe(args)
     v, res, dtype = plan_check(args, family, product)
-    return {"device": device, "family": family, "product": product, "validated": v, "resolution": res,
-            "dtype": dtype}
+    return Prepared(device, family, product, v, res, dtype)
 
 
-def load(prep: dict[str, Any], shard=None):
+def load(prep: Prepared, shard=None):
     """Stage 3: the weights (progress in the log), routed experts stacked into ExpertWeights; with
     `shard` (parallel.ShardPlan) only this rank's slices."""
     from .loader import load_checkpoint
 
-    return load_checkpoint(prep["validated"].root, prep["device"], prep["dtype"], validated=prep["validated"],
+    return load_checkpoint(prep.validated.root, prep.device, prep.dtype, validated=prep.validated,
                            shard=shard)
 
 
@@ -185,10 +212,10 @@ def forward_selftest(model, device: str, block: int, block_size: int, vocab: int
         seconds=round(time.time() - t0, 3))
 
 
-def _shard_plan(prep, layout):
+def _shard_plan(v, layout):
+    """The shard plan of validated checkpoint `v` over `layout`, or a RuntimeFailure naming why not."""
     from .parallel import ShardPlan
 
-    v = prep["validated"]
     from moe_core.runtime import BUNDLED
 
     if v.info.architecture in BUNDLED.single_rank:  # before any rank is spawned (none listed today)
@@ -201,13 +228,13 @@ def _shard_plan(prep, layout):
     return plan
 
 
-def _join(args, prep, rank):
-    """This process's place in the group (moe_runtime.parallel); the device becomes cuda:<local rank>."""
+def _join(args, place: RankPlace):
+    """This process's place in the group (moe_runtime.parallel), on its device (cuda:<local rank>)."""
     from . import parallel
 
-    lay, local_rank, device, rdv = rank
-    prep["device"] = device
-    return parallel.init(lay, local_rank, device, rdv.addr, rdv.port, args.dist_init_timeout, args.dist_timeout)
+    rdv = place.rendezvous
+    return parallel.init(place.layout, place.local_rank, place.device, rdv.addr, rdv.port, args.dist_init_timeout,
+                         args.dist_timeout)
 
 
 def serve_parallel(args) -> int:
@@ -219,48 +246,49 @@ def serve_parallel(args) -> int:
     if os.environ.get("LWS_WORKER_INDEX") in (None, "", "0"):  # the node whose rank 0 serves HTTP
         check_bind(args.host, args.port)  # a busy port before any rank spawns (rank 0 binds it again)
     prep = prepare(args)  # headers and plan only; refused before anything is spawned
-    _shard_plan(prep, parallel.Layout(args.tp, args.ep))
+    _shard_plan(prep.validated, parallel.Layout(args.tp, args.ep))
     log("decision", f"tensor parallel {args.tp}, expert parallel {args.ep}: {max(args.tp, args.ep)} ranks "
-        f"({'NCCL' if str(prep['device']).startswith('cuda') else 'gloo'})", tp=args.tp, ep=args.ep)
-    return parallel.launch(args, prep["device"], _rank_main)
+        f"({'NCCL' if str(prep.device).startswith('cuda') else 'gloo'})", tp=args.tp, ep=args.ep)
+    return parallel.launch(args, prep.device, _rank_main)
 
 
 def _rank_main(args, lay, local_rank, device, rdv) -> int:
+    place = RankPlace(lay, local_rank, device, rdv)
     if lay.rank == 0:
-        return serve(args, rank=(lay, local_rank, device, rdv))
-    return follow(args, (lay, local_rank, device, rdv))
+        return serve(args, place)
+    return follow(args, place)
 
 
-def follow(args, rank) -> int:
+def follow(args, place: RankPlace) -> int:
     """A rank other than 0: load its shard, self-test, build, then run rank 0's model calls."""
     from . import parallel
     from .metrics import Metrics
 
-    prep = prepare(args)
-    group = _join(args, prep, rank)
-    ck = load(prep, _shard_plan(prep, rank[0]))
-    backend, deferred = select_backend(prep["resolution"], prep["device"], Metrics(), args.skip_selftest)
-    model = build(ck, backend, deferred, prep["dtype"])
+    prep = prepare(args).on(place.device)
+    group = _join(args, place)
+    ck = load(prep, _shard_plan(prep.validated, place.layout))
+    backend, deferred = select_backend(prep.resolution, prep.device, Metrics(), args.skip_selftest)
+    model = build(ck, backend, deferred, prep.dtype)
     parallel.group_ready(group, args.dist_init_timeout)
-    log("ready", f"rank {rank[0].rank}: following rank 0", rank=rank[0].rank, backend=backend)
+    log("ready", f"rank {place.layout.rank}: following rank 0", rank=place.layout.rank, backend=backend)
     try:
         return parallel.follow(model, group)
     finally:
         parallel.shutdown()
 
 
-def serve(args, rank=None) -> int:
-    """`rank` (layout, local rank, device, rendezvous): global rank 0 of a tensor/expert-parallel group."""
+def serve(args, place: RankPlace | None = None) -> int:
+    """`place`: this process is global rank 0 of a tensor/expert-parallel group (None: one process)."""
     from .flags import listen
 
     sock = listen(args.host, args.port)  # first: a busy port fails in milliseconds, then uvicorn serves it
     try:
-        return _serve(args, rank, sock)
+        return _serve(args, place, sock)
     finally:
         sock.close()
 
 
-def _serve(args, rank, sock) -> int:
+def _serve(args, place: RankPlace | None, sock) -> int:
     import uvicorn
 
     from .engine import Engine
@@ -272,6 +300,8 @@ def _serve(args, rank, sock) -> int:
     from .tokenizer import Tokenizer
 
     prep = prepare(args)  # raises RuntimeFailure before the server answers
+    if place is not None:
+        prep = prep.on(place.device)
     try:  # `kill -USR1 PID` dumps every thread's stack (stuck-server diagnosis)
         import faulthandler
 
@@ -279,7 +309,7 @@ def _serve(args, rank, sock) -> int:
     except (ValueError, OSError, AttributeError):  # no real stderr (embedded use)
         pass
     metrics = Metrics()
-    v = prep["validated"]
+    v = prep.validated
     name = args.served_model_name or v.root.name
     state = ServerState(model_name=name, metrics=metrics, options=server_options(args))
     try:
@@ -321,12 +351,12 @@ def _serve(args, rank, sock) -> int:
 
     def startup():
         try:
-            group = _join(args, prep, rank) if rank is not None else None
-            ck = load(prep, _shard_plan(prep, rank[0]) if rank is not None else None)
-            backend, deferred = select_backend(prep["resolution"], prep["device"], metrics, args.skip_selftest)
+            group = _join(args, place) if place is not None else None
+            ck = load(prep, _shard_plan(v, place.layout) if place is not None else None)
+            backend, deferred = select_backend(prep.resolution, prep.device, metrics, args.skip_selftest)
             log("decision", f"MoE backend {backend}, deferred finalize {'on' if deferred else 'off'}",
                 backend=backend, deferred_finalize=deferred)
-            model = build(ck, backend, deferred, prep["dtype"])
+            model = build(ck, backend, deferred, prep.dtype)
             if group is not None:
                 from .parallel import LeaderModel, group_ready
 
@@ -335,14 +365,14 @@ def _serve(args, rank, sock) -> int:
             metrics.load_seconds.set(ck.seconds)
             metrics.load_bytes.set(ck.nbytes)
             # CUDA graphs would capture the collectives without rank 0's broadcast of each step
-            engine = Engine(model, prep["device"], args.max_batch, args.max_queue, max_len,
-                            state.tokenizer.stop_ids, metrics, **engine_options(args), cuda_graphs=args.cuda_graphs and rank is None)
-            forward_selftest(model, prep["device"], engine.scratch_block, engine.block_size, int(v.config["vocab_size"]),
+            engine = Engine(model, prep.device, args.max_batch, args.max_queue, max_len,
+                            state.tokenizer.stop_ids, metrics, **engine_options(args), cuda_graphs=args.cuda_graphs and place is None)
+            forward_selftest(model, prep.device, engine.scratch_block, engine.block_size, int(v.config["vocab_size"]),
                              backend)
             engine.start()
             state.engine = engine
-            metrics.backend.labels(backend, prep["resolution"].expert_format, prep["family"], str(deferred).lower()).set(1)
-            state.info = {"backend": backend, "deferredFinalize": deferred, "family": prep["family"],
+            metrics.backend.labels(backend, prep.resolution.expert_format, prep.family, str(deferred).lower()).set(1)
+            state.info = {"backend": backend, "deferredFinalize": deferred, "family": prep.family,
                           "format": v.info.format}
             state.ready = True
             metrics.ready.set(1)

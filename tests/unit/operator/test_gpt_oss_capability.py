@@ -130,10 +130,10 @@ def test_loader_refuses_what_the_table_refuses(written, tmp_path):
 
     # serve --tp 2 on MXFP4 experts of intermediate 32 (one 32-block of down's input): TP inside the
     # experts cannot split it, refused before ranks spawn with what works; --ep 2 (whole experts) passes
-    prep = {"validated": validate_checkpoint(written["mxfp4"])}
+    v = validate_checkpoint(written["mxfp4"])
     with pytest.raises(RuntimeFailure, match="intermediate_size 32 split 2 ways.*1 blocks.*use --ep 2"):
-        serve._shard_plan(prep, parallel.Layout(2, 1))
-    assert serve._shard_plan(prep, parallel.Layout(2, 2)).local_experts == 4
+        serve._shard_plan(v, parallel.Layout(2, 1))
+    assert serve._shard_plan(v, parallel.Layout(2, 2)).local_experts == 4
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
