@@ -92,127 +92,21 @@ def paged_attention_mla_ref(q_abs: torch.Tensor, q_rot: torch.Tensor, ckv_cache:
 
 
 # ------------------------------------------------------------------------------------------------
-# Triton decode kernels (one query token per sequence; seq_lens[b] = its position + 1)
+# Triton decode kernels (one query token per sequence; seq_lens[b] = its position + 1): split-KV,
+# tensor-core kernels in moe_kernels.attention_decode
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: the reference serves
-    triton = None
-
-if triton is not None:
-    @triton.jit
-    def _gqa_decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, sink_ptr, o_ptr, scale,
-                           stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_btb, stride_ob, stride_oh,
-                           window, G: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr,
-                           HAS_SINK: tl.constexpr):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        kvh = h // G
-        n = tl.load(len_ptr + b)
-        d = tl.arange(0, BD)
-        dm = d < D
-        q = tl.load(q_ptr + b * stride_qb + h * stride_qh + d, mask=dm, other=0.0).to(tl.float32)
-        t = tl.arange(0, BS)
-        m_i = -float("inf")
-        l_i = 0.0
-        acc = tl.zeros([BD], dtype=tl.float32)
-        lo = 0
-        if window > 0:
-            lo = tl.maximum(n - window, 0)
-        for blk in range(lo // BS, tl.cdiv(n, BS)):
-            bid = tl.load(bt_ptr + b * stride_btb + blk).to(tl.int64)
-            pos = blk * BS + t
-            ok = (pos < n) & (pos >= lo)
-            off = bid * stride_kb + t[:, None] * stride_kt + kvh * stride_kh + d[None, :]
-            k = tl.load(k_ptr + off, mask=ok[:, None] & dm[None, :], other=0.0).to(tl.float32)
-            s = tl.sum(k * q[None, :], axis=1) * scale
-            s = tl.where(ok, s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new)
-            v = tl.load(v_ptr + off, mask=ok[:, None] & dm[None, :], other=0.0).to(tl.float32)
-            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            m_i = m_new
-        if HAS_SINK:
-            sk = tl.load(sink_ptr + h).to(tl.float32)
-            m_new = tl.maximum(m_i, sk)
-            alpha = tl.exp(m_i - m_new)
-            acc = acc * alpha
-            l_i = l_i * alpha + tl.exp(sk - m_new)
-        tl.store(o_ptr + b * stride_ob + h * stride_oh + d, (acc / l_i).to(o_ptr.dtype.element_ty), mask=dm)
-
-    @triton.jit
-    def _mla_decode_kernel(qa_ptr, qr_ptr, c_ptr, r_ptr, bt_ptr, len_ptr, o_ptr, scale,
-                           stride_qab, stride_qah, stride_qrb, stride_qrh, stride_cb, stride_ct, stride_rb, stride_rt,
-                           stride_btb, stride_ob, stride_oh,
-                           C: tl.constexpr, BC: tl.constexpr, R: tl.constexpr, BR: tl.constexpr, BS: tl.constexpr):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        n = tl.load(len_ptr + b)
-        c = tl.arange(0, BC)
-        cm = c < C
-        r = tl.arange(0, BR)
-        rm = r < R
-        qa = tl.load(qa_ptr + b * stride_qab + h * stride_qah + c, mask=cm, other=0.0).to(tl.float32)
-        qr = tl.load(qr_ptr + b * stride_qrb + h * stride_qrh + r, mask=rm, other=0.0).to(tl.float32)
-        t = tl.arange(0, BS)
-        m_i = -float("inf")
-        l_i = 0.0
-        acc = tl.zeros([BC], dtype=tl.float32)
-        for blk in range(0, tl.cdiv(n, BS)):
-            bid = tl.load(bt_ptr + b * stride_btb + blk).to(tl.int64)
-            ok = blk * BS + t < n
-            ck = tl.load(c_ptr + bid * stride_cb + t[:, None] * stride_ct + c[None, :],
-                         mask=ok[:, None] & cm[None, :], other=0.0).to(tl.float32)
-            kr = tl.load(r_ptr + bid * stride_rb + t[:, None] * stride_rt + r[None, :],
-                         mask=ok[:, None] & rm[None, :], other=0.0).to(tl.float32)
-            s = (tl.sum(ck * qa[None, :], axis=1) + tl.sum(kr * qr[None, :], axis=1)) * scale
-            s = tl.where(ok, s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new)
-            acc = acc * alpha + tl.sum(p[:, None] * ck, axis=0)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            m_i = m_new
-        tl.store(o_ptr + b * stride_ob + h * stride_oh + c, (acc / l_i).to(o_ptr.dtype.element_ty), mask=cm)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
+from moe_kernels.attention_decode import decode_gqa, decode_mla, triton  # noqa: E402  (triton: None on CPU-only installs)
 
 
 def paged_decode_gqa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, sinks: torch.Tensor | None = None,
-                     window: int | None = None) -> torch.Tensor:
+                     window: int | None = None, num_splits: int | None = None) -> torch.Tensor:
     """Triton: q [B, h, d] (one token per sequence, at position seq_lens-1) -> [B, h, d]."""
-    B, h, d = q.shape
-    NB, bs, kvh, dk = k_cache.shape
-    assert dk == d and h % kvh == 0 and bs & (bs - 1) == 0, "block_size must be a power of two"
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and q.stride(-1) == 1
-    o = torch.empty_like(q)
-    bt = block_tables.contiguous()
-    _gqa_decode_kernel[(B, h)](q, k_cache, v_cache, bt, seq_lens.to(torch.int32).contiguous(),
-                               sinks if sinks is not None else q, o, float(scale),
-                               q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                               bt.stride(0), o.stride(0), o.stride(1), int(window or 0),
-                               G=h // kvh, D=d, BD=_pow2(d), BS=bs, HAS_SINK=sinks is not None)
-    return o
+    return decode_gqa(q, k_cache, v_cache, block_tables, seq_lens, scale, sinks, window, num_splits)
 
 
 def paged_decode_mla(q_abs: torch.Tensor, q_rot: torch.Tensor, ckv_cache: torch.Tensor, krot_cache: torch.Tensor,
-                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                     num_splits: int | None = None) -> torch.Tensor:
     """Triton: q_abs [B, h, c], q_rot [B, h, r] -> o_lat [B, h, c]."""
-    B, h, C = q_abs.shape
-    R = q_rot.shape[-1]
-    bs = ckv_cache.shape[1]
-    assert bs & (bs - 1) == 0, "block_size must be a power of two"
-    assert ckv_cache.stride(-1) == 1 and krot_cache.stride(-1) == 1 and q_abs.stride(-1) == 1 and q_rot.stride(-1) == 1
-    o = torch.empty_like(q_abs)
-    bt = block_tables.contiguous()
-    _mla_decode_kernel[(B, h)](q_abs, q_rot, ckv_cache, krot_cache, bt, seq_lens.to(torch.int32).contiguous(), o,
-                               float(scale), q_abs.stride(0), q_abs.stride(1), q_rot.stride(0), q_rot.stride(1),
-                               ckv_cache.stride(0), ckv_cache.stride(1), krot_cache.stride(0), krot_cache.stride(1),
-                               bt.stride(0), o.stride(0), o.stride(1), C=C, BC=_pow2(C), R=R, BR=_pow2(R), BS=bs)
-    return o
+    return decode_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, seq_lens, scale, num_splits)

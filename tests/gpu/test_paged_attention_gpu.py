@@ -121,3 +121,35 @@ def test_engine_on_cuda_paged_decode_equals_cpu(tmp_path):
     for arch in ("deepseek_v3", "qwen3_moe"):
         make_checkpoint(tmp_path / arch, arch, "bf16", size="tiny", seed=5)
         assert run(arch, "cuda") == run(arch, "cpu"), arch
+
+
+@pytest.mark.parametrize("splits", [1, 3, 17])
+@pytest.mark.parametrize("kind", ["mla128", "mla16", "gptoss", "gptoss-window", "qwen3"])
+def test_split_kv_at_real_shapes(kind, splits):
+    """Forced context-slice counts (1: the single-pass kernel; 3, 17: partials + reduce) at the real
+    shapes, block size 16, 2k-token ragged contexts."""
+    g = torch.Generator().manual_seed(3)
+    bs, lens = 16, torch.tensor([2048, 1, 777, 1600])
+    B, nb = len(lens), 128
+    NB = B * nb + 5
+    bt = _tables(B, nb, NB, g)
+    pos = (lens - 1)[:, None].cuda()
+    if kind.startswith("mla"):
+        H = 128 if kind == "mla128" else 16
+        ckv = torch.randn(NB, bs, 512, generator=g).bfloat16().cuda()
+        kr = torch.randn(NB, bs, 64, generator=g).bfloat16().cuda()
+        qa = (torch.randn(B, H, 512, generator=g) / 8).bfloat16().cuda()
+        qr = torch.randn(B, H, 64, generator=g).bfloat16().cuda()
+        ref = paged_attention_mla_ref(qa[:, None], qr[:, None], ckv, kr, bt, pos, 2048, 0.07)[:, 0]
+        got = paged_decode_mla(qa, qr, ckv, kr, bt, lens.cuda(), 0.07, num_splits=splits)
+    else:
+        H, kvh, d = (64, 8, 64) if kind.startswith("gptoss") else (32, 4, 128)
+        k = torch.randn(NB, bs, kvh, d, generator=g).bfloat16().cuda()
+        v = torch.randn(NB, bs, kvh, d, generator=g).bfloat16().cuda()
+        q = torch.randn(B, H, d, generator=g).bfloat16().cuda()
+        s = torch.randn(H, generator=g).cuda() if kind.startswith("gptoss") else None
+        win = 128 if kind == "gptoss-window" else None
+        ref = paged_attention_gqa_ref(q[:, None], k, v, bt, pos, 2048, d ** -0.5, s, win)[:, 0]
+        got = paged_decode_gqa(q, k, v, bt, lens.cuda(), d ** -0.5, s, win, num_splits=splits)
+    err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
+    assert err < 2e-2, err
