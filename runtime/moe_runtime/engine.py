@@ -74,6 +74,7 @@ class Request:
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     first_token_at: float | None = None
+    last_token_at: float | None = None  # for the inter-token latency histogram
     generator: torch.Generator | None = None
     done: bool = False
 
@@ -370,10 +371,14 @@ class Engine:
             self._accept(r, tok, lp)
 
     def _accept(self, r: Request, tok: int, lp: Any = None) -> None:
+        now = time.time()
         if r.first_token_at is None:
-            r.first_token_at = time.time()
+            r.first_token_at = now
             if self.metrics:
                 self.metrics.ttft.observe(r.first_token_at - r.created)
+        elif self.metrics and r.last_token_at is not None:
+            self.metrics.tpot.observe(now - r.last_token_at)
+        r.last_token_at = now
         r.generated.append(tok)
         if self.metrics:
             self.metrics.generation_tokens.inc()

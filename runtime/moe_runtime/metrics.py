@@ -10,26 +10,40 @@ _LAT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 class _Mirror:
     """One update of a metric and of its vLLM-named twin: autoscalers (the operator's HPA/KEDA on
     vllm:num_requests_waiting / vllm:kv_cache_usage_perc), gateways (the Gateway API Inference
-    Extension's endpoint picker reads the vLLM names) and existing vLLM dashboards work unchanged."""
+    Extension's endpoint picker reads the vLLM names) and existing vLLM dashboards work unchanged.
+    The twins carry vLLM's `model_name` label (its Grafana dashboard filters every panel on it):
+    the served name, bound once the server knows it (Metrics.bind_model)."""
 
-    def __init__(self, *metrics) -> None:
-        self._metrics = metrics
+    def __init__(self, owner: "Metrics", own, *twins) -> None:
+        self._owner, self._own, self._twins = owner, own, twins
+
+    def _all(self):
+        yield self._own
+        for t in self._twins:
+            yield t.labels(model_name=self._owner.model_name)
 
     def set(self, value: float) -> None:
-        for m in self._metrics:
+        for m in self._all():
             m.set(value)
 
     def inc(self, amount: float = 1) -> None:
-        for m in self._metrics:
+        for m in self._all():
             m.inc(amount)
 
     def observe(self, value: float) -> None:
-        for m in self._metrics:
+        for m in self._all():
             m.observe(value)
 
 
+# vLLM's buckets for vllm:time_per_output_token_seconds (vllm/v1/metrics/loggers.py, v0.11.0)
+_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                 40.0, 80.0)
+_M = ["model_name"]
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
+        self.model_name = model_name
         r = self.registry = CollectorRegistry()
         self.requests = Counter("moe_runtime_requests", "HTTP requests by endpoint (route template; 'unmatched' for "
                                 "unknown paths) and status code (499: the client went away first)",
@@ -38,52 +52,52 @@ class Metrics:
                               "(route template) and OpenAI error type, 500s and errors inside a stream included",
                               ["endpoint", "type"], registry=r)
         # Each of these also updates its vLLM-named twin (vllm:..., same meaning and unit as in vLLM).
-        self.prompt_tokens = _Mirror(
+        self.prompt_tokens = _Mirror(self,
             Counter("moe_runtime_prompt_tokens", "prompt tokens processed", registry=r),
-            Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", registry=r))
-        self.generation_tokens = _Mirror(
+            Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", _M, registry=r))
+        self.generation_tokens = _Mirror(self,
             Counter("moe_runtime_generation_tokens", "tokens generated", registry=r),
-            Counter("vllm:generation_tokens", "Number of generation tokens processed.", registry=r))
-        self.latency = _Mirror(
+            Counter("vllm:generation_tokens", "Number of generation tokens processed.", _M, registry=r))
+        self.latency = _Mirror(self,
             Histogram("moe_runtime_request_latency_seconds", "request latency (end to end)", buckets=_LAT_BUCKETS,
                       registry=r),
-            Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+            Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", _M,
                       buckets=_LAT_BUCKETS, registry=r))
-        self.ttft = _Mirror(
+        self.ttft = _Mirror(self,
             Histogram("moe_runtime_time_to_first_token_seconds", "time to first token", buckets=_LAT_BUCKETS,
                       registry=r),
-            Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _M,
                       buckets=_LAT_BUCKETS, registry=r))
-        self.queue_depth = _Mirror(
+        self.queue_depth = _Mirror(self,
             Gauge("moe_runtime_queue_depth", "requests waiting for a batch slot", registry=r),
-            Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", registry=r))
-        self.running = _Mirror(
+            Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", _M, registry=r))
+        self.running = _Mirror(self,
             Gauge("moe_runtime_running_requests", "requests in the decode batch", registry=r),
-            Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", registry=r))
+            Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", _M, registry=r))
         # The paged KV cache: use = blocks referenced by a sequence / blocks (cached blocks no sequence
         # holds count as free). vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc (0.10); both
         # are exported (fractions, 0-1).
-        self.kv_usage = _Mirror(
+        self.kv_usage = _Mirror(self,
             Gauge("moe_runtime_kv_cache_usage", "fraction of KV-cache blocks held by running requests", registry=r),
-            Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", registry=r),
-            Gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", registry=r))
+            Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", _M, registry=r),
+            Gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", _M, registry=r))
         self.kv_blocks = Gauge("moe_runtime_kv_cache_blocks", "KV-cache capacity in blocks", registry=r)
         self.kv_block_size = Gauge("moe_runtime_kv_cache_block_size", "tokens per KV-cache block", registry=r)
         self.kv_bytes = Gauge("moe_runtime_kv_cache_bytes", "bytes allocated for the KV cache", registry=r)
-        self.prefix_queries = _Mirror(
+        self.prefix_queries = _Mirror(self,
             Counter("moe_runtime_prefix_cache_queries", "prompt tokens looked up in the prefix cache", registry=r),
-            Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+            Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", _M,
                     registry=r))
-        self.prefix_hits = _Mirror(
+        self.prefix_hits = _Mirror(self,
             Counter("moe_runtime_prefix_cache_hits", "prompt tokens served from the prefix cache", registry=r),
-            Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", registry=r))
+            Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", _M, registry=r))
         self.prefix_hit_rate = Gauge("moe_runtime_prefix_cache_hit_rate",
                                      "prefix-cache hits / queries (tokens) since start", registry=r)
         self.prefill_computed = Counter("moe_runtime_prefill_computed_tokens",
                                         "prompt tokens computed by prefill (prefix-cache hits excluded)", registry=r)
-        self.preemptions = _Mirror(
+        self.preemptions = _Mirror(self,
             Counter("moe_runtime_preemptions", "sequences preempted (recomputed) for lack of KV blocks", registry=r),
-            Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", registry=r))
+            Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", _M, registry=r))
         self.rejected = Counter("moe_runtime_rejected_requests", "requests refused because the queue was full",
                                 registry=r)
         self.fallbacks = Counter("moe_runtime_backend_fallbacks", "MoE backends that failed the self-test and were "
@@ -94,6 +108,20 @@ class Metrics:
         self.load_seconds = Gauge("moe_runtime_weights_load_seconds", "time to read the weights", registry=r)
         self.load_bytes = Gauge("moe_runtime_weights_bytes", "bytes of weights read", registry=r)
         self.decode_steps = Counter("moe_runtime_decode_steps", "batched decode steps", registry=r)
+
+        self.tpot = _Mirror(self,
+            Histogram("moe_runtime_time_per_output_token_seconds", "time between two output tokens of a request",
+                      buckets=_TPOT_BUCKETS, registry=r),
+            Histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", _M,
+                      buckets=_TPOT_BUCKETS, registry=r))
+
+    def bind_model(self, name: str) -> None:
+        """The served model name, the vLLM twins' model_name label from now on (their series exist
+        from here, at 0, as in vLLM: a dashboard or an HPA finds them before the first request)."""
+        self.model_name = name
+        for m in vars(self).values():
+            if isinstance(m, _Mirror):
+                list(m._all())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -27,3 +27,5 @@ class ServerState:
     options: ServerOptions = field(default_factory=ServerOptions)
     long_encoder: Any = None  # tokenize_worker.LongEncoder (serve sets it): long texts off the GIL
 
+    def __post_init__(self) -> None:
+        self.metrics.bind_model(self.model_name)  # vLLM's model_name label on the vllm:* twins

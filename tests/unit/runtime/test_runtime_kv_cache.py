@@ -155,7 +155,7 @@ def test_shared_prefix_computes_only_the_suffix(model):
     text = m.render().decode()
     hits = 32 + (len(p2) - 1) // 8 * 8
     assert f"moe_runtime_prefix_cache_hits_total {float(hits)}" in text
-    assert f"vllm:prefix_cache_queries_total {float(len(p1) + 2 * len(p2))}" in text
+    assert f"vllm:prefix_cache_queries_total{{model_name=\"\"}} {float(len(p1) + 2 * len(p2))}" in text
     assert "moe_runtime_prefix_cache_hit_rate " in text and "moe_runtime_kv_cache_blocks 64.0" in text
     assert eng.kv.num_free == 64 and eng.kv.usage == 0  # every block released on finish
 

@@ -1,0 +1,56 @@
+"""vLLM's dashboard works on our /metrics (issue 31 item 8): the vllm:* twins carry the served
+`model_name` label (every panel of vLLM's Grafana dashboard filters on it) and the inter-token
+latency histogram vllm:time_per_output_token_seconds is there and fed by the engine."""
+
+import torch
+from fastapi.testclient import TestClient
+
+from moe_runtime.engine import Engine
+from moe_runtime.http.app import create_app
+from moe_runtime.http.state import ServerState
+from moe_runtime.metrics import Metrics
+from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
+
+# the series vLLM's own dashboard (examples/online_serving/prometheus_grafana/grafana.json, v0.11.0)
+# queries, each with {model_name="$model_name"}, that this runtime has a meaning for
+DASHBOARD = ["vllm:e2e_request_latency_seconds_bucket", "vllm:time_to_first_token_seconds_bucket",
+             "vllm:time_per_output_token_seconds_bucket", "vllm:prompt_tokens_total",
+             "vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
+             "vllm:kv_cache_usage_perc"]
+
+
+class TableModel:
+    def __init__(self, vocab: int):
+        self.cfg = {"vocab_size": vocab}
+        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(4))
+
+    def kv_bytes_per_block(self, block_size):
+        return block_size
+
+    def allocate_kv(self, num_blocks, block_size):
+        pass
+
+    def __call__(self, ids, pos, block_tables, last_index=None, kv_len=None):
+        if last_index is not None:
+            ids = ids[torch.arange(ids.shape[0]), last_index][:, None]
+        return self.table[ids]
+
+
+def test_dashboard_series_carry_model_name_and_tpot_is_observed(tmp_path):
+    build_tokenizer_files(tmp_path, 512, 64)
+    tok = Tokenizer(tmp_path)
+    m = Metrics()
+    eng = Engine(TableModel(tok.vocab_size), "cpu", 2, 8, 64, tok.stop_ids, m)
+    eng.start()
+    try:
+        client = TestClient(create_app(ServerState("tiny-moe", m, eng, tok, ready=True)))
+        r = client.post("/v1/completions", json={"prompt": [5], "max_tokens": 6, "ignore_eos": True})
+        assert r.status_code == 200
+        text = client.get("/metrics").text
+    finally:
+        eng.stop()
+    for name in DASHBOARD:
+        assert any(line.startswith(name + "{") and 'model_name="tiny-moe"' in line for line in text.splitlines()), name
+    # 6 tokens: 5 gaps between consecutive tokens
+    assert 'vllm:time_per_output_token_seconds_count{model_name="tiny-moe"} 5.0' in text
+    assert "moe_runtime_time_per_output_token_seconds_count 5.0" in text
