@@ -83,11 +83,18 @@ class Tokenizer:
             self.chat_template = (root / "chat_template.jinja").read_text(encoding="utf-8")
         self.eos_token = _token_text(root / "tokenizer_config.json", "eos_token", cfg.get("eos_token"))
         self.bos_token = _token_text(root / "tokenizer_config.json", "bos_token", cfg.get("bos_token"))
+        # every special token the files name (transformers passes special_tokens_map to the template)
+        self.special_tokens = {k: t for k in _SPECIAL_KEYS
+                               if (t := _token_text(root / "tokenizer_config.json", k, cfg.get(k))) is not None}
         self.stop_ids = {i for i in (self.token_id(self.eos_token), self.token_id(IM_END)) if i is not None}
         # generation_config.json / config.json eos ids (an int or a list, e.g. Qwen's two)
         for name in ("generation_config.json", "config.json"):
             self.stop_ids.update(_token_ids(root / name, "eos_token_id", _json_object(root / name).get("eos_token_id"),
                                             self.vocab_size))
+        try:  # compiled now, so a broken template fails the start (before Ready), not the first chat
+            self._chat_template
+        except Exception as e:  # noqa: BLE001 - jinja's TemplateSyntaxError and what an extension raises
+            raise RuntimeFailure(f"{root}: the chat template does not compile: {type(e).__name__}: {e}") from None
 
     def token_id(self, token: str | None) -> int | None:
         return self._tok.token_to_id(token) if token else None
@@ -116,7 +123,8 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
         return self._chat_template.render(
-            messages=messages, add_generation_prompt=True, bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+            messages=messages, add_generation_prompt=True,
+            **{"bos_token": "", "eos_token": "", **self.special_tokens})
 
     @functools.cached_property
     def _chat_template(self):
@@ -129,7 +137,7 @@ class Tokenizer:
         # what transformers' chat_template_utils._compile_jinja_template gives templates (gpt-oss's
         # calls strftime_now for its "Current date" line)
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                           extensions=[jinja2.ext.loopcontrols])
+                                                           extensions=[jinja2.ext.loopcontrols, _GenerationTag])
 
         def raise_exception(message):  # HF templates call this to reject a conversation
             raise ValueError(message)
@@ -141,6 +149,33 @@ class Tokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         env.filters["tojson"] = tojson  # jinja's own escapes HTML characters; transformers' does not
         return env.from_string(self.chat_template or CHAT_TEMPLATE)
+
+
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _generation_tag():
+    import jinja2.ext
+    from jinja2 import nodes
+
+    class GenerationTag(jinja2.ext.Extension):
+        """transformers' `{% generation %}...{% endgeneration %}` (chat_template_utils.AssistantTracker,
+        4.5x): marks the assistant's part for training masks; when serving it renders its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller):
+            return caller()
+
+    return GenerationTag
+
+
+_GenerationTag = _generation_tag()
 
 
 class IncrementalDecoder:
