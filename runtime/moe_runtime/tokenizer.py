@@ -121,10 +121,22 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
-        return self._chat_template.render(
-            messages=messages, add_generation_prompt=True,
-            **{"bos_token": "", "eos_token": "", **self.special_tokens})
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None) -> str:
+        """As transformers' apply_chat_template (4.5x): the caller's template kwargs over the special
+        tokens; continue_final_message cuts the text after the last message's content, so the model
+        continues that message (the last message must be the assistant's prefix)."""
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        kw = {"bos_token": "", "eos_token": "", **self.special_tokens, **(template_kwargs or {})}
+        text = self._chat_template.render(**{**kw, "messages": messages, "add_generation_prompt": add_generation_prompt})
+        if continue_final_message:
+            final = (messages[-1].get("content") or "").strip() if messages else ""
+            if not final or final not in text:
+                raise ValueError("continue_final_message: the final message's content is not in the rendered "
+                                 "template")
+            text = text[:text.rindex(final) + len(final)]
+        return text
 
     @functools.cached_property
     def _chat_template(self):

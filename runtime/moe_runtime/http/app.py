@@ -141,10 +141,13 @@ def _too_long(state: ServerState, n_chars: int, param: str) -> JSONResponse | No
     return None
 
 
-async def _chat_prompt(state: ServerState, messages: list[ChatMessage]) -> str | JSONResponse:
+async def _chat_prompt(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                       continue_final_message: bool = False,
+                       template_kwargs: dict[str, Any] | None = None) -> str | JSONResponse:
     try:
         return await asyncio.to_thread(state.tokenizer.apply_chat_template,
-                                       [{"role": x.role, "content": x.text()} for x in messages])
+                                       [{"role": x.role, "content": x.text()} for x in messages],
+                                       add_generation_prompt, continue_final_message, template_kwargs)
     except Exception as e:  # a template that raises on this conversation
         return error(400, f"cannot apply the chat template: {e}", param="messages")
 
@@ -192,9 +195,9 @@ async def _run(state: ServerState, request: Request, prompt_ids: list[int], body
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(stream(state, reqs, rid, created, chat, stops, usage,
-                                        body.include_stop_str_in_output), media_type="text/event-stream",
+                                        body.include_stop_str_in_output, body.skip_special_tokens), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    gather = asyncio.ensure_future(asyncio.gather(*[collect(state, r, stops, body.include_stop_str_in_output) for r in reqs]))
+    gather = asyncio.ensure_future(asyncio.gather(*[collect(state, r, stops, body.include_stop_str_in_output, body.skip_special_tokens) for r in reqs]))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({gather, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -267,7 +270,8 @@ async def chat(body: ChatRequest, request: Request):
         return resp
     if (resp := _too_long(state, sum(len(m.text()) for m in body.messages), "messages")) is not None:
         return resp
-    prompt = await _chat_prompt(state, body.messages)
+    prompt = await _chat_prompt(state, body.messages, body.add_generation_prompt, body.continue_final_message,
+                                body.chat_template_kwargs)
     if isinstance(prompt, JSONResponse):
         return prompt
     return await _run(state, request, await _encode(state, prompt), body, chat=True)
@@ -283,7 +287,7 @@ async def tokenize(body: TokenizeRequest, request: Request):
     if (bad := bad_unicode(body.model_dump())) is not None:
         return error(400, f"invalid Unicode in {bad} (a lone surrogate)", param=bad)
     if body.messages is not None:
-        text = await _chat_prompt(state, body.messages)
+        text = await _chat_prompt(state, body.messages, body.add_generation_prompt)
         if isinstance(text, JSONResponse):
             return text
     else:

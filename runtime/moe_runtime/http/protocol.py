@@ -69,6 +69,7 @@ class Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool = False  # vLLM: the matched stop string ends the text
+    skip_special_tokens: bool = True  # vLLM: special tokens left out of the text
     stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP)
     min_tokens: int = Field(default=0, ge=0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
@@ -153,6 +154,10 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    # vLLM's chat fields (vllm/entrypoints/openai/protocol.py ChatCompletionRequest, v0.11.0)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 

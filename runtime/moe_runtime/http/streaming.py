@@ -37,12 +37,13 @@ def completion_logprobs(tokenizer, lps, offset: int = 0) -> dict[str, Any]:
             "text_offset": offsets}
 
 
-async def events(state: ServerState, req: EngineRequest, stops: list[str], include_stop_str: bool = False):
+async def events(state: ServerState, req: EngineRequest, stops: list[str], include_stop_str: bool = False,
+                 skip_special_tokens: bool = True):
     """(delta text, Sampled | None, Finished | None) as tokens arrive; applies stop strings. The
     possible start of a stop string is held back (StopScanner); on a match the request is cancelled
     and the tokens up to the one that completed it are counted (vLLM stops right there, so the
     tokens the engine made before the cancel landed are not the client's)."""
-    dec = IncrementalDecoder(state.tokenizer)
+    dec = IncrementalDecoder(state.tokenizer, skip_special_tokens)
     scan = StopScanner(stops, include_stop_str) if stops else None
     n = 0  # tokens received (the EOS / stop token is not sent, only counted in Finished)
     while True:
@@ -73,9 +74,9 @@ async def events(state: ServerState, req: EngineRequest, stops: list[str], inclu
         yield delta, lp, None
 
 
-async def collect(state: ServerState, req, stops, include_stop_str: bool = False):
+async def collect(state: ServerState, req, stops, include_stop_str: bool = False, skip_special_tokens: bool = True):
     parts, lps = [], []
-    async for delta, lp, fin in events(state, req, stops, include_stop_str):
+    async for delta, lp, fin in events(state, req, stops, include_stop_str, skip_special_tokens):
         parts.append(delta)
         if lp is not None:
             lps.append(lp)
@@ -84,7 +85,8 @@ async def collect(state: ServerState, req, stops, include_stop_str: bool = False
     raise RuntimeError("unreachable")
 
 
-async def stream(state: ServerState, reqs, rid, created, chat, stops, include_usage, include_stop_str: bool = False):
+async def stream(state: ServerState, reqs, rid, created, chat, stops, include_usage, include_stop_str: bool = False,
+                 skip_special_tokens: bool = True):
     obj = "chat.completion.chunk" if chat else "text_completion"
     offsets = [0] * len(reqs)
 
@@ -111,7 +113,7 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
 
     async def pump(i, r):
         try:
-            async for delta, lp, fin in events(state, r, stops, include_stop_str):
+            async for delta, lp, fin in events(state, r, stops, include_stop_str, skip_special_tokens):
                 await q.put((i, delta, lp, fin))
                 if fin is not None:
                     return

@@ -37,3 +37,14 @@ def test_a_broken_template_fails_at_load(tmp_path):
     d = files(tmp_path, "{% for m in messages %}{{ m['content'] }")
     with pytest.raises(RuntimeFailure, match="chat template does not compile"):
         Tokenizer(d)
+
+
+def test_continue_final_message_and_template_kwargs(tmp_path):
+    d = files(tmp_path, "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+                        "{% if add_generation_prompt %}<assistant>{% endif %}{% if flag %}!{% endif %}")
+    tok = Tokenizer(d)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The quick"}]
+    assert tok.apply_chat_template(msgs, False, True) == "<user>hi</s><assistant>The quick"
+    assert tok.apply_chat_template(msgs[:1], template_kwargs={"flag": True}).endswith("<assistant>!")
+    with pytest.raises(ValueError, match="cannot both"):
+        tok.apply_chat_template(msgs, True, True)

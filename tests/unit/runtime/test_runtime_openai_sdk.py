@@ -11,7 +11,7 @@ from moe_runtime.engine import Engine
 from moe_runtime.http.app import create_app
 from moe_runtime.http.state import ServerState
 from moe_runtime.metrics import Metrics
-from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
+from moe_runtime.tokenizer import SPECIALS, Tokenizer, build_tokenizer_files
 
 MAX_LEN = 96
 
@@ -93,3 +93,38 @@ def test_errors_are_the_sdks_exception_classes(sdk, kw, exc, needle):
     with pytest.raises(exc) as e:
         sdk.completions.create(**{"model": "tiny", "prompt": "Hello", **kw})
     assert needle in str(e.value)
+
+
+def test_vllm_chat_fields_through_extra_body(sdk):
+    """chat_template_kwargs, add_generation_prompt, continue_final_message (vLLM's fields) shape the
+    prompt: visible in prompt_tokens."""
+    msgs = [{"role": "user", "content": "Hi"}]
+
+    def prompt_n(**extra):
+        return sdk.chat.completions.create(model="tiny", messages=msgs, max_tokens=1,
+                                           extra_body=extra).usage.prompt_tokens
+
+    with_gen = prompt_n()
+    assert prompt_n(add_generation_prompt=False) < with_gen
+    assert prompt_n(chat_template_kwargs={"enable_thinking": False}) == with_gen  # accepted (unused here)
+    cont = [*msgs, {"role": "assistant", "content": "The quick"}]
+    r = sdk.chat.completions.create(model="tiny", messages=cont, max_tokens=1,
+                                    extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    full = sdk.chat.completions.create(model="tiny", messages=cont, max_tokens=1,
+                                       extra_body={"add_generation_prompt": False})
+    assert r.usage.prompt_tokens < full.usage.prompt_tokens  # cut after "The quick" (no <|im_end|>)
+    with pytest.raises(openai.BadRequestError, match="continue_final_message"):
+        sdk.chat.completions.create(model="tiny", messages=cont, max_tokens=1,
+                                    extra_body={"continue_final_message": True})
+
+
+def test_skip_special_tokens_false_keeps_them(sdk):
+    """The same greedy output with and without skip_special_tokens: equal once the specials are removed,
+    and this chain has some (seeded table model)."""
+    kw = dict(model="tiny", prompt=[1, 2, 3], max_tokens=40, temperature=0)
+    plain = sdk.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].text
+    kept = sdk.completions.create(**kw, extra_body={"ignore_eos": True, "skip_special_tokens": False}).choices[0].text
+    stripped = kept
+    for s in SPECIALS:
+        stripped = stripped.replace(s, "")
+    assert kept != plain and stripped == plain
