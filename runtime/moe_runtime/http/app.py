@@ -158,44 +158,52 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _run(state: ServerState, request: Request, prompt_ids: list[int], body: Sampling, chat: bool):
+async def _run(state: ServerState, request: Request, prompts: list[list[int]], body: Sampling, chat: bool):
+    """One engine request per (prompt, choice); a batched prompt's choices are numbered
+    prompt * n + choice (vLLM's serving_completion)."""
     loop = asyncio.get_running_loop()
     max_len = _max_len(state)
     asked = body.max_completion_tokens or body.max_tokens
-    if (why := context_overflow(len(prompt_ids), asked, max_len)) is not None:
-        return error(400, why, param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
-                     code="context_length_exceeded")
-    params = body.sampling(default_max_tokens(chat, len(prompt_ids), max_len))
-    if params.min_tokens > params.max_tokens:
-        return error(400, f"min_tokens ({params.min_tokens}) is larger than max_tokens ({params.max_tokens})",
-                     param="min_tokens")
+    per_prompt = []
+    for prompt_ids in prompts:
+        if (why := context_overflow(len(prompt_ids), asked, max_len)) is not None:
+            return error(400, why, param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
+                         code="context_length_exceeded")
+        params = body.sampling(default_max_tokens(chat, len(prompt_ids), max_len))
+        if params.min_tokens > params.max_tokens:
+            return error(400, f"min_tokens ({params.min_tokens}) is larger than max_tokens ({params.max_tokens})",
+                         param="min_tokens")
+        per_prompt.append((prompt_ids, params))
     max_queue = getattr(state.engine, "max_queue", None)
-    if max_queue is not None and body.n > max_queue:  # would be 429 forever, however often retried
-        return error(400, f"n={body.n} is more than this server's request queue ({max_queue})", param="n")
+    if max_queue is not None and body.n * len(prompts) > max_queue:  # would be 429 forever, however often retried
+        return error(400, f"n={body.n} x {len(prompts)} prompt(s) is more than this server's request queue "
+                     f"({max_queue})", param="n")
     reqs: list[EngineRequest] = []
-    for i in range(body.n):
-        p = params if params.seed is None or i == 0 else dataclasses.replace(
-            params, seed=(params.seed + i) % (2**63))
-        req = EngineRequest(prompt_ids, p, loop, asyncio.Queue())
-        try:
-            state.engine.submit(req)
-        except (QueueFull, Draining, ValueError) as e:
-            for r in reqs:
-                state.engine.cancel(r)
-            if isinstance(e, QueueFull):
-                return error(429, "server overloaded: request queue is full, retry later",
-                             headers={"Retry-After": "1"})
-            if isinstance(e, Draining):
-                return error(503, "server is shutting down")
-            return error(400, str(e), param="messages" if chat else "prompt", code="context_length_exceeded")
-        reqs.append(req)
+    for prompt_ids, params in per_prompt:
+        for i in range(body.n):
+            p = params if params.seed is None or i == 0 else dataclasses.replace(
+                params, seed=(params.seed + i) % (2**63))
+            req = EngineRequest(prompt_ids, p, loop, asyncio.Queue())
+            try:
+                state.engine.submit(req)
+            except (QueueFull, Draining, ValueError) as e:
+                for r in reqs:
+                    state.engine.cancel(r)
+                if isinstance(e, QueueFull):
+                    return error(429, "server overloaded: request queue is full, retry later",
+                                 headers={"Retry-After": "1"})
+                if isinstance(e, Draining):
+                    return error(503, "server is shutting down")
+                return error(400, str(e), param="messages" if chat else "prompt", code="context_length_exceeded")
+            reqs.append(req)
+    prompt_n = sum(len(p) for p in prompts)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     stops = body.stops()
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(stream(state, reqs, rid, created, chat, stops, usage,
-                                        body.include_stop_str_in_output, body.skip_special_tokens), media_type="text/event-stream",
+                                        body.include_stop_str_in_output, body.skip_special_tokens, prompt_n), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     gather = asyncio.ensure_future(asyncio.gather(*[collect(state, r, stops, body.include_stop_str_in_output, body.skip_special_tokens) for r in reqs]))
     gone = asyncio.ensure_future(_disconnected(request))
@@ -215,7 +223,6 @@ async def _run(state: ServerState, request: Request, prompt_ids: list[int], body
     if failed:
         return error(500, f"generation failed: {failed[0].error}", "server_error")
     completion = sum(fin.completion_tokens for _, _, fin in results)
-    prompt_n = results[0][2].prompt_tokens
     usage = {"prompt_tokens": prompt_n, "completion_tokens": completion, "total_tokens": prompt_n + completion}
     choices = []
     for i, (text, lps, fin) in enumerate(results):
@@ -245,21 +252,22 @@ async def completions(body: CompletionRequest, request: Request):
         return resp
     if (resp := refusal(body, _vocab(state))) is not None:
         return resp
-    p = body.prompt
-    if isinstance(p, list) and isinstance(p[0], (str, list)):
-        p = p[0]
-    if isinstance(p, str):
-        if (resp := _too_long(state, len(p), "prompt")) is not None:
-            return resp
-        ids = await _encode(state, p)
-    else:
-        vocab = _vocab(state)
-        if any(t < 0 or t >= vocab for t in p):
-            return error(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
-        ids = list(p)
-    if not ids:
-        return error(400, "prompt encodes to zero tokens", param="prompt")
-    return await _run(state, request, ids, body, chat=False)
+    batch = body.prompt if isinstance(body.prompt, list) and isinstance(body.prompt[0], (str, list)) else [body.prompt]
+    prompts = []
+    for p in batch:
+        if isinstance(p, str):
+            if (resp := _too_long(state, len(p), "prompt")) is not None:
+                return resp
+            ids = await _encode(state, p)
+        else:
+            vocab = _vocab(state)
+            if any(t < 0 or t >= vocab for t in p):
+                return error(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+            ids = list(p)
+        if not ids:
+            return error(400, "prompt encodes to zero tokens", param="prompt")
+        prompts.append(ids)
+    return await _run(state, request, prompts, body, chat=False)
 
 
 async def chat(body: ChatRequest, request: Request):
@@ -274,7 +282,7 @@ async def chat(body: ChatRequest, request: Request):
                                 body.chat_template_kwargs)
     if isinstance(prompt, JSONResponse):
         return prompt
-    return await _run(state, request, await _encode(state, prompt), body, chat=True)
+    return await _run(state, request, [await _encode(state, prompt)], body, chat=True)
 
 
 async def tokenize(body: TokenizeRequest, request: Request):

@@ -13,6 +13,7 @@ from ..engine import SamplingParams
 
 MAX_N = 16  # choices per request
 MAX_STOP = 16  # stop strings / stop token ids per request
+MAX_BATCH_PROMPTS = 256  # prompts in one /v1/completions request (a batch of lm-eval requests)
 MAX_LOGPROBS = 20
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -110,10 +111,13 @@ class CompletionRequest(Sampling):
     def _one_prompt(cls, v):
         if isinstance(v, list) and not v:
             raise ValueError("prompt must not be empty")
-        if isinstance(v, list) and isinstance(v[0], (str, list)) and len(v) != 1:
-            raise ValueError("batched prompts are not supported; send one prompt per request")
-        if isinstance(v, list) and isinstance(v[0], list) and not v[0]:
-            raise ValueError("prompt must not be empty")
+        if isinstance(v, list) and isinstance(v[0], (str, list)):
+            if len(v) > MAX_BATCH_PROMPTS:
+                raise ValueError(f"at most {MAX_BATCH_PROMPTS} prompts in one request")
+            if any(not p for p in v):
+                raise ValueError("prompt must not be empty")
+            if len({type(p) for p in v}) != 1:
+                raise ValueError("a batched prompt is all strings or all token-id lists")
         return v
 
     def top_logprobs_k(self) -> int | None:

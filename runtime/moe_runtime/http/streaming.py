@@ -86,7 +86,7 @@ async def collect(state: ServerState, req, stops, include_stop_str: bool = False
 
 
 async def stream(state: ServerState, reqs, rid, created, chat, stops, include_usage, include_stop_str: bool = False,
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, prompt_n: int | None = None):
     obj = "chat.completion.chunk" if chat else "text_completion"
     offsets = [0] * len(reqs)
 
@@ -121,7 +121,7 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
             await q.put((i, "", None, Finished("error", len(r.prompt_ids), len(r.generated), repr(e))))
 
     tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(reqs)]
-    prompt_n, completion = len(reqs[0].prompt_ids), 0
+    prompt_n, completion = (len(reqs[0].prompt_ids) if prompt_n is None else prompt_n), 0
     try:
         if chat:
             for i in range(len(reqs)):

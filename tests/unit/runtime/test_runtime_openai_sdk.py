@@ -128,3 +128,23 @@ def test_skip_special_tokens_false_keeps_them(sdk):
     for s in SPECIALS:
         stripped = stripped.replace(s, "")
     assert kept != plain and stripped == plain
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_batched_prompts(sdk, stream):
+    """prompt: [a, b] (strings or token-id lists) answers each; choice index = prompt * n + choice (vLLM)."""
+    kw = dict(model="tiny", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    singles = [sdk.completions.create(prompt=p, **kw) for p in ("Hello", "The quick")]
+    if stream:
+        chunks = list(sdk.completions.create(prompt=["Hello", "The quick"], n=2, stream=True,
+                                             stream_options={"include_usage": True}, **kw))
+        texts = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+                 for i in range(4)}
+        usage = chunks[-1].usage
+    else:
+        r = sdk.completions.create(prompt=["Hello", "The quick"], n=2, **kw)
+        texts, usage = {c.index: c.text for c in r.choices}, r.usage
+    assert [texts[i] for i in range(4)] == [singles[0].choices[0].text] * 2 + [singles[1].choices[0].text] * 2
+    assert usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles) and usage.completion_tokens == 16
+    ids = sdk.completions.create(prompt=[[5, 6], [7]], **kw)
+    assert [c.index for c in ids.choices] == [0, 1] and ids.usage.prompt_tokens == 3
