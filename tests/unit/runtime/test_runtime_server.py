@@ -136,7 +136,7 @@ def test_chat_and_streaming(server):
     (json.dumps({"prompt": [999999]}).encode(), 400, "token ids"),
     (json.dumps({"prompt": "x", "model": "gpt-5"}).encode(), 404, "does not exist"),
     (json.dumps({"prompt": "x", "n": 17}).encode(), 400, "n"),
-    (json.dumps({"prompt": ["a", "b"]}).encode(), 400, "batched prompts"),
+    (json.dumps({"prompt": ["a", [1]]}).encode(), 400, "prompt"),  # a batch mixes strings and ids
     (json.dumps({"prompt": "x", "logprobs": 6}).encode(), 400, "logprobs"),
     (json.dumps({"prompt": "x", "echo": True}).encode(), 400, "not supported by this server: echo"),
 ])
