@@ -152,6 +152,13 @@ async def _chat_prompt(state: ServerState, messages: list[ChatMessage], add_gene
         return error(400, f"cannot apply the chat template: {e}", param="messages")
 
 
+def _retrieve(fut: asyncio.Future) -> None:
+    try:
+        fut.exception()
+    except BaseException:  # noqa: BLE001 - CancelledError is what a cancelled gather holds
+        pass
+
+
 async def _disconnected(request: Request) -> None:
     """Returns when the client goes away (the body has been read already)."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -213,6 +220,8 @@ async def _run(state: ServerState, request: Request, prompts: list[list[int]], b
         gone.cancel()
         if not gather.done():  # the client left (or this task was cancelled): free the slots
             gather.cancel()
+            # its CancelledError is expected: retrieved, or asyncio logs "exception was never retrieved"
+            gather.add_done_callback(_retrieve)
         for r in reqs:
             if not r.done:
                 state.engine.cancel(r)
