@@ -24,6 +24,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
         extra = {k: v for k, v in node.items() if k != "$ref"}
         return _structural({**target, **extra}, defs)
+    if "allOf" in node and len(node["allOf"]) == 1:
+        # pydantic < 2.9 wraps a $ref that has sibling keywords (a description, a default) in a
+        # one-element allOf; the same inlining as a bare $ref (the floors test plans with 2.7)
+        rest = {k: v for k, v in node.items() if k != "allOf"}
+        return _structural({**node["allOf"][0], **rest}, defs)
     if "anyOf" in node:  # Optional[X] -> X (an absent field is how Kubernetes says "unset")
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
         if len(options) != 1:

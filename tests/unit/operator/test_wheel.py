@@ -126,3 +126,47 @@ def test_runtime_modules_of_the_wheel_import(dist, tmp_path):
             "assert os.path.exists(c.table_path('NVIDIA H200')), 'tuned table not in the wheel'\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     _run([str(py), "-c", code, json.dumps(mods)], cwd=tmp_path, env=env)
+
+
+def _uv() -> str:
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.exists():
+        pytest.fail("uv is not installed (it is in the dev extra: make setup)")
+    return str(uv)
+
+
+def test_base_install_at_the_declared_floors(dist, tmp_path):
+    """Every base dependency at the lowest version pyproject.toml admits (uv's lowest-direct
+    resolution): the operator's modules import, it plans, and the CRD it generates is the one shipped.
+    A floor that admits a release the code cannot use fails here (huggingface-hub 0.x, whose
+    downloader API differs; pydantic 2.7, whose JSON schema wraps $refs in allOf)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (tmp_path / "floors.txt").write_text("\n".join(deps) + "\n")
+    env = tmp_path / "floors"
+    _run([_uv(), "venv", "-q", "-p", sys.executable, str(env)])
+    py = env / "bin" / "python"
+    _run([_uv(), "pip", "install", "-q", "-p", str(py), "--resolution", "lowest-direct", "-r", str(tmp_path / "floors.txt")])
+    _run([_uv(), "pip", "install", "-q", "-p", str(py), "--no-deps", str(_wheel(dist))])
+    listed = {d["name"].lower().replace("_", "-"): d["version"]
+              for d in json.loads(_run([_uv(), "pip", "list", "-p", str(py), "--format", "json"]).stdout)}
+    for d in deps:
+        req = Requirement(d)
+        floor = next((s.version for s in req.specifier if s.operator == ">="), None)
+        if floor:
+            got = listed[req.name.lower().replace("_", "-")]
+            assert Requirement(f"x=={got}").specifier.contains(floor) or got.startswith(floor), \
+                f"{req.name}: {got} installed, the floor is {floor} (lowest-direct did not resolve to it)"
+    mods = _modules(_wheel(dist), ("moe_core", "moe_operator"))
+    code = "import importlib, json, sys\nfor m in json.loads(sys.argv[1]):\n    importlib.import_module(m)\n"
+    _run([str(py), "-c", code, json.dumps(mods)], cwd=tmp_path)
+    cli = env / "bin" / "moe-operator"
+    plan = json.loads(_run([str(cli), "plan", "--checkpoint", str(SAMPLE), "--gpu", "B200", "--engine", "sglang", "-o", "json"],
+                           cwd=tmp_path).stdout)
+    assert plan["moe"]["runnerBackend"] == "flashinfer_trtllm" and plan["errors"] == []
+    crd = _run([str(cli), "crd"], cwd=tmp_path).stdout
+    assert crd == (ROOT / "crds" / "moedeployments.yaml").read_text(), \
+        "the CRD generated at the dependency floors differs from the shipped one"
