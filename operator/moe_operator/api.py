@@ -175,7 +175,17 @@ class Toleration(_Model):
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(None, max_length=63, pattern=LABEL_VALUE_PATTERN)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    tolerationSeconds: int | None = Field(None, ge=-9223372036854775808, le=9223372036854775807)
+    # int64 as Kubernetes has it: `format: int64` in the schema, the range checked here only (the
+    # API server stores a CRD's minimum/maximum as float64, so int64 bounds there never compare
+    # equal to the manifest and every `kubectl apply` reports the CRD "configured")
+    tolerationSeconds: int | None = Field(None, json_schema_extra={"format": "int64"})
+
+    @field_validator("tolerationSeconds")
+    @classmethod
+    def _int64(cls, v: int | None) -> int | None:
+        if v is not None and not -(2 ** 63) <= v < 2 ** 63:
+            raise ValueError("tolerationSeconds must fit in a 64-bit integer")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "Toleration":

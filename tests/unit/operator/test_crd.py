@@ -92,3 +92,24 @@ def test_models_reject_bad_specs(bad, msg):
                                  "pvc://models/deepseek/v3", "file:///models/dsv3"])
 def test_uri_forms(uri):
     MoEDeploymentSpec.model_validate({"model": {"uri": uri}})
+
+
+def test_crd_numbers_survive_the_api_servers_float64():
+    """The API server keeps a CRD schema's numbers as float64: an integer beyond 2**53 comes back
+    changed, so every `kubectl apply` of the manifest reports the CRD "configured" (int64 bounds on
+    tolerationSeconds did). Such ranges are checked in the pydantic model instead."""
+    import yaml
+
+    def numbers(node, path=""):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from numbers(v, f"{path}/{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                yield from numbers(v, f"{path}[{i}]")
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            yield path, node
+
+    crd = yaml.safe_load((ROOT / "crds" / "moedeployments.yaml").read_text())
+    bad = [(p, n) for p, n in numbers(crd) if float(n) != n or abs(n) > 2 ** 53]
+    assert not bad, f"numbers float64 does not keep: {bad}"
