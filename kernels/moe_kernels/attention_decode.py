@@ -188,12 +188,15 @@ def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 caches keep fp32 dots; bf16 dots ignore it
 
 
-def mla_config(heads: int) -> tuple[int, int, int, int]:
+def mla_config(heads: int, cache_bytes: int = 2) -> tuple[int, int, int, int]:
     """(heads per program, tokens per tile, warps, stages) for the MLA decode kernel: the best of
-    bench_attention.py --sweep on one H200 (2026-12-01): 64 heads x 64 tokens at 128 heads (3.07x vs
-    4.40x at 32 tokens), 16 x 128 at 16 heads (1.65x vs 2.15x)."""
+    bench_attention.py --sweep on one H200 (2026-12-01) for bf16 caches: 64 heads x 64 tokens at 128
+    heads (3.07x vs 4.40x at 32 tokens), 16 x 128 at 16 heads (1.65x vs 2.15x). A 4-byte (fp32)
+    cache gets half the tokens per tile, the same shared-memory bytes (64 x 64 x fp32 needs 304 KiB
+    of the H200's 227)."""
     bh = min(64, max(16, _pow2(heads)))
-    return (bh, 128, 8, 2) if bh <= 16 else (bh, 64, 8, 2)
+    bn = 128 if bh <= 16 else 64
+    return bh, max(16, bn * 2 // max(cache_bytes, 2)), 8, 2
 
 
 def gqa_config(group: int, head_dim: int) -> tuple[int, int, int]:
@@ -219,7 +222,7 @@ def decode_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, seq_lens, scal
     for name, x in (("q_abs", q_abs), ("q_rot", q_rot), ("ckv_cache", ckv_cache), ("krot_cache", krot_cache)):
         if x.stride(-1) != 1:
             raise ValueError(f"paged_decode_mla: {name} must be contiguous in its last dim")
-    bh, bn, warps, stages = config or mla_config(H)
+    bh, bn, warps, stages = config or mla_config(H, ckv_cache.element_size())
     hblocks = -(-H // bh)
     bt = block_tables.contiguous()
     splits = num_splits_ or num_splits(B, bt.shape[1] * bs, hblocks, _sm_count(q_abs.device), bn)

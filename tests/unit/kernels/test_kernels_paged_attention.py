@@ -75,3 +75,15 @@ def test_num_splits_fills_the_gpu_and_keeps_slices_long():
     assert num_splits(1, 10**6, 1, 132, 16) == 64  # capped
     with pytest.raises(ValueError, match="batch=0"):
         num_splits(0, 10, 1, 132, 16)
+
+
+def test_mla_config_keeps_shared_memory_bytes_for_fp32_caches():
+    """A 4-byte cache gets half the tokens per tile of the bf16 default: the same shared-memory bytes
+    (64 heads x 64 tokens of an fp32 cache needed 304 KiB of the H200's 227 KiB: OutOfResources)."""
+    from moe_kernels.attention_decode import mla_config
+
+    for heads in (128, 64, 16, 4):
+        bh2, bn2, *_ = mla_config(heads, 2)
+        bh4, bn4, *_ = mla_config(heads, 4)
+        assert bh2 == bh4 and bn4 * 4 == bn2 * 2
+    assert mla_config(128)[:2] == (64, 64) and mla_config(16)[:2] == (16, 128)
