@@ -454,6 +454,9 @@ def _run_checks(b: _Builder, checks: tuple[Check, ...], runner: str) -> None:
                 fired.add(c.id)
     # explicit: the spec's runner/a2a, or a runner translated from the user's own env (E2 SGLANG_CUTLASS_MOE, W7 VLLM_*)
     from_env = any(d.key == "moe.runnerBackend" and d.rule in ("E2", "W7") for d in b.decisions)
+    note = engine_rules.coverage_note(f.engine, f.version)
+    if note:  # every plan for a release not read says its start-up checks are not judged (no rule is guessed)
+        b.warnings.append(f"[ER0] {note}")
     if f.engine in ("sglang", "vllm") and (f.choices.runner_backend != "auto" or f.a2a != "none" or from_env):
         _engine_start_checks(b, checks, runner, frozenset(fired), first_error)
 
@@ -477,9 +480,6 @@ def _engine_start_checks(b: _Builder, checks: tuple[Check, ...], runner: str, fi
     f = b.f
     case = _engine_case(f, runner, b.args)
     b.errors.extend(r.text for r in engine_rules.check(case, skip_same_as=fired))
-    note = engine_rules.coverage_note(f.engine, f.version)
-    if note:
-        b.warnings.append(f"[ER0] {note}")
     if len(b.errors) == first_error:
         return
 
@@ -1024,7 +1024,8 @@ def auto_fallbacks(p: Plan) -> list[str]:
         fb = FALLBACKS.get(d.rule)
         if fb and fb[0](d.value):
             out.append(f"[{d.rule}] {d.key}={d.value}: {fb[1]}")
-    out += [w for w in p.warnings if w.startswith("[FI0] ")]
+    # the release was not read: its start-up checks are not judged (engine_rules.coverage_note)
+    out += [w for w in p.warnings if w.startswith(("[FI0] ", "[ER0] "))]
     auto = [d for d in p.decisions if d.key == "moe.runnerBackend" and d.rule == "B2"]
     if p.engine.name == "bundled" and auto:
         from moe_core.formats import expert_format

@@ -13,9 +13,10 @@ the check). `check(case)` returns the refusals; `alternatives(case)` the values 
 same checkpoint on the same GPU with the same engine version.
 
 Versions read (released wheels from PyPI, unpacked outside the project): see `VERSIONS_READ`.
-A rule applies to a version when the nearest release read at or below it has the check (releases
-not read between two read ones therefore get only the checks the older one had: no refusal is
-guessed). A version newer than the newest read is checked with the newest read's rules and says so.
+A rule applies to a version only when that very release was read and has the check (`since`). A
+release not read (between two read ones, older or newer than all, a post release of a read one) is
+never guessed from its neighbours: its start-up checks are "not judged", and the plan says so with
+the nearest releases read named (`coverage_note`, warning ER0, also an admission warning).
 """
 
 from __future__ import annotations
@@ -115,33 +116,61 @@ class Refusal:
     text: str
 
 
+_RELEASE = re.compile(r"v?(\d+(?:\.\d+)*)(?:[.-]?(rc|post)(\d+))?(?:\+.*)?")
+
+
+def release_key(v: str) -> tuple | None:
+    """Sort key of a release string ('0.5.23' < '0.5.23.post1' < '0.5.24rc0' < '0.5.24'); None when
+    the string is not a release number. A post release is a release of its own, not its base's."""
+    m = _RELEASE.fullmatch((v or "").strip())
+    if not m:
+        return None
+    tag = {"rc": 0, None: 1, "post": 2}[m.group(2)]
+    return (vt(m.group(1)), tag, int(m.group(3) or 0))
+
+
+def read_as(engine: str, version: str) -> str | None:
+    """The entry of VERSIONS_READ that is this very release, or None when it was not read."""
+    key = release_key(version)
+    return next((v for v in VERSIONS_READ.get(engine, ()) if key is not None and release_key(v) == key), None)
+
+
 def read_floor(engine: str, version: str) -> str | None:
     """The newest release read at or below `version` (None: older than everything read)."""
-    below = [v for v in VERSIONS_READ.get(engine, ()) if vt(v) <= vt(version)]
-    return max(below, key=vt) if below else None
+    key = release_key(version)
+    below = [v for v in VERSIONS_READ.get(engine, ()) if key is not None and release_key(v) <= key]
+    return max(below, key=release_key) if below else None
+
+
+def read_ceiling(engine: str, version: str) -> str | None:
+    """The oldest release read above `version` (None: newer than everything read)."""
+    key = release_key(version)
+    above = [v for v in VERSIONS_READ.get(engine, ()) if key is not None and release_key(v) > key]
+    return min(above, key=release_key) if above else None
 
 
 def coverage_note(engine: str, version: str) -> str | None:
-    """Why the rules for this version are partial, or None when the version was read."""
+    """Why this version's start-up checks are not judged (with the nearest releases read named), or
+    None when the version was read (or the engine has no start-up rows: bundled)."""
     read = VERSIONS_READ.get(engine, ())
-    if not read:
+    if not read or read_as(engine, version):
         return None
-    if any(vt(version) == vt(v) for v in read):
-        return None
-    floor = read_floor(engine, version)
-    if floor is None:
+    lo, hi = read_floor(engine, version), read_ceiling(engine, version)
+    tail = "; explicit choices are checked only by the planner's own rows (no rule is inferred across releases)"
+    if lo is None and hi is None:
+        return f"{engine} {version} is not a release number: its start-up checks are not judged{tail}"
+    if lo is None:
         return (f"{engine} {version} is older than every release whose start-up checks were read "
-                f"({', '.join(read)}): explicit choices are checked only by the planner's own rows")
-    if vt(version) > max((vt(v) for v in read)):
-        return (f"{engine} {version} is newer than the newest release read ({floor}): explicit choices are "
-                f"checked against {floor}'s start-up checks")
-    return (f"{engine} {version} was not read: explicit choices are checked against the checks of {floor}, "
-            f"the nearest older release read")
+                f"({', '.join(read)}): not judged; nearest release read: {hi}{tail}")
+    if hi is None:
+        return (f"{engine} {version} is newer than the newest release read ({lo}): its start-up checks are "
+                f"not judged; nearest release read: {lo}{tail}")
+    return (f"{engine} {version} was not read: its start-up checks are not judged; nearest releases read: "
+            f"{lo} (older), {hi} (newer){tail}")
 
 
 def _applies(rule: Rule, case: Case) -> bool:
-    floor = read_floor(case.engine, case.version)
-    return floor is not None and vt(rule.source.since) <= vt(floor)
+    return read_as(case.engine, case.version) is not None and vt(rule.source.since) <= vt(case.version)
 
 
 def _rules(engine: str) -> tuple[Rule, ...]:
@@ -201,7 +230,10 @@ def alternatives(case: Case, also_ok: Callable[[Case], bool] | None = None) -> d
     the runner left at auto passes, and, when the a2a choice
     is itself refused or no runner passes with it, {"runner_without_a2a": [...]} (with a2a none), and
     with an a2a choice {"a2a": [...]}: the other a2a values that pass with the case's runner.
-    `also_ok` adds the caller's own checks (the planner's validate rows)."""
+    `also_ok` adds the caller's own checks (the planner's validate rows). A release not read has no
+    alternatives ({}): what it accepts is not judged."""
+    if read_as(case.engine, case.version) is None:
+        return {}
     runners, _ = catalogue(case.engine, case.version)
 
     def ok(c: Case) -> bool:
@@ -224,6 +256,8 @@ def alternatives(case: Case, also_ok: Callable[[Case], bool] | None = None) -> d
 
 def describe_alternatives(case: Case, alts: dict[str, list[str]], flag: str) -> str:
     where = f"{case.fmt} on {case.family} with {case.engine} {case.version}"
+    if read_as(case.engine, case.version) is None:
+        return f"Works instead: not judged ({coverage_note(case.engine, case.version)})."
     with_a2a = alts.get("runner") or []
     parts = []
     if with_a2a:

@@ -54,27 +54,18 @@ A2A_CHOICES = {"0.5.10": _A_0510, "0.5.14": _A_0514, "0.5.17": _A_0517, "0.5.19"
                "0.5.21": _A_0521, "0.5.22": _A_0521, "0.5.23": _A_0521}
 
 
-def _nearest(table: dict, version: str, above: bool = False):
-    keys = sorted(table, key=vt)
-    if above:
-        up = [k for k in keys if vt(k) >= vt(version)]
-        return table[up[0]] if up else table[keys[-1]]
-    down = [k for k in keys if vt(k) <= vt(version)]
-    return table[down[-1]] if down else table[keys[0]]
+def _of_release(table: dict, version: str):
+    """The row of this very release; a release not read has none (its checks are not judged)."""
+    from . import read_as
+    key = read_as("sglang", version)
+    if key is None or key not in table:
+        raise ValueError(f"sglang {version} was not read: its start-up checks are not judged")
+    return table[key]
 
 
 def choices(version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Values accepted by this release: those of the nearest release read at or below it (for a
-    release not read, a value is also accepted when the nearest one above has it: no refusal is
-    guessed)."""
-    runners = tuple(dict.fromkeys(_nearest(RUNNER_CHOICES, version)))
-    a2a = _nearest(A2A_CHOICES, version)
-    if version not in RUNNER_CHOICES:
-        runners = tuple(dict.fromkeys(runners + tuple(r for r in _nearest(RUNNER_CHOICES, version, True)
-                                                      if vt(version) < vt("0.5.23") or r in runners)))
-        a2a = tuple(dict.fromkeys(a2a + tuple(a for a in _nearest(A2A_CHOICES, version, True)
-                                               if vt(version) < vt("0.5.23") or a in a2a)))
-    return runners, a2a
+    """Values accepted by this release (read releases only)."""
+    return tuple(dict.fromkeys(_of_release(RUNNER_CHOICES, version))), _of_release(A2A_CHOICES, version)
 
 
 # Architectures whose model override copies config.json's quant_method into --quantization
@@ -139,10 +130,8 @@ FUSED_FUNCS_BY_RELEASE = {
 
 
 def _fused_funcs(version: str) -> frozenset:
-    """Registered (a2a, runner) pairs of the nearest release read at or below `version`, with those of the
-    nearest one above for a release not read (a pair either has is accepted)."""
-    lo = _nearest(FUSED_FUNCS_BY_RELEASE, version)
-    return lo if version in FUSED_FUNCS_BY_RELEASE else lo | _nearest(FUSED_FUNCS_BY_RELEASE, version, above=True)
+    """Registered (a2a, runner) pairs of this very release (read releases only)."""
+    return _of_release(FUSED_FUNCS_BY_RELEASE, version)
 # Runners with a runner core take the dispatcher's output through a registered pre-permute for
 # its format (base.py PermuteMethodPool.get_pre_permute asserts): triton.py:268 (standard only),
 # triton_kernels.py:161 (standard only), humming.py:839,887,929 (deepep_ll, deepep_normal, standard).

@@ -3,7 +3,7 @@
 Read from the released wheels vllm==0.22.1 and vllm==0.33.0 (PyPI); paths are inside the wheel,
 lines are 0.33.0's. What differs between the two (the CLI choices, each oracle's accepted values,
 the DeepGEMM and OpenAI-Triton capability windows) is data per release in `RELEASES`; a release
-not read uses the nearest older one read.
+not read is not judged (engine_rules.coverage_note).
 
 How an explicit `--moe-backend` is checked (0.33.0):
   1. argparse: the value must be one of the `MoEBackend` Literal (vllm/config/kernel.py:122-147; the
@@ -99,18 +99,12 @@ RELEASES = {
 
 
 def release(version: str) -> dict:
-    """The data of the release read at or below `version`; for a release between two read ones, each value
-    set is the union of both (what either accepts is accepted: no refusal is guessed)."""
-    from . import read_floor, vt
-    floor = read_floor("vllm", version) or "0.22.1"
-    if vt(version) == vt(floor):
-        return RELEASES[floor]
-    above = [v for v in sorted(RELEASES, key=vt) if vt(v) > vt(version)]
-    if not above:
-        return RELEASES[floor]
-    lo, hi = RELEASES[floor], RELEASES[above[0]]
-    return {k: (tuple(dict.fromkeys((*lo[k], *hi.get(k, ())))) if isinstance(lo[k], tuple)
-                else frozenset(lo[k]) | frozenset(hi.get(k, ()))) for k in lo}
+    """The data of this very release (read releases only: a release not read is not judged)."""
+    from . import read_as
+    key = read_as("vllm", version)
+    if key is None or key not in RELEASES:
+        raise ValueError(f"vllm {version} was not read: its start-up checks are not judged")
+    return RELEASES[key]
 
 
 def choices(version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -6,6 +6,8 @@ numbers of the version in the row unless stated). `ok` rows are choices the engi
 Add rows with each engine release read (engine_rules.VERSIONS_READ).
 """
 
+import dataclasses
+
 import pytest
 
 try:
@@ -16,7 +18,7 @@ except ImportError:  # before the moe_core move
     from moe_operator.gpu import from_name
 from moe_operator import engine_rules
 from moe_operator.engine_rules import Case, sglang as sg_rules, vllm as vl_rules
-from moe_operator.planner import Choices, plan
+from moe_operator.planner import Choices, auto_fallbacks, plan
 
 DSV3, DSV4, GPTOSS, QWEN3, GLM4, MIXTRAL = ("DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "GptOssForCausalLM",
                                             "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "MixtralForCausalLM")
@@ -418,15 +420,35 @@ def test_every_rule_cites_file_lines_function_and_version():
 
 
 def test_rules_apply_from_their_release_only():
-    case = Case("sglang", "0.5.20", "mxfp4", GPTOSS, "sm100", "flashinfer_trtllm")
-    # 0.5.20 was not read: the checks of 0.5.19 apply (SG-MXFP4-RUNNER first seen in 0.5.21)
-    assert not [r for r in engine_rules.check(case) if r.rule.id == "SG-MXFP4-RUNNER"]
-    assert "0.5.19" in engine_rules.coverage_note("sglang", "0.5.20")
+    # SG-MXFP4-RUNNER is first seen in 0.5.21: 0.5.19 (read) does not have it
+    assert not [r for r in engine_rules.check(Case("sglang", "0.5.19", "mxfp4", GPTOSS, "sm100", "flashinfer_trtllm"))
+                if r.rule.id == "SG-MXFP4-RUNNER"]
     assert engine_rules.coverage_note("sglang", "0.5.23") is None
-    assert "newer" in engine_rules.coverage_note("sglang", "0.5.30")
-    assert "older" in engine_rules.coverage_note("vllm", "0.16.0")
-    assert "0.22.1" in engine_rules.coverage_note("vllm", "0.25.0")
     assert engine_rules.coverage_note("vllm", "0.22.1") is None
+
+
+def test_an_unread_release_is_not_judged_and_names_the_nearest_read_ones():
+    note = engine_rules.coverage_note("sglang", "0.5.20")
+    assert "not judged" in note and "0.5.19 (older)" in note and "0.5.21 (newer)" in note
+    note = engine_rules.coverage_note("sglang", "0.5.30")
+    assert "newer" in note and "not judged" in note and "0.5.23" in note
+    assert "older" in engine_rules.coverage_note("vllm", "0.16.0") and "0.22.1" in engine_rules.coverage_note("vllm", "0.16.0")
+    assert "0.22.1 (older), 0.33.0 (newer)" in engine_rules.coverage_note("vllm", "0.25.0")
+    # a post release is a release of its own, not its base's
+    assert "0.5.23" in engine_rules.coverage_note("sglang", "0.5.23.post1")
+    assert engine_rules.read_as("sglang", "0.5.23.post1") is None and engine_rules.read_as("sglang", "v0.5.23") == "0.5.23"
+    # no start-up row runs for a release not read, not even one both neighbours have
+    both = Case("sglang", "0.5.22", "mxfp4", GPTOSS, "sm100", "flashinfer_trtllm")
+    assert "SG-MXFP4-RUNNER" in [r.rule.id for r in engine_rules.check(both)]  # 0.5.21 and 0.5.22 (read) refuse it
+    for v in ("0.5.21.post1", "0.5.24", "0.5.20"):
+        assert not engine_rules.check(dataclasses.replace(both, version=v)), v
+        assert engine_rules.alternatives(dataclasses.replace(both, version=v)) == {}
+    assert "not judged" in engine_rules.describe_alternatives(dataclasses.replace(both, version="0.5.24"), {},
+                                                             "--moe-runner-backend")
+    with pytest.raises(ValueError, match="not read"):
+        sg_rules.choices("0.5.20")
+    with pytest.raises(ValueError, match="not read"):
+        vl_rules.release("0.25.0")
 
 
 def test_unread_version_warns_in_the_plan():
@@ -434,24 +456,35 @@ def test_unread_version_warns_in_the_plan():
     assert any(w.startswith("[ER0]") for w in p.warnings)
 
 
-def test_vllm_release_between_two_read_ones_refuses_only_what_both_refuse():
-    # b12x first read in 0.33.0, absent in 0.22.1: for 0.25.0 (not read) it is not refused as a choice
-    p = _plan("vllm", "0.25.0", "rtx-pro-6000", "nvfp4", QWEN3, "b12x", "none", (1, 1, 1))
-    assert not [e for e in p.errors if e.startswith("[VL-CHOICE]")]
-    # DeepGEMM on SM120: refused by 0.22.1 only
-    p = _plan("vllm", "0.25.0", "rtx-pro-6000", "fp8", QWEN3, "deep_gemm", "none", (1, 1, 1))
-    assert not p.errors
-    # refused by both: still refused
+def test_vllm_release_between_two_read_ones_is_not_judged():
+    # refused by both 0.22.1 and 0.33.0 (read): for 0.25.0 (not read) the start-up rows are not judged,
+    # the plan warns, and the planner's own rows still run
+    read = _plan("vllm", "0.33.0", "H200", "nvfp4", QWEN3, "flashinfer_cutedsl", "none", (1, 1, 1))
+    assert any(e.startswith("[VL-DEV-FLASHINFER_CUTEDSL]") for e in read.errors)
     p = _plan("vllm", "0.25.0", "H200", "nvfp4", QWEN3, "flashinfer_cutedsl", "none", (1, 1, 1))
-    assert any(e.startswith("[VL-DEV-FLASHINFER_CUTEDSL]") for e in p.errors)
+    assert not [e for e in p.errors if e.startswith("[VL-")]
+    er0 = [w for w in p.warnings if w.startswith("[ER0]")]
+    assert er0 and "not judged" in er0[0] and "0.22.1 (older), 0.33.0 (newer)" in er0[0]
+    # b12x first read in 0.33.0: 0.33.0 accepts it as a choice, 0.22.1 refuses it (read releases only)
+    assert not [e for e in _plan("vllm", "0.33.0", "rtx-pro-6000", "nvfp4", QWEN3, "b12x", "none", (1, 1, 1)).errors
+                if e.startswith("[VL-CHOICE]")]
+
+
+def test_a_plan_for_an_unread_release_warns_at_admission_even_with_auto():
+    p = _plan("sglang", "0.5.20", "H200", "fp8", DSV3, "auto", "none", (8, 1, 1))
+    assert not p.errors
+    assert [w for w in auto_fallbacks(p) if w.startswith("[ER0]") and "0.5.19 (older)" in w]
+    assert not [w for w in auto_fallbacks(_plan("sglang", "0.5.21", "H200", "fp8", DSV3, "auto", "none", (8, 1, 1)))
+                if w.startswith("[ER0]")]
 
 
 def test_a2a_choices_per_release():
     assert "deepep_v2" not in sg_rules.choices("0.5.17")[1]
     assert "deepep_v2" in sg_rules.choices("0.5.19")[1]
     assert "flashinfer_megamoe" in sg_rules.choices("0.5.21")[1]
-    # 0.5.20 (not read) lies between 0.5.19 and 0.5.21: a value either has is accepted
-    assert "flashinfer_megamoe" in sg_rules.choices("0.5.20")[1]
+    # 0.5.20 (not read) lies between 0.5.19 and 0.5.21: its choices are not guessed from either
+    with pytest.raises(ValueError, match="not judged"):
+        sg_rules.choices("0.5.20")
     assert "lora_marlin" in sg_rules.choices("0.5.23")[0] and "lora_marlin" not in sg_rules.choices("0.5.22")[0]
 
 
