@@ -12,25 +12,9 @@ from moe_runtime.http.protocol import context_overflow, default_max_tokens
 from moe_runtime.http.state import ServerState
 from moe_runtime.metrics import Metrics
 from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
+from table_model import TableModel
 
 MAX_LEN = 64
-
-
-class TableModel:
-    def __init__(self, vocab: int):
-        self.cfg = {"vocab_size": vocab}
-        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(2))
-
-    def kv_bytes_per_block(self, block_size):
-        return block_size
-
-    def allocate_kv(self, num_blocks, block_size):
-        pass
-
-    def __call__(self, ids, pos, block_tables, last_index=None, kv_len=None):
-        if last_index is not None:
-            ids = ids[torch.arange(ids.shape[0]), last_index][:, None]
-        return self.table[ids]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +22,7 @@ def client(tmp_path_factory):
     d = tmp_path_factory.mktemp("tok")
     build_tokenizer_files(d, 512, MAX_LEN)
     tok = Tokenizer(d)
-    model = TableModel(tok.vocab_size)
+    model = TableModel(tok.vocab_size, seed=2, scale=1.0)
     m = Metrics()
     eng = Engine(model, "cpu", 2, 8, MAX_LEN, tok.stop_ids, m)
     eng.start()

@@ -23,27 +23,9 @@ from moe_runtime.metrics import Metrics
 from moe_runtime.http.app import create_app
 from moe_runtime.http.state import ServerOptions, ServerState
 from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
+from table_model import TableModel
 
 MAX_LEN = 128
-
-
-class TableModel:
-    """logits(next | last token t) = table[t]."""
-
-    def __init__(self, vocab: int):
-        self.cfg = {"vocab_size": vocab}
-        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)) * 3
-
-    def kv_bytes_per_block(self, block_size):
-        return block_size
-
-    def allocate_kv(self, num_blocks, block_size):
-        pass
-
-    def __call__(self, ids, pos, block_tables, last_index=None, kv_len=None):
-        if last_index is not None:
-            ids = ids[torch.arange(ids.shape[0]), last_index][:, None]
-        return self.table[ids]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +38,7 @@ def tok(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(tok):
     m = Metrics()
-    model = TableModel(tok.vocab_size)
+    model = TableModel(tok.vocab_size, seed=0)
     eng = Engine(model, "cpu", 4, 8, MAX_LEN, tok.stop_ids, m)
     eng.start()
     state = ServerState("m", m, eng, tok, ready=True, options=ServerOptions(max_body_bytes=64 * 1024))

@@ -10,6 +10,7 @@ from moe_runtime.http.app import create_app
 from moe_runtime.http.state import ServerState
 from moe_runtime.metrics import Metrics
 from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
+from table_model import TableModel
 
 # the series vLLM's own dashboard (examples/online_serving/prometheus_grafana/grafana.json, v0.11.0)
 # queries, each with {model_name="$model_name"}, that this runtime has a meaning for
@@ -19,28 +20,11 @@ DASHBOARD = ["vllm:e2e_request_latency_seconds_bucket", "vllm:time_to_first_toke
              "vllm:kv_cache_usage_perc"]
 
 
-class TableModel:
-    def __init__(self, vocab: int):
-        self.cfg = {"vocab_size": vocab}
-        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(4))
-
-    def kv_bytes_per_block(self, block_size):
-        return block_size
-
-    def allocate_kv(self, num_blocks, block_size):
-        pass
-
-    def __call__(self, ids, pos, block_tables, last_index=None, kv_len=None):
-        if last_index is not None:
-            ids = ids[torch.arange(ids.shape[0]), last_index][:, None]
-        return self.table[ids]
-
-
 def test_dashboard_series_carry_model_name_and_tpot_is_observed(tmp_path):
     build_tokenizer_files(tmp_path, 512, 64)
     tok = Tokenizer(tmp_path)
     m = Metrics()
-    eng = Engine(TableModel(tok.vocab_size), "cpu", 2, 8, 64, tok.stop_ids, m)
+    eng = Engine(TableModel(tok.vocab_size, seed=4, scale=1.0), "cpu", 2, 8, 64, tok.stop_ids, m)
     eng.start()
     try:
         client = TestClient(create_app(ServerState("tiny-moe", m, eng, tok, ready=True)))

@@ -12,25 +12,9 @@ from moe_runtime.http.app import create_app
 from moe_runtime.http.state import ServerState
 from moe_runtime.metrics import Metrics
 from moe_runtime.tokenizer import SPECIALS, Tokenizer, build_tokenizer_files
+from table_model import TableModel
 
 MAX_LEN = 96
-
-
-class TableModel:
-    def __init__(self, vocab: int):
-        self.cfg = {"vocab_size": vocab}
-        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(3)) * 3
-
-    def kv_bytes_per_block(self, block_size):
-        return block_size
-
-    def allocate_kv(self, num_blocks, block_size):
-        pass
-
-    def __call__(self, ids, pos, block_tables, last_index=None, kv_len=None):
-        if last_index is not None:
-            ids = ids[torch.arange(ids.shape[0]), last_index][:, None]
-        return self.table[ids]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +23,7 @@ def sdk(tmp_path_factory):
     build_tokenizer_files(d, 512, MAX_LEN)
     tok = Tokenizer(d)
     m = Metrics()
-    eng = Engine(TableModel(tok.vocab_size), "cpu", 4, 16, MAX_LEN, tok.stop_ids, m)
+    eng = Engine(TableModel(tok.vocab_size, seed=3), "cpu", 4, 16, MAX_LEN, tok.stop_ids, m)
     eng.start()
     http = TestClient(create_app(ServerState("tiny", m, eng, tok, ready=True)))
     yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)

@@ -14,25 +14,9 @@ from moe_runtime.http.app import create_app
 from moe_runtime.http.state import ServerState
 from moe_runtime.metrics import Metrics
 from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
+from table_model import TableModel
 
 MAX_LEN = 128
-
-
-class TableModel:
-    def __init__(self, vocab: int):
-        self.cfg = {"vocab_size": vocab}
-        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1)) * 3
-
-    def kv_bytes_per_block(self, block_size):
-        return block_size
-
-    def allocate_kv(self, num_blocks, block_size):
-        pass
-
-    def __call__(self, ids, pos, block_tables, last_index=None, kv_len=None):
-        if last_index is not None:
-            ids = ids[torch.arange(ids.shape[0]), last_index][:, None]
-        return self.table[ids]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +25,7 @@ def stack(tmp_path_factory):
     build_tokenizer_files(d, 512, MAX_LEN)
     tok = Tokenizer(d)
     m = Metrics()
-    model = TableModel(tok.vocab_size)
+    model = TableModel(tok.vocab_size, seed=1)
     eng = Engine(model, "cpu", 4, 8, MAX_LEN, tok.stop_ids, m)
     eng.start()
     yield TestClient(create_app(ServerState("m", m, eng, tok, ready=True))), model, tok
