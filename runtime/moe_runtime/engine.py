@@ -20,6 +20,7 @@ torch releases the GIL inside kernels, so the HTTP event loop stays responsive w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import threading
@@ -59,6 +60,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # extra ids that end the sequence (not emitted), like EOS
     min_tokens: int = 0  # EOS / stop_token_ids cannot be picked before this many tokens
     logprobs: int | None = None  # None: off; k: the chosen token's logprob and the k most likely
+    # None: off; k: every prompt token's logprob (after the first) and the k most likely there
+    # (vLLM's SamplingParams.prompt_logprobs)
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -77,6 +81,15 @@ class Request:
     last_token_at: float | None = None  # for the inter-token latency histogram
     generator: torch.Generator | None = None
     done: bool = False
+    # sampling.Sampled of prompt tokens 1.. (prompt_logprobs), complete before the first token is emitted
+    prompt_logprobs: list = field(default_factory=list)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked and not all computed yet: every prompt position's logits are needed,
+        so no prefix-cache hit may skip one (vLLM skips the cache for such requests:
+        vllm/v1/core/kv_cache_manager.py KVCacheManager.get_computed_blocks, v0.11.0)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids) - 1
 
     @property
     def tokens(self) -> list[int]:
@@ -265,11 +278,12 @@ class Engine:
                 self.waiting.popleft()
                 self._finish(r, "cancelled")
                 continue
-            if not self.kv.can_allocate(r.tokens):
+            reuse = not r.needs_prompt_logprobs
+            if not self.kv.can_allocate(r.tokens, reuse):
                 break  # waits for blocks to free up (finishing sequences), oldest first
             self.waiting.popleft()
             q0, h0 = self.kv.queried_tokens, self.kv.hit_tokens
-            r.blocks, r.computed = self.kv.allocate(r.tokens)
+            r.blocks, r.computed = self.kv.allocate(r.tokens, reuse)
             if self.metrics:
                 self.metrics.prefix_queries.inc(self.kv.queried_tokens - q0)
                 self.metrics.prefix_hits.inc(self.kv.hit_tokens - h0)
@@ -317,6 +331,16 @@ class Engine:
         return sampling.sample(logits, reqs, self.stop_ids)
 
     def _prefill(self, chunks: list[tuple[Request, int]]) -> None:
+        """The step's prefill chunks: one forward for those that need only their last logits, one
+        (all positions' logits) for those computing prompt logprobs."""
+        full = [c for c in chunks if c[0].needs_prompt_logprobs]
+        last = [c for c in chunks if not c[0].needs_prompt_logprobs]
+        if last:
+            self._prefill_forward(last, False)
+        if full:
+            self._prefill_forward(full, True)
+
+    def _prefill_forward(self, chunks: list[tuple[Request, int]], all_logits: bool) -> None:
         """One right-padded forward over every row's next chunk of tokens (positions computed..+n).
 
         Padding is harmless: a padded token sits at a position after its row's real tokens, so it
@@ -333,7 +357,14 @@ class Engine:
         last = torch.tensor([k - 1 for _, k in chunks])
         kv_len = max(r.computed + k for r, k in chunks)
         d = self.device
-        logits = self.model(ids.to(d), pos.to(d), self._tables(reqs).to(d), last_index=last.to(d), kv_len=kv_len)[:, -1]
+        if all_logits:  # [B, n, V]: the prompt logprobs of every chunk position, then each row's last
+            every = self.model(ids.to(d), pos.to(d), self._tables(reqs).to(d), kv_len=kv_len)
+            for i, (r, k) in enumerate(chunks):
+                self._prompt_logprobs(r, every[i, :k])
+            logits = every[torch.arange(len(chunks), device=every.device), last.to(every.device)]
+        else:
+            logits = self.model(ids.to(d), pos.to(d), self._tables(reqs).to(d), last_index=last.to(d),
+                                kv_len=kv_len)[:, -1]
         done = []
         for i, (r, k) in enumerate(chunks):
             r.computed += k
@@ -347,6 +378,17 @@ class Engine:
             finished = [reqs[i] for i in done]
             for r, (tok, lp) in zip(finished, self._sample(logits[done], finished)):
                 self._accept(r, tok, lp)
+
+    def _prompt_logprobs(self, r: Request, logits: torch.Tensor) -> None:
+        """logits [k, V] at positions computed..computed+k-1 of the chunk: each predicts the next
+        prompt token; positions already scored (a recompute after preemption) are not scored again."""
+        start = r.computed + 1  # the first target position
+        have = len(r.prompt_logprobs) + 1  # targets 1..have-1 are scored
+        first = max(start, have)
+        end = min(r.computed + logits.shape[0], len(r.prompt_ids) - 1) + 1  # exclusive target bound
+        if first < end:
+            r.prompt_logprobs += sampling.prompt_logprobs(logits[first - start:end - start],
+                                                          r.prompt_ids[first:end], r.params.prompt_logprobs)
 
     def _decode_step(self, reqs: list[Request]) -> None:
         d = self.device
@@ -385,6 +427,8 @@ class Engine:
         stop = (tok in self.stop_ids and not r.params.ignore_eos) or tok in r.params.stop_token_ids
         if not stop:
             r.emit(tok if lp is None else lp)  # a sampling.Sampled when the client asked for logprobs
+        elif lp is not None:  # not text, but its logprob is the client's (vLLM's output keeps the token)
+            r.emit(dataclasses.replace(lp, stop=True))
         if stop:
             eos = tok in self.stop_ids and not r.params.ignore_eos
             self._finish(r, "stop", stop_reason=None if eos else tok)

@@ -99,9 +99,10 @@ class BlockManager:
             self.free.pop(bid)
         b.ref += 1
 
-    def match_prefix(self, tokens: list[int]) -> list[int]:
-        """Registered blocks covering the longest cached prefix of tokens[:-1] (read-only)."""
-        if not self.prefix_caching:
+    def match_prefix(self, tokens: list[int], reuse: bool = True) -> list[int]:
+        """Registered blocks covering the longest cached prefix of tokens[:-1] (read-only). `reuse`
+        False: none (a request that needs every prompt position's logits: prompt logprobs)."""
+        if not self.prefix_caching or not reuse:
             return []
         bs, out, prev = self.block_size, [], -1
         for i in range((len(tokens) - 1) // bs):
@@ -114,17 +115,17 @@ class BlockManager:
             prev = h
         return out
 
-    def can_allocate(self, tokens: list[int]) -> bool:
-        hits = self.match_prefix(tokens)
+    def can_allocate(self, tokens: list[int], reuse: bool = True) -> bool:
+        hits = self.match_prefix(tokens, reuse)
         reclaimed = sum(1 for b in hits if self.blocks[b].ref == 0)  # hits taken out of the free list
         return self.blocks_for(len(tokens)) - len(hits) <= self.num_free - reclaimed
 
-    def allocate(self, tokens: list[int]) -> tuple[SeqBlocks, int]:
-        """Blocks for all of `tokens` (a prompt): reused prefix blocks + fresh ones. Returns the
-        sequence's blocks and how many leading tokens are already computed (cached)."""
-        if not self.can_allocate(tokens):
+    def allocate(self, tokens: list[int], reuse: bool = True) -> tuple[SeqBlocks, int]:
+        """Blocks for all of `tokens` (a prompt): reused prefix blocks (unless not `reuse`) + fresh
+        ones. Returns the sequence's blocks and how many leading tokens are already computed (cached)."""
+        if not self.can_allocate(tokens, reuse):
             raise OutOfBlocks()
-        hits = self.match_prefix(tokens)
+        hits = self.match_prefix(tokens, reuse)
         for b in hits:
             self._ref(b)
         seq = SeqBlocks(list(hits), len(hits), self.blocks[hits[-1]].hash if hits else -1)

@@ -18,11 +18,15 @@ import torch
 
 @dataclass(frozen=True)
 class Sampled:
-    """One chosen token with its logprob and the `k` most likely alternatives (token id, logprob)."""
+    """One token with its logprob and the `k` most likely alternatives (token id, logprob): a chosen
+    token, or a prompt token (`prompt_logprobs`, with its vocabulary `rank`). `stop`: the EOS / stop
+    token that ended the output; not text, but its logprob is reported, as vLLM reports it."""
 
     id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
+    stop: bool = False
 
 
 def _plain(p) -> bool:
@@ -94,6 +98,25 @@ def _logprobs(raw: torch.Tensor, token: int, k: int) -> tuple[float, tuple[tuple
         vals, idx = lp.topk(min(k, lp.shape[-1]))
         top = tuple(zip(idx.tolist(), vals.tolist()))
     return float(lp[token]), top
+
+
+def prompt_logprobs(logits: torch.Tensor, targets: Sequence[int], k: int) -> list[Sampled]:
+    """logits [n, V] at n consecutive prompt positions, targets: the n prompt tokens that follow
+    them -> each target's logprob, its rank (how many tokens are at least as likely: vLLM's
+    batched_count_greater_than, vllm/v1/sample/ops/logprobs.py, v0.11.0) and the k most likely."""
+    if not len(targets):
+        return []
+    lp = torch.log_softmax(logits[: len(targets)].float(), -1)
+    t = torch.tensor(list(targets), dtype=torch.long, device=lp.device)
+    own = lp.gather(1, t[:, None])
+    ranks = (lp >= own).sum(-1).tolist()
+    own = own[:, 0].tolist()
+    if k > 0:
+        vals, idx = lp.topk(min(k, lp.shape[-1]), -1)
+        tops = [tuple(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
+    else:
+        tops = [()] * len(own)
+    return [Sampled(int(x), o, top, r) for x, o, top, r in zip(targets, own, tops, ranks)]
 
 
 def sample(logits: torch.Tensor, reqs: Sequence[Any], stop_ids: set[int]) -> list[tuple[int, Sampled | None]]:

@@ -38,7 +38,7 @@ from .guard import Guard
 from .protocol import (ChatMessage, ChatRequest, CompletionRequest, DetokenizeRequest, Sampling, TokenizeRequest,
                        bad_unicode, context_overflow, default_max_tokens, error, refusal)
 from .state import ServerState
-from .streaming import chat_logprobs, collect, completion_logprobs, stream
+from .streaming import chat_logprobs, collect, completion_logprobs, prompt_logprobs_json, stream
 
 _JSON_PIECE = 65536  # token ids rendered per event-loop turn in a long /tokenize answer
 
@@ -165,9 +165,10 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _run(state: ServerState, request: Request, prompts: list[list[int]], body: Sampling, chat: bool):
+async def _run(state: ServerState, request: Request, prompts: list[list[int]], body: Sampling, chat: bool,
+               texts: list[str] | None = None):
     """One engine request per (prompt, choice); a batched prompt's choices are numbered
-    prompt * n + choice (vLLM's serving_completion)."""
+    prompt * n + choice (vLLM's serving_completion). `texts`: each prompt as text, for echo."""
     loop = asyncio.get_running_loop()
     max_len = _max_len(state)
     asked = body.max_completion_tokens or body.max_tokens
@@ -186,6 +187,10 @@ async def _run(state: ServerState, request: Request, prompts: list[list[int]], b
         return error(400, f"n={body.n} x {len(prompts)} prompt(s) is more than this server's request queue "
                      f"({max_queue})", param="n")
     reqs: list[EngineRequest] = []
+    echo = None
+    if getattr(body, "echo", False):  # each choice's prompt text (vLLM detokenizes a token-id prompt)
+        echo = [t if t is not None else await asyncio.to_thread(state.tokenizer.decode, p)
+                for p, t in zip(prompts, texts or [None] * len(prompts)) for _ in range(body.n)]
     for prompt_ids, params in per_prompt:
         for i in range(body.n):
             p = params if params.seed is None or i == 0 else dataclasses.replace(
@@ -210,8 +215,9 @@ async def _run(state: ServerState, request: Request, prompts: list[list[int]], b
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(stream(state, reqs, rid, created, chat, stops, usage,
-                                        body.include_stop_str_in_output, body.skip_special_tokens, prompt_n), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+                                        body.include_stop_str_in_output, body.skip_special_tokens, prompt_n,
+                                        echo, getattr(body, "echo_only", False), params.logprobs is not None),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     gather = asyncio.ensure_future(asyncio.gather(*[collect(state, r, stops, body.include_stop_str_in_output, body.skip_special_tokens) for r in reqs]))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
@@ -234,16 +240,27 @@ async def _run(state: ServerState, request: Request, prompts: list[list[int]], b
     completion = sum(fin.completion_tokens for _, _, fin in results)
     usage = {"prompt_tokens": prompt_n, "completion_tokens": completion, "total_tokens": prompt_n + completion}
     choices = []
-    for i, (text, lps, fin) in enumerate(results):
+    plps = [prompt_logprobs_json(state.tokenizer, r.prompt_logprobs) if r.params.prompt_logprobs is not None
+            else None for r in reqs]
+    for i, ((text, lps, fin), r) in enumerate(zip(results, reqs)):
         if chat:
             choices.append({"index": i, "message": {"role": "assistant", "content": text},
                             "logprobs": chat_logprobs(state.tokenizer, lps) if params.logprobs is not None else None,
                             "finish_reason": fin.reason, "stop_reason": fin.stop_reason})
-        else:
-            choices.append({"index": i, "text": text, "finish_reason": fin.reason, "stop_reason": fin.stop_reason,
-                            "logprobs": completion_logprobs(state.tokenizer, lps) if params.logprobs is not None else None})
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": state.model_name, "choices": choices, "usage": usage}
+            continue
+        unscored = None
+        if echo is not None:  # vLLM's request_output_to_completion_response (serving_completion.py v0.11.0)
+            if body.echo_only:
+                text, lps = "", []
+            text, lps, unscored = echo[i] + text, [*r.prompt_logprobs, *lps], r.prompt_ids[0]
+        choices.append({"index": i, "text": text, "finish_reason": fin.reason, "stop_reason": fin.stop_reason,
+                        "logprobs": completion_logprobs(state.tokenizer, lps, 0, unscored)
+                        if params.logprobs is not None else None, "prompt_logprobs": plps[i]})
+    out = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+           "model": state.model_name, "choices": choices, "usage": usage}
+    if chat:  # vLLM's ChatCompletionResponse.prompt_logprobs (the prompt is the same for every choice)
+        out["prompt_logprobs"] = plps[0]
+    return out
 
 
 async def _encode(state: ServerState, text: str, packed: bool = False):
@@ -263,6 +280,7 @@ async def completions(body: CompletionRequest, request: Request):
         return resp
     batch = body.prompt if isinstance(body.prompt, list) and isinstance(body.prompt[0], (str, list)) else [body.prompt]
     prompts = []
+    texts = [p if isinstance(p, str) else None for p in batch]
     for p in batch:
         if isinstance(p, str):
             if (resp := _too_long(state, len(p), "prompt")) is not None:
@@ -276,7 +294,7 @@ async def completions(body: CompletionRequest, request: Request):
         if not ids:
             return error(400, "prompt encodes to zero tokens", param="prompt")
         prompts.append(ids)
-    return await _run(state, request, prompts, body, chat=False)
+    return await _run(state, request, prompts, body, chat=False, texts=texts)
 
 
 async def chat(body: ChatRequest, request: Request):

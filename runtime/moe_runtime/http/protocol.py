@@ -39,10 +39,10 @@ _UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
     "function_call": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
     "response_format": (None, {"type": "text"}), "logit_bias": (None, {}), "best_of": (None, 1),
-    "suffix": (None, ""), "echo": (None, False), "audio": (None,), "modalities": (None, ["text"]),
+    "suffix": (None, ""), "echo": (None, False), "audio": (None,),  # echo: chat's (completions has it) "modalities": (None, ["text"]),
     "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,), "store": (None, False),
     "metadata": (None, {}), "service_tier": (None, "auto", "default"), "guided_json": (None,),
-    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,), "prompt_logprobs": (None,),
+    "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "use_beam_search": (None, False), "length_penalty": (None, 1.0),
 }
 
@@ -56,7 +56,7 @@ class Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=0)  # 0 only with completions' echo (refusal)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -76,6 +76,9 @@ class Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     ignore_eos: bool = False
     user: str | None = None
+    # vLLM's prompt_logprobs (protocol.py CompletionRequest / ChatCompletionRequest, v0.11.0): each
+    # prompt token's logprob and the k most likely there; -1 (the whole vocabulary) is not served
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @field_validator("stop")
     @classmethod
@@ -90,13 +93,16 @@ class Sampling(BaseModel):
     def top_logprobs_k(self) -> int | None:  # None: no logprobs asked (the subclasses' fields)
         return None
 
+    def prompt_logprobs_k(self) -> int | None:
+        return self.prompt_logprobs
+
     def sampling(self, default_max: int) -> SamplingParams:
         return SamplingParams(
             max_tokens=self.max_new(default_max), temperature=self.temperature, top_p=self.top_p, seed=self.seed,
             ignore_eos=self.ignore_eos, top_k=max(self.top_k, 0), min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty, stop_token_ids=tuple(self.stop_token_ids or ()),
-            min_tokens=self.min_tokens, logprobs=self.top_logprobs_k())
+            min_tokens=self.min_tokens, logprobs=self.top_logprobs_k(), prompt_logprobs=self.prompt_logprobs_k())
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else [s for s in (self.stop or []) if s]
@@ -105,6 +111,7 @@ class Sampling(BaseModel):
 class CompletionRequest(Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False  # the prompt before the completion, with its logprobs when logprobs is set
 
     @field_validator("prompt")
     @classmethod
@@ -122,6 +129,19 @@ class CompletionRequest(Sampling):
 
     def top_logprobs_k(self) -> int | None:
         return self.logprobs
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the prompt alone (vLLM generates one token and drops it:
+        protocol.py CompletionRequest.to_sampling_params echo_without_generation, v0.11.0)."""
+        return self.echo and self.max_tokens == 0
+
+    def prompt_logprobs_k(self) -> int | None:
+        # echo scores the prompt with logprobs' k unless prompt_logprobs says (to_sampling_params, v0.11.0)
+        return self.prompt_logprobs if self.prompt_logprobs is not None or not self.echo else self.logprobs
+
+    def max_new(self, default_max: int) -> int:
+        return 1 if self.echo_only else super().max_new(default_max)
 
 
 class ChatMessage(BaseModel):
@@ -219,6 +239,11 @@ def refusal(body: Sampling, vocab: int) -> JSONResponse | None:
         return error(400, f"invalid Unicode in {bad} (a lone surrogate)", param=bad)
     if body.stream_options is not None and not body.stream:
         return error(400, "stream_options is only allowed with stream=true", param="stream_options")
+    if body.max_tokens == 0 and not (isinstance(body, CompletionRequest) and body.echo):
+        return error(400, "max_tokens must be at least 1 (0 only with echo=true on /v1/completions)",
+                     param="max_tokens")
+    if body.stream and body.prompt_logprobs:  # vLLM's check_logprobs (protocol.py, v0.11.0)
+        return error(400, "prompt_logprobs are not available when stream=true", param="prompt_logprobs")
     if isinstance(body, ChatRequest) and body.top_logprobs is not None and not body.logprobs:
         return error(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     bad_ids = [t for t in body.stop_token_ids or () if not 0 <= t < vocab]

@@ -13,28 +13,55 @@ from ..tokenizer import IncrementalDecoder
 from .state import ServerState
 
 
+def _lp(x: float) -> float:
+    """-inf as the JSON-serializable -9999.0 (vLLM's clamp_prompt_logprobs / _create_completion_logprobs)."""
+    return max(x, -9999.0)
+
+
 def chat_logprobs(tokenizer, lps) -> dict[str, Any]:
     def entry(tid, lp):
         s = tokenizer.token_text(tid)
-        return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8", "replace"))}
+        return {"token": s, "logprob": _lp(lp), "bytes": list(s.encode("utf-8", "replace"))}
     return {"content": [{**entry(s.id, s.logprob), "top_logprobs": [entry(t, lp) for t, lp in s.top]}
                         for s in lps]}
 
 
-def completion_logprobs(tokenizer, lps, offset: int = 0) -> dict[str, Any]:
-    tokens, offsets = [], []
+def completion_logprobs(tokenizer, lps, offset: int = 0, unscored: int | None = None) -> dict[str, Any]:
+    """OpenAI's legacy logprobs of `lps` (sampling.Sampled); `unscored`: a leading token without a
+    logprob (the first prompt token when echoing: null entries, as vLLM's _create_completion_logprobs,
+    serving_completion.py v0.11.0). top_logprobs holds the token itself and the k most likely (k + 1
+    at most, as OpenAI's and vLLM's)."""
+    tokens, offsets, values, tops = [], [], [], []
+    if unscored is not None:
+        tokens.append(tokenizer.token_text(unscored))
+        offsets.append(offset)
+        values.append(None)
+        tops.append(None)
+        offset += len(tokens[-1])
     for s in lps:
         offsets.append(offset)
         tokens.append(tokenizer.token_text(s.id))
         offset += len(tokens[-1])
-    def top(s):  # tokens that print alike share a key: keep the likeliest
-        d: dict[str, float] = {}
-        for t, lp in s.top:
-            d.setdefault(tokenizer.token_text(t), lp)
-        return d
+        values.append(_lp(s.logprob))
+        d: dict[str, float] = {tokens[-1]: _lp(s.logprob)}
+        for t, lp in s.top:  # tokens that print alike share a key: keep the likeliest
+            key = tokenizer.token_text(t)
+            d[key] = max(d.get(key, -9999.0), _lp(lp))
+        tops.append(d)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
-    return {"tokens": tokens, "token_logprobs": [s.logprob for s in lps], "top_logprobs": [top(s) for s in lps],
-            "text_offset": offsets}
+
+def prompt_logprobs_json(tokenizer, plps) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's prompt_logprobs: None for the first prompt token, then {token id: {logprob, rank,
+    decoded_token}} with the prompt token first and the k most likely at ranks 1..k
+    (vllm/v1/engine/logprobs.py LogprobsProcessor._make_logprob_dict, v0.11.0)."""
+    out: list[dict[str, dict[str, Any]] | None] = [None]
+    for s in plps:
+        d = {str(s.id): {"logprob": _lp(s.logprob), "rank": s.rank, "decoded_token": tokenizer.token_text(s.id)}}
+        for j, (t, lp) in enumerate(s.top):
+            d[str(t)] = {"logprob": _lp(lp), "rank": j + 1, "decoded_token": tokenizer.token_text(t)}
+        out.append(d)
+    return out
 
 
 async def events(state: ServerState, req: EngineRequest, stops: list[str], include_stop_str: bool = False,
@@ -59,6 +86,9 @@ async def events(state: ServerState, req: EngineRequest, stops: list[str], inclu
                 tail += scan.flush()
             yield tail, None, item
             return
+        if not isinstance(item, int) and item.stop:  # the EOS / stop token: its logprob, no text
+            yield "", item, None
+            continue
         n += 1
         lp = None if isinstance(item, int) else item
         delta = dec.push(item if isinstance(item, int) else item.id)
@@ -86,9 +116,14 @@ async def collect(state: ServerState, req, stops, include_stop_str: bool = False
 
 
 async def stream(state: ServerState, reqs, rid, created, chat, stops, include_usage, include_stop_str: bool = False,
-                 skip_special_tokens: bool = True, prompt_n: int | None = None):
+                 skip_special_tokens: bool = True, prompt_n: int | None = None, echo: list[str] | None = None,
+                 echo_only: bool = False, logprobs: bool = False):
+    """`echo`: each choice's prompt text, sent before its first delta (completions), with the prompt's
+    logprobs when `logprobs`; `echo_only` (max_tokens 0): the prompt alone, the generated token dropped
+    (vLLM's completion_stream_generator, serving_completion.py v0.11.0)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     offsets = [0] * len(reqs)
+    echoed = [echo is None] * len(reqs)
 
     def chunk(i: int, delta: str | None, finish: str | None, lp=None, first: bool = False,
               stop_reason: int | str | None = None) -> str:
@@ -99,8 +134,15 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
             c = {"index": i, "delta": d, "logprobs": chat_logprobs(state.tokenizer, [lp]) if lp is not None else None,
                  "finish_reason": finish}
         else:
+            lps = [lp] if lp is not None else []
+            unscored = None
+            if not echoed[i]:  # the prompt (and its logprobs) ahead of this first delta
+                echoed[i] = True
+                delta = echo[i] + (delta or "")
+                lps, unscored = [*reqs[i].prompt_logprobs, *lps], reqs[i].prompt_ids[0]
             c = {"index": i, "text": delta or "", "finish_reason": finish,
-                 "logprobs": completion_logprobs(state.tokenizer, [lp], offsets[i]) if lp is not None else None}
+                 "logprobs": completion_logprobs(state.tokenizer, lps, offsets[i], unscored)
+                 if logprobs and (lps or unscored is not None) else None}
             offsets[i] += len(delta or "")
         if finish is not None:
             c["stop_reason"] = stop_reason
@@ -129,6 +171,8 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
         left = len(reqs)
         while left:
             i, delta, lp, fin = await q.get()
+            if echo_only:  # the one token generated is not the client's
+                delta, lp = "", None
             if fin is not None and delta and fin.reason != "error":
                 yield chunk(i, delta, None)  # the text held back until the end
             if fin is not None:
@@ -142,7 +186,7 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
                                                            "code": 500}}) + "\n\n"
                 else:
                     yield chunk(i, None, fin.reason, stop_reason=fin.stop_reason)
-            elif delta or lp is not None:
+            elif delta or lp is not None or not echoed[i]:
                 yield chunk(i, delta, None, lp)
         if include_usage:
             yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": state.model_name,

@@ -118,9 +118,9 @@ def test_every_error_is_openai_shaped(client, method, path, body, status, needle
     ({"logit_bias": {"5": 10}}, "logit_bias"),
     ({"best_of": 3}, "best_of"),
     ({"suffix": "end"}, "suffix"),
-    ({"echo": True}, "echo"),
+    ({"use_beam_search": True}, "use_beam_search"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"length_penalty": 2.0}, "length_penalty"),
 ])
 def test_unimplemented_parameters_are_refused_by_name(client, extra, param):
     e = is_openai_error(client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, **extra}), 400)
