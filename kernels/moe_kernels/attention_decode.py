@@ -11,6 +11,9 @@ slices (and adds the sink). With one slice the decode kernel writes the final ou
 number of slices is `num_splits` (a pure function of batch, context capacity, programs per slice and
 SM count): it is taken from host-known sizes (the block table's width), never from the device lengths,
 so the launch is the same in every CUDA-graph replay.
+
+An FP8 (e4m3) cache is read through per-tensor scales: the key scale folds into the score scale, the
+value scale into the output; tiles are converted to q's dtype for the dot (e4m3 is exact in bf16).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ except ImportError:  # CPU-only installs: the torch reference serves
 
 if triton is not None:
     @triton.jit
-    def _mla_split_kernel(qa_ptr, qr_ptr, c_ptr, r_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr, qk_scale, H,
+    def _mla_split_kernel(qa_ptr, qr_ptr, c_ptr, r_ptr, bt_ptr, len_ptr, o_ptr, lse_ptr, qk_scale, v_scale, H,
                           s_qab, s_qah, s_qrb, s_qrh, s_cb, s_ct, s_rb, s_rt, s_btb, s_ob, s_oh, s_os,
                           C: tl.constexpr, R: tl.constexpr, BR: tl.constexpr, BS: tl.constexpr,
                           BH: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr, PREC: tl.constexpr):
@@ -69,9 +72,10 @@ if triton is not None:
             ok = tok < end
             page = tl.load(bt_ptr + b * s_btb + tok // BS, mask=ok, other=0).to(tl.int64)
             row = tok % BS
-            ck = tl.load(c_ptr + page[:, None] * s_cb + row[:, None] * s_ct + c[None, :], mask=ok[:, None], other=0.0)
+            ck = tl.load(c_ptr + page[:, None] * s_cb + row[:, None] * s_ct + c[None, :], mask=ok[:, None],
+                         other=0.0).to(qa.dtype)  # an fp8 cache: converted for the dot, its scale applied outside
             kr = tl.load(r_ptr + page[:, None] * s_rb + row[:, None] * s_rt + r[None, :],
-                         mask=ok[:, None] & rm[None, :], other=0.0)
+                         mask=ok[:, None] & rm[None, :], other=0.0).to(qa.dtype)
             s = tl.dot(qa, tl.trans(ck), input_precision=PREC)
             s = tl.dot(qr, tl.trans(kr), s, input_precision=PREC) * qk_scale
             s = tl.where(ok[None, :], s, -float("inf"))
@@ -81,7 +85,7 @@ if triton is not None:
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = tl.dot(p.to(ck.dtype), ck, acc * alpha[:, None], input_precision=PREC)
             m_i = m_new
-        out = acc / tl.maximum(l_i, 1e-30)[:, None]
+        out = acc * (v_scale / tl.maximum(l_i, 1e-30))[:, None]
         if SPLITS == 1:
             tl.store(o_ptr + b * s_ob + h[:, None] * s_oh + c[None, :], out.to(o_ptr.dtype.element_ty), mask=hm[:, None])
         else:
@@ -89,7 +93,7 @@ if triton is not None:
             tl.store(lse_ptr + (b * H + h) * SPLITS + sp, m_i + tl.log2(l_i), mask=hm)
 
     @triton.jit
-    def _gqa_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, sink_ptr, o_ptr, lse_ptr, qk_scale, H, window,
+    def _gqa_split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, sink_ptr, o_ptr, lse_ptr, qk_scale, v_scale, H, window,
                           s_qb, s_qh, s_kb, s_kt, s_kh, s_btb, s_ob, s_oh, s_os,
                           G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr,
                           BN: tl.constexpr, SPLITS: tl.constexpr, HAS_SINK: tl.constexpr, PREC: tl.constexpr):
@@ -119,8 +123,8 @@ if triton is not None:
             page = tl.load(bt_ptr + b * s_btb + tok // BS, mask=ok, other=0).to(tl.int64)
             off = page[:, None] * s_kb + (tok % BS)[:, None] * s_kt + kvh * s_kh + d[None, :]
             km = ok[:, None] & dm[None, :]
-            k = tl.load(k_ptr + off, mask=km, other=0.0)
-            v = tl.load(v_ptr + off, mask=km, other=0.0)
+            k = tl.load(k_ptr + off, mask=km, other=0.0).to(q.dtype)
+            v = tl.load(v_ptr + off, mask=km, other=0.0).to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
             s = tl.where(ok[None, :], s, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -136,11 +140,11 @@ if triton is not None:
                 alpha = tl.exp2(m_i - m_new)
                 acc = acc * alpha[:, None]
                 l_i = l_i * alpha + tl.exp2(sk - m_new)
-            out = acc / tl.maximum(l_i, 1e-30)[:, None]
+            out = acc * (v_scale / tl.maximum(l_i, 1e-30))[:, None]
             tl.store(o_ptr + b * s_ob + h[:, None] * s_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
                      mask=gm[:, None] & dm[None, :])
         else:
-            out = acc / tl.maximum(l_i, 1e-30)[:, None]
+            out = acc * (v_scale / tl.maximum(l_i, 1e-30))[:, None]
             tl.store(o_ptr + b * s_ob + h[:, None] * s_oh + sp * s_os + d[None, :], out, mask=gm[:, None] & dm[None, :])
             tl.store(lse_ptr + (b * H + h) * SPLITS + sp, m_i + tl.log2(l_i), mask=gm)
 
@@ -185,7 +189,7 @@ def _pow2(n: int) -> int:
 
 
 def _prec(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 caches keep fp32 dots; bf16 dots ignore it
+    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 queries keep fp32 dots; bf16 dots ignore it
 
 
 def mla_config(heads: int, cache_bytes: int = 2) -> tuple[int, int, int, int]:
@@ -213,7 +217,7 @@ def _reduce(part, lse, sinks, o, splits):
 
 
 def decode_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, seq_lens, scale, num_splits_: int | None = None,
-               config: tuple[int, int, int, int] | None = None):
+               config: tuple[int, int, int, int] | None = None, kv_scale: float = 1.0):
     B, H, C = q_abs.shape
     R = q_rot.shape[-1]
     bs = ckv_cache.shape[1]
@@ -235,10 +239,10 @@ def decode_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, seq_lens, scal
         lse = torch.empty(B, H, splits, device=q_abs.device, dtype=torch.float32)
         s_p = (part.stride(0), part.stride(1), part.stride(2))
     _mla_split_kernel[(hblocks, splits, B)](
-        q_abs, q_rot, ckv_cache, krot_cache, bt, lens, part, lse, float(scale) * LOG2E, H,
+        q_abs, q_rot, ckv_cache, krot_cache, bt, lens, part, lse, float(scale) * float(kv_scale) * LOG2E, float(kv_scale), H,
         q_abs.stride(0), q_abs.stride(1), q_rot.stride(0), q_rot.stride(1), ckv_cache.stride(0), ckv_cache.stride(1),
         krot_cache.stride(0), krot_cache.stride(1), bt.stride(0), *s_p,
-        C=C, R=R, BR=max(16, _pow2(R)), BS=bs, BH=bh, BN=bn, SPLITS=splits, PREC=_prec(ckv_cache.dtype),
+        C=C, R=R, BR=max(16, _pow2(R)), BS=bs, BH=bh, BN=bn, SPLITS=splits, PREC=_prec(q_abs.dtype),
         num_warps=warps, num_stages=stages)
     if splits > 1:
         _reduce(part, lse, None, o, splits)
@@ -246,7 +250,8 @@ def decode_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, seq_lens, scal
 
 
 def decode_gqa(q, k_cache, v_cache, block_tables, seq_lens, scale, sinks=None, window=None,
-               num_splits_: int | None = None, config: tuple[int, int, int] | None = None):
+               num_splits_: int | None = None, config: tuple[int, int, int] | None = None, k_scale: float = 1.0,
+               v_scale: float = 1.0):
     B, H, d = q.shape
     NB, bs, kvh, dk = k_cache.shape
     if dk != d or H % kvh or bs & (bs - 1):
@@ -270,10 +275,11 @@ def decode_gqa(q, k_cache, v_cache, block_tables, seq_lens, scale, sinks=None, w
         lse = torch.empty(B, H, splits, device=q.device, dtype=torch.float32)
         s_p = (part.stride(0), part.stride(1), part.stride(2))
     _gqa_split_kernel[(kvh, splits, B)](
-        q, k_cache, v_cache, bt, lens, sinks if sinks is not None else q, part, lse, float(scale) * LOG2E, H,
+        q, k_cache, v_cache, bt, lens, sinks if sinks is not None else q, part, lse,
+        float(scale) * float(k_scale) * LOG2E, float(v_scale), H,
         int(window or 0), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         bt.stride(0), *s_p, G=G, GP=max(16, _pow2(G)), D=d, BD=max(16, _pow2(d)), BS=bs, BN=bn, SPLITS=splits,
-        HAS_SINK=sinks is not None, PREC=_prec(k_cache.dtype), num_warps=warps, num_stages=stages)
+        HAS_SINK=sinks is not None, PREC=_prec(q.dtype), num_warps=warps, num_stages=stages)
     if splits > 1:
         _reduce(part, lse, sinks, o, splits)
     return o

@@ -11,8 +11,14 @@ indexes the same cache viewed as `[num_blocks * block_size, ...]`.
   `k_rot [NB, bs, rope]`; scores = q_abs . c_kv + q_rot . k_rot, output the latent `o_lat = p @ c_kv`
   (the caller applies W_uv).
 
-The reference handles any query length (prefill chunks over a cached prefix, decode); the Triton
-kernels do decode (one query per sequence), the step that reads the whole cache every token.
+The reference handles any query length (prefill chunks over a cached prefix, decode). The Triton
+kernels: decode (one query per sequence, split-KV: moe_kernels.attention_decode) and prefill/extend
+(any query length over a cached prefix: moe_kernels.attention_prefill). `paged_attention_gqa` /
+`paged_attention_mla` take the reference's arguments and run Triton on CUDA, the reference elsewhere.
+
+FP8 KV cache: a cache of dtype float8_e4m3fn holds value / scale (one scale per tensor, as vLLM's
+k_scale / v_scale; `write_kv(..., scale=)` quantizes, saturating at +-448); every reader takes the
+same scale (`k_scale`, `v_scale`; MLA one `kv_scale` for c_kv and k_rot) and dequantizes.
 """
 
 from __future__ import annotations
@@ -31,10 +37,31 @@ def slot_mapping(block_tables: torch.Tensor, positions: torch.Tensor, block_size
     return blk * block_size + positions % block_size
 
 
-def write_kv(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
-    """cache [NB, bs, ...]; slots [B, S]; values [B, S, ...]."""
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # e4m3fn's largest finite value: torch's cast gives NaN beyond it, so writes saturate
+
+
+def quantize_fp8(values: torch.Tensor, scale: float) -> torch.Tensor:
+    """values / scale in e4m3, saturated at +-448."""
+    return (values.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def write_kv(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, scale: float = 1.0) -> None:
+    """cache [NB, bs, ...]; slots [B, S]; values [B, S, ...]. An fp8 cache stores values / scale."""
     flat = cache.view(-1, *cache.shape[2:])
-    flat[slots.reshape(-1)] = values.reshape(-1, *values.shape[2:]).to(cache.dtype)
+    v = values.reshape(-1, *values.shape[2:])
+    if cache.dtype == FP8:
+        v = quantize_fp8(v, scale)
+    elif scale != 1.0:
+        raise ValueError(f"write_kv: a scale ({scale}) applies to an fp8 cache only, not {cache.dtype}")
+    flat[slots.reshape(-1)] = v.to(cache.dtype)
+
+
+def _dequant(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """A gathered cache slice in the query's dtype (an fp8 slice times its scale, in fp32 first)."""
+    if x.dtype == FP8:
+        return (x.float() * scale).to(dtype)
+    return x.to(dtype)
 
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -66,12 +93,13 @@ def _softmax(scores: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor | Non
 
 def paged_attention_gqa_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, positions: torch.Tensor, kv_len: int, scale: float,
-                            sinks: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+                            sinks: torch.Tensor | None = None, window: int | None = None, k_scale: float = 1.0,
+                            v_scale: float = 1.0) -> torch.Tensor:
     """q [B, S, h, d] -> [B, S, h, d] (q's dtype). Keys/values of the sequence's positions
     0..kv_len-1 are read through block_tables [B, >= ceil(kv_len/bs)]."""
     B, S, h, d = q.shape
-    k = gather_kv(k_cache, block_tables, kv_len)  # [B, L, kvh, d]
-    v = gather_kv(v_cache, block_tables, kv_len)
+    k = _dequant(gather_kv(k_cache, block_tables, kv_len), q.dtype, k_scale)  # [B, L, kvh, d]
+    v = _dequant(gather_kv(v_cache, block_tables, kv_len), q.dtype, v_scale)
     g = h // k.shape[2]
     k = k.repeat_interleave(g, dim=2).transpose(1, 2)  # [B, h, L, d]
     v = v.repeat_interleave(g, dim=2).transpose(1, 2)
@@ -82,31 +110,58 @@ def paged_attention_gqa_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def paged_attention_mla_ref(q_abs: torch.Tensor, q_rot: torch.Tensor, ckv_cache: torch.Tensor,
                             krot_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor,
-                            kv_len: int, scale: float) -> torch.Tensor:
+                            kv_len: int, scale: float, kv_scale: float = 1.0) -> torch.Tensor:
     """q_abs [B, S, h, c] (q_nope absorbed through W_uk), q_rot [B, S, h, r] -> o_lat [B, S, h, c]."""
-    c = gather_kv(ckv_cache, block_tables, kv_len)  # [B, L, c]
-    kr = gather_kv(krot_cache, block_tables, kv_len)  # [B, L, r]
+    c = _dequant(gather_kv(ckv_cache, block_tables, kv_len), q_abs.dtype, kv_scale)  # [B, L, c]
+    kr = _dequant(gather_kv(krot_cache, block_tables, kv_len), q_abs.dtype, kv_scale)  # [B, L, r]
     scores = torch.einsum("bshc,blc->bhsl", q_abs, c) + torch.einsum("bshr,blr->bhsl", q_rot, kr)
     p = _softmax(scores * scale, visible(positions, kv_len), None).to(q_abs.dtype)
     return torch.einsum("bhsl,blc->bshc", p, c)
 
 
 # ------------------------------------------------------------------------------------------------
-# Triton decode kernels (one query token per sequence; seq_lens[b] = its position + 1): split-KV,
-# tensor-core kernels in moe_kernels.attention_decode
+# Triton kernels: decode (one query token per sequence; seq_lens[b] = its position + 1), split-KV
+# tensor-core kernels in moe_kernels.attention_decode; prefill/extend in moe_kernels.attention_prefill
 
 from moe_kernels.attention_decode import decode_gqa, decode_mla, triton  # noqa: E402  (triton: None on CPU-only installs)
+from moe_kernels.attention_prefill import prefill_gqa, prefill_mla  # noqa: E402
 
 
 def paged_decode_gqa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, sinks: torch.Tensor | None = None,
-                     window: int | None = None, num_splits: int | None = None) -> torch.Tensor:
+                     window: int | None = None, num_splits: int | None = None, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     """Triton: q [B, h, d] (one token per sequence, at position seq_lens-1) -> [B, h, d]."""
-    return decode_gqa(q, k_cache, v_cache, block_tables, seq_lens, scale, sinks, window, num_splits)
+    return decode_gqa(q, k_cache, v_cache, block_tables, seq_lens, scale, sinks, window, num_splits,
+                      k_scale=k_scale, v_scale=v_scale)
 
 
 def paged_decode_mla(q_abs: torch.Tensor, q_rot: torch.Tensor, ckv_cache: torch.Tensor, krot_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                     num_splits: int | None = None) -> torch.Tensor:
+                     num_splits: int | None = None, kv_scale: float = 1.0) -> torch.Tensor:
     """Triton: q_abs [B, h, c], q_rot [B, h, r] -> o_lat [B, h, c]."""
-    return decode_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, seq_lens, scale, num_splits)
+    return decode_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, seq_lens, scale, num_splits, kv_scale=kv_scale)
+
+
+def _triton_ok(x: torch.Tensor) -> bool:
+    return x.is_cuda and triton is not None
+
+
+def paged_attention_gqa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                        positions: torch.Tensor, kv_len: int, scale: float, sinks: torch.Tensor | None = None,
+                        window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """paged_attention_gqa_ref's arguments and result (any query length: prefill chunks over a cached
+    prefix); the Triton prefill kernel on CUDA, the reference elsewhere."""
+    if _triton_ok(q):
+        return prefill_gqa(q, k_cache, v_cache, block_tables, positions, kv_len, scale, sinks, window, k_scale, v_scale)
+    return paged_attention_gqa_ref(q, k_cache, v_cache, block_tables, positions, kv_len, scale, sinks, window,
+                                   k_scale, v_scale)
+
+
+def paged_attention_mla(q_abs: torch.Tensor, q_rot: torch.Tensor, ckv_cache: torch.Tensor, krot_cache: torch.Tensor,
+                        block_tables: torch.Tensor, positions: torch.Tensor, kv_len: int, scale: float,
+                        kv_scale: float = 1.0) -> torch.Tensor:
+    """paged_attention_mla_ref's arguments and result; the Triton prefill kernel on CUDA, the reference elsewhere."""
+    if _triton_ok(q_abs):
+        return prefill_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, positions, kv_len, scale, kv_scale)
+    return paged_attention_mla_ref(q_abs, q_rot, ckv_cache, krot_cache, block_tables, positions, kv_len, scale, kv_scale)

@@ -1,0 +1,213 @@
+"""Prefill / extend attention over the paged KV cache (Triton): any number of query tokens per sequence,
+causal, over a cached prefix (chunked prefill, prefix-cache hits), with the padded batch layout the
+runtime uses: q [B, S, h, d], positions [B, S] (each row's token positions, right-padded with later
+positions), `kv_len` keys visible at most. Key j is visible to the query at position p when j <= p,
+j < kv_len (and p - j < window). This is the torch reference's rule (paged_attention.visible).
+
+A program covers T query tokens x HB query heads of one sequence, packed as T*HB rows of one MMA:
+- GQA: the HB heads share one KV head (a row's head is kv_head * G + index), so K/V tiles are loaded
+  once for all of them; attention sinks join the denominator at the end; a window layer starts at the
+  window of the tile's first token.
+- MLA (absorbed form, DeepSeek-V3): all heads share the latent cache (K = V = c_kv), scores are
+  q_abs.c_kv + q_rot.k_rot, the output is the latent o_lat.
+The key loop stops at the tile's largest position, so a causal tile reads only its own prefix.
+Fully masked rows (a padded token) give 0, never NaN. FP8 caches are read through a per-tensor scale
+(k_scale folded into the score scale, v_scale into the output), converted to q's dtype for the dot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_kernels.attention_decode import LOG2E, _pow2, triton
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _gqa_prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, pos_ptr, sink_ptr, o_ptr, qk_scale, v_scale, S, KVH,
+                            kv_len, window, s_qb, s_qs, s_qh, s_kb, s_kt, s_kh, s_btb, s_pb, s_ob, s_os, s_oh,
+                            G: tl.constexpr, T: tl.constexpr, HB: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                            BS: tl.constexpr, BN: tl.constexpr, HAS_SINK: tl.constexpr, PREC: tl.constexpr):
+        tb = tl.program_id(0)
+        hb = tl.program_id(1)
+        bk = tl.program_id(2)
+        b = bk // KVH
+        kvh = bk % KVH
+        r = tl.arange(0, T * HB)
+        tok = tb * T + r % T
+        gi = hb * HB + r // T
+        rm = (tok < S) & (gi < G)
+        h = kvh * G + gi
+        pos = tl.load(pos_ptr + b * s_pb + tok, mask=rm, other=-1).to(tl.int32)
+        hi = tl.minimum(tl.max(pos, axis=0) + 1, kv_len)
+        lo = 0
+        if window > 0:
+            lo = tl.maximum(tl.min(tl.where(rm, pos, 2147483647), axis=0) - window + 1, 0)
+        d = tl.arange(0, BD)
+        dm = d < D
+        q = tl.load(q_ptr + b * s_qb + tok[:, None] * s_qs + h[:, None] * s_qh + d[None, :],
+                    mask=rm[:, None] & dm[None, :], other=0.0)
+        m_i = tl.full([T * HB], -float("inf"), tl.float32)
+        l_i = tl.zeros([T * HB], tl.float32)
+        acc = tl.zeros([T * HB, BD], tl.float32)
+        t = tl.arange(0, BN)
+        for s0 in range(lo, hi, BN):
+            j = s0 + t
+            ok = j < hi
+            page = tl.load(bt_ptr + b * s_btb + j // BS, mask=ok, other=0).to(tl.int64)
+            off = page[:, None] * s_kb + (j % BS)[:, None] * s_kt + kvh * s_kh + d[None, :]
+            km = ok[:, None] & dm[None, :]
+            k = tl.load(k_ptr + off, mask=km, other=0.0).to(q.dtype)
+            v = tl.load(v_ptr + off, mask=km, other=0.0).to(q.dtype)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            vis = ok[None, :] & (j[None, :] <= pos[:, None])
+            if window > 0:
+                vis = vis & (j[None, :] > pos[:, None] - window)
+            s = tl.where(vis, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with nothing visible yet: no NaN
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None], input_precision=PREC)
+            m_i = m_new
+        if HAS_SINK:  # the sink logit joins the denominator only
+            sk = tl.load(sink_ptr + h, mask=rm, other=0.0).to(tl.float32) * 1.4426950408889634
+            m_new = tl.maximum(m_i, sk)
+            alpha = tl.exp2(m_i - m_new)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp2(sk - m_new)
+        out = acc * (v_scale / tl.maximum(l_i, 1e-30))[:, None]
+        tl.store(o_ptr + b * s_ob + tok[:, None] * s_os + h[:, None] * s_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=rm[:, None] & dm[None, :])
+
+    @triton.jit
+    def _mla_prefill_kernel(qa_ptr, qr_ptr, c_ptr, r_ptr, bt_ptr, pos_ptr, o_ptr, qk_scale, v_scale, S, H, kv_len,
+                            s_qab, s_qas, s_qah, s_qrb, s_qrs, s_qrh, s_cb, s_ct, s_rb, s_rt, s_btb, s_pb,
+                            s_ob, s_os, s_oh, C: tl.constexpr, R: tl.constexpr, BR: tl.constexpr,
+                            T: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr,
+                            PREC: tl.constexpr):
+        tb = tl.program_id(0)
+        hb = tl.program_id(1)
+        b = tl.program_id(2)
+        rr = tl.arange(0, T * HB)
+        tok = tb * T + rr % T
+        h = hb * HB + rr // T
+        rm = (tok < S) & (h < H)
+        pos = tl.load(pos_ptr + b * s_pb + tok, mask=rm, other=-1).to(tl.int32)
+        hi = tl.minimum(tl.max(pos, axis=0) + 1, kv_len)
+        c = tl.arange(0, C)
+        r = tl.arange(0, BR)
+        rmask = r < R
+        qa = tl.load(qa_ptr + b * s_qab + tok[:, None] * s_qas + h[:, None] * s_qah + c[None, :],
+                     mask=rm[:, None], other=0.0)
+        qr = tl.load(qr_ptr + b * s_qrb + tok[:, None] * s_qrs + h[:, None] * s_qrh + r[None, :],
+                     mask=rm[:, None] & rmask[None, :], other=0.0)
+        m_i = tl.full([T * HB], -float("inf"), tl.float32)
+        l_i = tl.zeros([T * HB], tl.float32)
+        acc = tl.zeros([T * HB, C], tl.float32)
+        t = tl.arange(0, BN)
+        for s0 in range(0, hi, BN):
+            j = s0 + t
+            ok = j < hi
+            page = tl.load(bt_ptr + b * s_btb + j // BS, mask=ok, other=0).to(tl.int64)
+            row = j % BS
+            ck = tl.load(c_ptr + page[:, None] * s_cb + row[:, None] * s_ct + c[None, :], mask=ok[:, None],
+                         other=0.0).to(qa.dtype)
+            kr = tl.load(r_ptr + page[:, None] * s_rb + row[:, None] * s_rt + r[None, :],
+                         mask=ok[:, None] & rmask[None, :], other=0.0).to(qa.dtype)
+            s = tl.dot(qa, tl.trans(ck), input_precision=PREC)
+            s = tl.dot(qr, tl.trans(kr), s, input_precision=PREC) * qk_scale
+            s = tl.where(ok[None, :] & (j[None, :] <= pos[:, None]), s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_use = tl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = tl.dot(p.to(qa.dtype), ck, acc * alpha[:, None], input_precision=PREC)
+            m_i = m_new
+        out = acc * (v_scale / tl.maximum(l_i, 1e-30))[:, None]
+        tl.store(o_ptr + b * s_ob + tok[:, None] * s_os + h[:, None] * s_oh + c[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=rm[:, None])
+
+
+def _prec(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 queries keep fp32 dots; bf16 dots ignore it
+
+
+def gqa_prefill_config(group: int, head_dim: int) -> tuple[int, int, int, int, int]:
+    """(tokens per program T, heads per program HB, keys per tile, warps, stages): 128 rows of the MMA,
+    all G heads of the KV head when G <= 16 (their K/V tiles loaded once)."""
+    hb = min(_pow2(group), 16)
+    return max(1, 128 // hb), hb, 64, 8 if head_dim > 64 else 4, 2
+
+
+def mla_prefill_config(heads: int) -> tuple[int, int, int, int, int]:
+    """(T, HB, keys per tile, warps, stages) for the absorbed MLA prefill: 64 rows (4 tokens x 16
+    heads) against a [32, 512] latent tile: the fp32 [64, 512] accumulator is the decode kernel's."""
+    hb = min(_pow2(heads), 16)
+    return max(1, 64 // hb), hb, 32, 8, 2
+
+
+def _check_rows(q: torch.Tensor, positions: torch.Tensor, name: str) -> None:
+    if positions.shape != q.shape[:2]:
+        raise ValueError(f"{name}: positions {tuple(positions.shape)} must be q's [B, S] {tuple(q.shape[:2])}")
+
+
+def prefill_gqa(q, k_cache, v_cache, block_tables, positions, kv_len: int, scale: float, sinks=None, window=None,
+                k_scale: float = 1.0, v_scale: float = 1.0, config=None):
+    """q [B, S, h, d] -> [B, S, h, d]: the Triton form of paged_attention_gqa_ref."""
+    B, S, H, d = q.shape
+    NB, bs, kvh, dk = k_cache.shape
+    _check_rows(q, positions, "prefill_gqa")
+    if dk != d or H % kvh or bs & (bs - 1):
+        raise ValueError(f"prefill_gqa: q heads {H} x {d} vs cache kv heads {kvh} x {dk}, block size {bs} "
+                         "(heads must divide, dims match, block size a power of two)")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("prefill_gqa: k/v caches must share strides, last dims contiguous")
+    if kv_len > block_tables.shape[1] * bs:
+        raise ValueError(f"prefill_gqa: kv_len {kv_len} exceeds the block tables ({block_tables.shape[1]} x {bs})")
+    G = H // kvh
+    T, HB, bn, warps, stages = config or gqa_prefill_config(G, d)
+    bt = block_tables.contiguous()
+    pos = positions.contiguous()
+    o = torch.empty_like(q)
+    grid = (triton.cdiv(S, T), triton.cdiv(G, HB), B * kvh)
+    _gqa_prefill_kernel[grid](
+        q, k_cache, v_cache, bt, pos, sinks if sinks is not None else q, o, float(scale) * float(k_scale) * LOG2E,
+        float(v_scale), S, kvh, int(kv_len), int(window or 0), q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), bt.stride(0), pos.stride(0),
+        o.stride(0), o.stride(1), o.stride(2), G=G, T=T, HB=HB, D=d, BD=max(16, _pow2(d)), BS=bs, BN=bn,
+        HAS_SINK=sinks is not None, PREC=_prec(q.dtype), num_warps=warps, num_stages=stages)
+    return o
+
+
+def prefill_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, positions, kv_len: int, scale: float,
+                kv_scale: float = 1.0, config=None):
+    """q_abs [B, S, h, c], q_rot [B, S, h, r] -> o_lat [B, S, h, c]: the Triton form of paged_attention_mla_ref."""
+    B, S, H, C = q_abs.shape
+    R = q_rot.shape[-1]
+    bs = ckv_cache.shape[1]
+    _check_rows(q_abs, positions, "prefill_mla")
+    if bs & (bs - 1) or C & (C - 1) or C < 16:
+        raise ValueError(f"prefill_mla: block size ({bs}) and latent width ({C}) must be powers of two, latent >= 16")
+    for name, x in (("q_abs", q_abs), ("q_rot", q_rot), ("ckv_cache", ckv_cache), ("krot_cache", krot_cache)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"prefill_mla: {name} must be contiguous in its last dim")
+    if kv_len > block_tables.shape[1] * bs:
+        raise ValueError(f"prefill_mla: kv_len {kv_len} exceeds the block tables ({block_tables.shape[1]} x {bs})")
+    T, HB, bn, warps, stages = config or mla_prefill_config(H)
+    if q_abs.element_size() == 4:
+        bn = max(16, bn // 2)  # fp32: the same shared-memory bytes as bf16
+    bt = block_tables.contiguous()
+    pos = positions.contiguous()
+    o = torch.empty_like(q_abs)
+    grid = (triton.cdiv(S, T), triton.cdiv(H, HB), B)
+    _mla_prefill_kernel[grid](
+        q_abs, q_rot, ckv_cache, krot_cache, bt, pos, o, float(scale) * float(kv_scale) * LOG2E, float(kv_scale),
+        S, H, int(kv_len), q_abs.stride(0), q_abs.stride(1), q_abs.stride(2), q_rot.stride(0), q_rot.stride(1),
+        q_rot.stride(2), ckv_cache.stride(0), ckv_cache.stride(1), krot_cache.stride(0), krot_cache.stride(1),
+        bt.stride(0), pos.stride(0), o.stride(0), o.stride(1), o.stride(2), C=C, R=R, BR=max(16, _pow2(R)),
+        T=T, HB=HB, BS=bs, BN=bn, PREC=_prec(q_abs.dtype), num_warps=warps, num_stages=stages)
+    return o
