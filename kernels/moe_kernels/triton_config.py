@@ -45,10 +45,31 @@ class FragConfig:
 
 
 @dataclass(frozen=True)
+class PrefillConfig:
+    """One GEMM on the prefill kernel (triton_prefill.py), FP4 only: block_n weight rows per tile
+    (gate/up: half gate rows, half the matching up rows, one accumulator), bkh packed bytes per K step
+    (2 * bkh weights; fewer where K / 2 is not a multiple), num_stages for Triton's pipeliner;
+    progs_per_sm: persistent programs per SM (0: one program per tile of the worst-case count)."""
+    block_n: int = 128
+    bkh: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 8
+    swap: bool = False
+    progs_per_sm: int = 0
+
+    def __post_init__(self):
+        if self.bkh < 32 or self.bkh & (self.bkh - 1):
+            raise ValueError(f"bkh is a power of two >= 32 (whole 32-byte K tiles), got {self.bkh}")
+        if self.block_n < 32 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"block_n is a power of two >= 32, got {self.block_n}")
+
+
+@dataclass(frozen=True)
 class MoEConfig:
     block_m: int
-    gemm1: GemmConfig | FragConfig
-    gemm2: GemmConfig | FragConfig
+    gemm1: GemmConfig | FragConfig | PrefillConfig
+    gemm2: GemmConfig | FragConfig | PrefillConfig
     # fragment kernel, mixed blocks (triton_align.align_mixed): gemm1/gemm2 (nt=2) run the 16-row blocks
     # of experts with > 8 rows, these two (nt=1) the one 8-row block of each other expert
     small: tuple[FragConfig, FragConfig] | None = None
@@ -72,8 +93,10 @@ class MoEConfig:
         return isinstance(self.gemm1, FragConfig)
 
 
-# 128-row tl.dot tiles of large batches (both GEMMs)
+# 128-row tl.dot tiles of large batches (both GEMMs): the tile kernel (bf16 / fp8, and FP4's old path)
 TILE128 = GemmConfig(128, 64, 8, 2, 8)
+# FP4 large batches: the prefill kernel (triton_prefill.py), gate/up in one accumulator
+PREFILL128 = PrefillConfig(128, 64, 8, 3, 8)
 
 # Above this many rows per expert, mixed blocks (align_mixed: 16-row blocks for experts with > 8 rows,
 # one 8-row block for the others) instead of 8-row blocks only, of which an expert with 9-16 rows
@@ -154,7 +177,7 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         # 128-row tl.dot tiles; an expert's remainder of up to a quarter tile goes to 16-row tail blocks
         # instead of one more, mostly padded tile (align_split; at 4096 tokens about half the experts
         # have a few rows over 128: 12.8 ms against 16.4 ms for both formats, any bound from 32 to 96)
-        return MoEConfig(128, TILE128, TILE128, tail=(nt2, nt2), tail_rows=32)
+        return MoEConfig(128, PREFILL128, PREFILL128, tail=(nt2, nt2), tail_rows=32)
     if not fp4:  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
@@ -168,7 +191,7 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         return MoEConfig(32, GemmConfig(64, 64, 4, 2, 4, swap=True), GemmConfig(128, 64, 8, 2, 4, swap=True))
     if rows <= 96:
         return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
-    return MoEConfig(128, TILE128, TILE128)
+    return MoEConfig(128, PREFILL128, PREFILL128)
 
 
 # ------------------------------------------------------------------------------- tuned tables (data)
@@ -207,6 +230,8 @@ def config_to_dict(cfg: MoEConfig) -> dict:
     def gemm(g):
         if isinstance(g, FragConfig):
             return {"kind": "frag", **dataclasses.asdict(g)}
+        if isinstance(g, PrefillConfig):
+            return {"kind": "prefill", **dataclasses.asdict(g)}
         return {"kind": "tile", **dataclasses.asdict(g)}
     d = {"block_m": cfg.block_m, "gemm1": gemm(cfg.gemm1), "gemm2": gemm(cfg.gemm2)}
     d["small"] = None if cfg.small is None else [gemm(g) for g in cfg.small]
@@ -221,7 +246,7 @@ def config_from_dict(d: dict) -> MoEConfig:
     def gemm(g):
         g = dict(g)
         kind = g.pop("kind", None)
-        cls = {"frag": FragConfig, "tile": GemmConfig}.get(kind)
+        cls = {"frag": FragConfig, "tile": GemmConfig, "prefill": PrefillConfig}.get(kind)
         if cls is None:
             raise ValueError(f"unknown GEMM config kind {kind!r}")
         names = {f.name for f in dataclasses.fields(cls)}

@@ -30,10 +30,11 @@ from .finalize import DeferredMoEOutput, _check as _check_finalize, moe_finalize
 from .pdl import pdl_supported
 from .reference import ACTIVATIONS, OAI_ALPHA, OAI_LIMIT, _check_inputs, check_activation, expert_biases
 from .triton_align import TAIL_M, Alignment, align_by_expert, align_mixed, align_split
-from .triton_config import (FragConfig, GemmConfig, MoEConfig, choose_config, default_config,  # noqa: F401
-                            load_table, table_path, tuned_configs)
+from .triton_config import (FragConfig, GemmConfig, MoEConfig, PrefillConfig, choose_config,  # noqa: F401
+                            default_config, load_table, table_path, tuned_configs)
 from .triton_frag import STEP_K, FragWeights, coalesce_activations, frag_asm_args, frag_moe_kernel
 from .triton_layout import FMT_FP8, FMT_ID, FMT_NVFP4, FP4_KT, GROUP, Operand, prepare
+from .triton_prefill import prefill_gemm_kernel, step_bytes
 from .triton_tile import moe_gemm_kernel
 
 # The CPU interpreter (TRITON_INTERPRET=1, used to debug without a GPU) multiplies bf16 dot operands
@@ -50,6 +51,13 @@ def _fit(dim: int, want: int, minimum: int) -> int:
             return b
         b //= 2
     raise ValueError(f"dimension {dim} is not a multiple of {minimum}")
+
+
+def _sm_count(device) -> int:
+    """Multiprocessors of the device (the interpreter: 4, so persistent loops run several tiles)."""
+    if _INTERPRET or device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _constant(cache: dict, key, make):
@@ -234,7 +242,10 @@ class TritonExperts:
 
     def _launch(self, op: Operand, a, c, al, n, k, cfg: GemmConfig, gate_up: bool, top_k: int, num_pairs: int,
                 asm: bool):
-        """One GEMM on the tile kernel. gate_up: GEMM1 (rows of x gathered by pair, SiLU(gate) * up)."""
+        """One GEMM on the tile kernel (or the prefill kernel: PrefillConfig). gate_up: GEMM1 (rows of x
+        gathered by pair, SiLU(gate) * up)."""
+        if isinstance(cfg, PrefillConfig):
+            return self._launch_prefill(op, a, c, al, n, k, cfg, gate_up, top_k, num_pairs, asm)
         fp4 = self.fmt_id >= FMT_NVFP4
         bk = _fit(k, cfg.block_k, 32 if fp4 else 16)
         if self.fmt_id == FMT_FP8:
@@ -261,6 +272,29 @@ class TritonExperts:
             ASM=asm and not _INTERPRET, DOT_F32=_INTERPRET, ONE_ROW=one_row, PIPE=cfg.pipe if one_row else 0,
             **self._epilogue(gate_up),
             num_warps=num_warps, num_stages=cfg.num_stages,
+        )
+
+    def _launch_prefill(self, op: Operand, a, c, al, n, k, cfg: PrefillConfig, gate_up: bool, top_k: int,
+                        num_pairs: int, asm: bool):
+        """One GEMM on the prefill kernel (triton_prefill.py; FP4, the tile kernel's storage)."""
+        if self.fmt_id < FMT_NVFP4:
+            raise ValueError(f"the prefill kernel runs FP4 weights (nvfp4, mxfp4), not {self.fmt}")
+        bn_out = cfg.block_n // 2 if gate_up else cfg.block_n
+        tiles = al.max_blocks * triton.cdiv(n, bn_out)
+        progs = tiles if cfg.progs_per_sm <= 0 else min(tiles, cfg.progs_per_sm * _sm_count(a.device))
+        s32 = op.s.view(torch.int32)[..., 0]   # one 4-byte scale word per row and K tile
+        prefill_gemm_kernel[(progs,)](
+            a, a.stride(0),
+            op.w, op.w.stride(0), op.tile_w,
+            s32, s32.stride(0), s32.stride(1),
+            op.p, op.p.stride(0),
+            c, c.stride(0),
+            al.sorted_ids, al.expert_ids, al.num_post_pad,
+            n, k, num_pairs, self.I if gate_up else 0, progs,
+            TOP_K=top_k, GATHER_A=gate_up, GATED=gate_up, FMT=self.fmt_id, GROUP=GROUP[self.fmt_id],
+            BLOCK_M=al.block_m, BLOCK_N=cfg.block_n, BKH=step_bytes(k // 2, cfg.bkh), GROUP_M=cfg.group_m,
+            SWAP=cfg.swap, ASM=asm and not _INTERPRET, DOT_F32=_INTERPRET, **self._epilogue(gate_up),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
     def _epilogue(self, gate_up: bool) -> dict:

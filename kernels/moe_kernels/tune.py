@@ -26,8 +26,8 @@ import json
 import os
 import sys
 
-from .triton_config import (TABLE_VERSION, FragConfig, GemmConfig, MoEConfig, config_to_dict, default_config,
-                            load_table, shape_key, table_path, tuned_configs)
+from .triton_config import (TABLE_VERSION, TILE128, FragConfig, GemmConfig, MoEConfig, PrefillConfig,  # noqa: F401
+                            config_to_dict, default_config, load_table, shape_key, table_path, tuned_configs)
 
 # (rt, wn, wk, pipe) of the fragment kernel, (block_n, num_warps, num_stages, swap) of the tile kernel,
 # (block_n, pipe) of the one-row loop: the neighbourhoods of the defaults the H200 sweeps explored
@@ -39,6 +39,11 @@ FRAG_SPACE = [(1, 1, 4, 4), (2, 1, 4, 3), (1, 2, 2, 4), (4, 1, 2, 4), (4, 1, 1, 
 TILE_SPACE = [(128, 8, 2, False), (128, 8, 3, False), (128, 8, 2, True), (64, 4, 2, False), (64, 4, 3, True),
               (256, 8, 2, True)]
 ONE_ROW_SPACE = [(32, 4), (32, 3), (16, 4), (64, 4), (64, 2)]
+# (block_n, bkh, num_warps, num_stages, swap, progs_per_sm) of the prefill kernel; the tile kernel's
+# TILE128 (the FP4 path before it) is tried too, so every sweep compares them in the same run.
+PREFILL_SPACE = [(128, 64, 8, 4, False, 0), (256, 64, 8, 3, False, 0), (128, 64, 4, 3, False, 0),
+                 (128, 64, 8, 3, True, 0), (128, 64, 8, 3, False, 1), (128, 128, 8, 3, False, 0),
+                 (256, 32, 8, 4, True, 0)]
 
 
 def _variants(g, kind: str):
@@ -46,6 +51,9 @@ def _variants(g, kind: str):
         return [dataclasses.replace(g, rt=rt, wn=wn, wk=wk, pipe=p) for rt, wn, wk, p in FRAG_SPACE]
     if kind == "one_row":
         return [dataclasses.replace(g, block_n=bn, pipe=p) for bn, p in ONE_ROW_SPACE]
+    if kind == "prefill":
+        return [dataclasses.replace(g, block_n=bn, bkh=kh, num_warps=w, num_stages=s, swap=sw, progs_per_sm=pp)
+                for bn, kh, w, s, sw, pp in PREFILL_SPACE] + [TILE128]
     return [dataclasses.replace(g, block_n=bn, num_warps=w, num_stages=s, swap=sw) for bn, w, s, sw in TILE_SPACE]
 
 
@@ -54,7 +62,8 @@ def candidate_configs(fmt: str, num_pairs: int, num_experts: int, frag: bool, li
     """The default config first, then one GEMM varied at a time (gate/up, then down), alternating, no
     duplicates; the first `limit`. Pure: no GPU."""
     base = default_config(fmt, num_pairs, num_experts, frag, inter)
-    kind = "frag" if base.frag else ("one_row" if base.gemm1.one_row else "tile")
+    kind = ("frag" if base.frag else "prefill" if isinstance(base.gemm1, PrefillConfig)
+            else "one_row" if base.gemm1.one_row else "tile")
     v1 = [dataclasses.replace(base, gemm1=g) for g in _variants(base.gemm1, kind)]
     v2 = [dataclasses.replace(base, gemm2=g) for g in _variants(base.gemm2, kind)]
     out = [base]

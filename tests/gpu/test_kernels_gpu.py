@@ -21,7 +21,7 @@ from moe_kernels.triton_align import align_by_expert  # noqa: E402
 from alignment_checks import check_mixed as _check_mixed  # noqa: E402
 from alignment_checks import check_split as _check_split  # noqa: E402
 from alignment_checks import check_pair_order as _check_pair_order  # noqa: E402
-from moe_kernels.triton_config import FragConfig, GemmConfig, MoEConfig, default_config  # noqa: E402
+from moe_kernels.triton_config import FragConfig, GemmConfig, MoEConfig, PrefillConfig, default_config  # noqa: E402
 from moe_kernels.triton_moe import TritonExperts  # noqa: E402
 
 DEV = "cuda"
@@ -347,3 +347,42 @@ def test_gpt_oss_swiglu_and_biases_match_reference(fmt, t, k):
 def test_selftest_triton_gpt_oss_experts(fmt):
     res = selftest("triton", fmt, DEV, activation="swiglu_oai", bias=True)
     assert res.ok, res.message
+
+
+PREFILL_CONFIGS = [PrefillConfig(128, 64, 8, 3), PrefillConfig(256, 32, 8, 4, swap=True),
+                   PrefillConfig(128, 128, 4, 3, progs_per_sm=2), PrefillConfig(64, 64, 4, 3, swap=True, progs_per_sm=1)]
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("pc", PREFILL_CONFIGS, ids=lambda c: "n{}k{}w{}s{}{}p{}".format(
+    c.block_n, c.bkh, c.num_warps, c.num_stages, "swap" if c.swap else "", c.progs_per_sm))
+def test_prefill_kernel_matches_reference(fmt, pc):
+    # one expert with many rows, other ranks' pairs; I = 512: 128-row blocks with fragment tail blocks;
+    # I = 320 (no fragment copy fits): the last gate/up tile partly past N (masked), 128- and 64-row
+    # blocks alone; a graph replay gives the same bits
+    nt2 = FragConfig(2, 4, 1, 1, 3)
+    for i, cfg in ((512, MoEConfig(128, pc, pc, tail=(nt2, nt2), tail_rows=32)), (320, MoEConfig(128, pc, pc)),
+                   (320, MoEConfig(64, pc, pc))):
+        e, h, t, k = 16, 1024, 600, 4
+        weights, x, w, ids, shared = _problem(fmt, e, h, i, t, k, seed=61 + pc.block_n + i)
+        ids = ids.clone()
+        ids[:400, 0] = 5
+        ids[7, 1] = -1
+        ref = TorchExperts(weights).forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+        ex = TritonExperts(weights, cfg, frag=cfg.tail is not None)
+        _poison_allocator()
+        out = ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5)
+        assert _rel(out, ref) < 1e-2, (i, cfg)
+        again = _graph_replay(lambda: ex.forward(x, w, ids, shared_output=shared, routed_scale=1.5))
+        assert torch.equal(again, out)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_prefill_default_on_the_deepseek_shard(fmt):
+    # DeepSeek-V3 TP8 experts at 4096 tokens: the default (prefill kernel + tails) against the reference
+    e, h, i, t, k = 256, 7168, 256, 4096, 8
+    weights, x, w, ids, shared = _problem(fmt, e, h, i, t, k, seed=71)
+    ex = TritonExperts(weights)
+    assert isinstance(ex.config_for(t * k).gemm1, PrefillConfig)
+    out = ex.forward(x, w, ids, shared_output=shared)
+    assert _rel(out, TorchExperts(weights).forward(x, w, ids, shared_output=shared)) < 1e-2

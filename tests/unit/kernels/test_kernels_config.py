@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from moe_kernels.triton_config import ONE_ROW_MAX_ROWS, GemmConfig, default_config
+from moe_kernels.triton_config import FRAG_MAX_ROWS, ONE_ROW_MAX_ROWS, GemmConfig, PrefillConfig, default_config
 
 
 def test_one_row_loop_needs_a_pipelined_stage():
@@ -48,3 +48,27 @@ def test_one_token_on_small_intermediate_splits_k_over_more_programs():
         assert 8 * 2048 // 64 >= DECODE_MIN_PROGRAMS > 8 * 256 // 64
         # only one token: 8 tokens keep their configs
         assert default_config(fmt, 64, 256, True, inter=256) == default_config(fmt, 64, 256, True)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_prefill_runs_the_prefill_kernel(fmt):
+    # past the fragment kernel's rows per expert (and past 96 without the fragment copy): the prefill
+    # kernel for both GEMMs, with fragment tail blocks where the copy exists; bf16 / fp8 keep the tiles
+    for frag in (False, True):
+        cfg = default_config(fmt, 256 * 128, 256, frag)
+        assert isinstance(cfg.gemm1, PrefillConfig) and isinstance(cfg.gemm2, PrefillConfig)
+        assert (cfg.tail is not None) == frag and cfg.block_m == 128
+    assert not isinstance(default_config(fmt, 256 * FRAG_MAX_ROWS, 256, True).gemm1, PrefillConfig)
+    for dense in ("bf16", "fp8"):
+        assert isinstance(default_config(dense, 256 * 128, 256, True).gemm1, GemmConfig)
+
+
+def test_prefill_config_and_step_checks():
+    from moe_kernels.triton_prefill import step_bytes
+    for bad in (dict(bkh=48), dict(bkh=16), dict(block_n=96)):
+        with pytest.raises(ValueError):
+            PrefillConfig(**bad)
+    assert step_bytes(3584, 128) == 128 and step_bytes(1440, 128) == 32 and step_bytes(1024, 64) == 64
+    assert step_bytes(96, 64) == 32
+    with pytest.raises(ValueError, match="multiple of 64"):
+        step_bytes(40, 64)

@@ -222,3 +222,43 @@ def test_fused_one_token_finalize_in_interpreter():
     """The one-token finalize fused into the down GEMM: the last of a column block's top-k programs
     sums their rows exactly like the finalize reference (bit-equal) and resets its counter."""
     _interpret(FUSED_FINALIZE, "FUSED FINALIZE OK")
+
+
+PREFILL = r"""
+import sys, torch
+from moe_kernels.experts import ExpertWeights
+from moe_kernels.reference import TorchExperts
+from moe_kernels.triton_config import MoEConfig, PrefillConfig
+from moe_kernels.triton_moe import TritonExperts
+from moe_kernels.routing import softmax_topk
+torch.manual_seed(0)
+E, H, I, t, k = 4, 128, 64, 12, 2
+fmt, swap, pps, act = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
+ew = ExpertWeights.from_dense(torch.randn(E, 2 * I, H) / 16, torch.randn(E, H, I) / 11, fmt)
+kw = {}
+if act == "swiglu_oai":
+    ew.extras.update(w13_bias=torch.randn(E, 2 * I) / 4, w2_bias=torch.randn(E, H) / 4)
+    kw = dict(activation="swiglu_oai")
+x = torch.randn(t, H).bfloat16()
+w, ids = softmax_topk(torch.randn(t, E), k, True)
+ids[0, -1] = -1   # an expert of another rank
+ref = TorchExperts(ew, **kw).forward(x, w, ids)
+# gate/up tiles of 16 gate + 16 up rows, 32-byte K steps; progs_per_sm=1: 4 programs loop over the tiles
+cfg = MoEConfig(16, PrefillConfig(32, 32, 4, 1, 2, swap=swap, progs_per_sm=pps),
+                PrefillConfig(64, 32, 4, 1, 1, swap=swap, progs_per_sm=pps))
+out = TritonExperts(ew, cfg, **kw).forward(x, w, ids)
+print("RESULT", ((out.float() - ref.float()).norm() / ref.float().norm()).item())
+"""
+
+
+@pytest.mark.parametrize("fmt,swap,pps,act", [("nvfp4", 0, 0, "silu"), ("mxfp4", 1, 1, "swiglu_oai"),
+                                              ("nvfp4", 1, 1, "swiglu_oai"), ("mxfp4", 0, 0, "silu")])
+def test_prefill_kernel_in_interpreter(fmt, swap, pps, act):
+    """The prefill kernel (triton_prefill.py): gate and up rows in one tile, persistent programs,
+    biases and the clamped SwiGLU, against the torch reference."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", PREFILL, fmt, str(swap), str(pps), act], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    err = float([ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")][-1].split()[1])
+    assert err < 3e-2

@@ -2,10 +2,12 @@
 no GPU; the tables here are fakes written by the test, not tuned numbers."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from moe_kernels.triton_config import (TABLE_ENV, TABLE_VERSION, FragConfig, GemmConfig, MoEConfig, TILE128,
+from moe_kernels.triton_config import (TABLE_ENV, TABLE_VERSION, FragConfig, GemmConfig, MoEConfig, PrefillConfig,
+                                       TILE128,
                                        choose_config, config_from_dict, config_to_dict, default_config,
                                        device_file_name, load_table, nearest_bucket, shape_key, table_path,
                                        tuned_configs)
@@ -15,13 +17,15 @@ TILE = MoEConfig(64, GemmConfig(128, 64, 8, 3, 8, swap=True), GemmConfig(64, 64,
 MIXED = MoEConfig(16, FragConfig(2, 4, 1, 1, 3), FragConfig(2, 4, 1, 1, 3),
                   (FragConfig(1, 4, 1, 2, 3), FragConfig(1, 4, 1, 1, 4, 2)))
 SPLIT = MoEConfig(128, TILE128, TILE128, tail=(FragConfig(2, 4, 1, 1, 3),) * 2, tail_rows=32)
+PREFILL = MoEConfig(128, PrefillConfig(256, 32, 8, 4, swap=True), PrefillConfig(128, 64, 4, 3, progs_per_sm=2),
+                    tail=(FragConfig(2, 4, 1, 1, 3),) * 2, tail_rows=32)
 
 
 def _table(entries):
     return {"format_version": TABLE_VERSION, "device": "NVIDIA H200", "entries": entries}
 
 
-@pytest.mark.parametrize("cfg", [FRAG, TILE, MIXED, SPLIT, default_config("nvfp4", 1, 256, False)])
+@pytest.mark.parametrize("cfg", [FRAG, TILE, MIXED, SPLIT, PREFILL, default_config("nvfp4", 1, 256, False)])
 def test_config_round_trip(cfg):
     d = config_to_dict(cfg)
     assert config_from_dict(json.loads(json.dumps(d))) == cfg
@@ -122,7 +126,11 @@ def test_tune_candidates(fmt, frag):
         for c in cands[1:]:   # one GEMM varied at a time, the rest of the default kept
             assert (c.gemm1 == base.gemm1) != (c.gemm2 == base.gemm2)
             assert (c.block_m, c.small, c.tail, c.tail_rows) == (base.block_m, base.small, base.tail, base.tail_rows)
-            assert type(c.gemm1) is type(base.gemm1) and type(c.gemm2) is type(base.gemm2)
+            # same kernel, except the tile kernel's TILE128 among the prefill kernel's variants (its old path)
+            for g, b in ((c.gemm1, base.gemm1), (c.gemm2, base.gemm2)):
+                assert type(g) is type(b) or (isinstance(b, PrefillConfig) and g == TILE128)
+        if isinstance(base.gemm1, PrefillConfig):
+            assert replace(base, gemm1=TILE128) in cands and replace(base, gemm2=TILE128) in cands
         assert candidate_configs(fmt, pairs, 256, frag, 3) == cands[:3]
 
 
