@@ -13,9 +13,9 @@ has been unused for the grace period.
 Names are predictable and labels and annotations are anyone's to write who may edit PVCs in the
 namespace, so neither says who made an object. The operator adopts, marks ready and deletes only
 what it made, by UID: its record is status.modelCache (claimUid, jobUid) of the MoEDeployments
-(the status subresource only the operator writes) and, for what it made since it started, this
-process (RECORD). The unused-since annotation is for people; the grace period runs from when this
-process first saw the cache unused.
+(the status subresource only the operator writes) and the ledger in the operator's own namespace
+(cache_ledger.py, RECORD), which outlives restarts. The unused-since annotation is for people; the
+grace period runs from when the operator first saw the cache unused, by the ledger's clock.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 from moe_core.checkpoint import CheckpointInfo
 
 from .api import ModelCacheStatus, MoEDeploymentSpec
+from .cache_ledger import Record, new_record  # noqa: F401  (Record: tests build empty ones)
 from .download_cli import PERMANENT_EXIT_CODES, READY_MARKER
 from .model_uri import ModelURI
 from .security import container_security, pod_security
@@ -45,16 +46,7 @@ A_READY, A_UNUSED = "moe.serving.dev/cache-ready", "moe.serving.dev/unused-since
 GiB = 1024 ** 3
 
 
-@dataclass
-class Record:
-    """What this process made: (namespace, claim) -> PVC UID, PVC UID -> fill Job UID, and when it
-    first saw each PVC unused (its own clock, never an annotation)."""
-    claims: dict[tuple[str, str], str] = field(default_factory=dict)
-    jobs: dict[str, str] = field(default_factory=dict)
-    unused_since: dict[str, dt.datetime] = field(default_factory=dict)
-
-
-RECORD = Record()
+RECORD = new_record()
 
 
 def enabled(spec: MoEDeploymentSpec) -> bool:
@@ -233,7 +225,8 @@ def _progress_from_log(text: str) -> tuple[int | None, int | None]:
 
 def recorded(kube, namespace: str) -> tuple[dict[str, str], dict[str, str]]:
     """(claim name -> PVC UID, PVC UID -> fill Job UID) the operator made in `namespace`: its
-    MoEDeployments' status.modelCache and this process's RECORD."""
+    MoEDeployments' status.modelCache and the ledger (RECORD)."""
+    RECORD.sync(kube)
     claims = {c: uid for (ns, c), uid in RECORD.claims.items() if ns == namespace}
     jobs = dict(RECORD.jobs)
     for m in kube.list_moeds([namespace]):
@@ -268,6 +261,7 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
         uid = (live.get("metadata") or {}).get("uid")
         if uid and _made_here(made or live):
             RECORD.claims[(namespace, claim)] = claims[claim] = uid
+            RECORD.save(kube)
     meta = live.get("metadata") or {}
     claim_uid = meta.get("uid")
     if not claim_uid or claims.get(claim) != claim_uid:
@@ -275,7 +269,8 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
             f"PVC {claim} exists but the operator did not make it (its UID is in no record of the operator): it is "
             "not used as the model cache; delete it and the operator makes its own"))
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-    RECORD.unused_since.pop(claim_uid, None)
+    if RECORD.unused_since.pop(claim_uid, None) is not None:
+        RECORD.save(kube)
     if labels.get(USER_PREFIX + user) != "true" or A_UNUSED in annotations:
         kube.merge_patch_metadata("PersistentVolumeClaim", namespace, claim,
                                   {"labels": {USER_PREFIX + user: "true"}, "annotations": {A_UNUSED: None}})
@@ -296,6 +291,7 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
         uid = (got.get("metadata") or {}).get("uid")
         if uid and _made_here(made or got):
             RECORD.jobs[claim_uid] = uid
+            RECORD.save(kube)
             base["jobUid"] = uid
         return ModelCacheStatus(**base, state="Pending", bytesTotal=ckpt.totalBytes if ckpt else None,
                                 message=f"download Job {job_name} created")
@@ -353,22 +349,26 @@ def release(kube, namespace: str, user: str, keep: str | None = None) -> None:
 
 
 def collect(kube, namespace: str, grace_seconds: float, now: dt.datetime | None = None) -> list[str]:
-    """Delete the caches (PVC and fill Job) this process made that have had no user for longer than
+    """Delete the caches (PVC and fill Job) the operator made that have had no user for longer than
     the grace period, counted from when it first saw them unused; returns their names. A PVC it did
     not make is never deleted, whatever its labels and annotations say."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    gone = []
+    RECORD.sync(kube)
+    gone, changed = [], False
     mine = {uid for (ns, _), uid in RECORD.claims.items() if ns == namespace}
-    for c in kube.list_labeled("PersistentVolumeClaim", namespace, f"{CACHE_LABEL}=true"):
+    listed = kube.list_labeled("PersistentVolumeClaim", namespace, f"{CACHE_LABEL}=true")
+    for c in listed:
         meta = c["metadata"]
         uid = meta.get("uid")
         if uid not in mine:
             continue
         if any(k.startswith(USER_PREFIX) for k in (meta.get("labels") or {})):
-            RECORD.unused_since.pop(uid, None)
+            changed |= RECORD.unused_since.pop(uid, None) is not None
             continue
-        since = RECORD.unused_since.setdefault(uid, now)
-        if (now - since).total_seconds() >= grace_seconds:
+        if uid not in RECORD.unused_since:
+            RECORD.unused_since[uid] = now
+            changed = True
+        if (now - RECORD.unused_since[uid]).total_seconds() >= grace_seconds:
             job = kube.get("Job", namespace, meta["name"] + "-fill")
             if job and RECORD.jobs.get(uid) == (job.get("metadata") or {}).get("uid"):
                 kube.delete("Job", namespace, meta["name"] + "-fill")
@@ -377,6 +377,18 @@ def collect(kube, namespace: str, grace_seconds: float, now: dt.datetime | None 
             RECORD.jobs.pop(uid, None)
             RECORD.unused_since.pop(uid, None)
             gone.append(meta["name"])
+            changed = True
+    # a recorded claim that no longer exists (deleted by hand) leaves the record
+    live = {c["metadata"]["name"] for c in listed}
+    for (ns, claim_name), uid in list(RECORD.claims.items()):
+        if ns == namespace and claim_name not in live and claim_name not in gone and uid in mine \
+                and kube.get("PersistentVolumeClaim", ns, claim_name) is None:
+            RECORD.claims.pop((ns, claim_name), None)
+            RECORD.jobs.pop(uid, None)
+            RECORD.unused_since.pop(uid, None)
+            changed = True
+    if changed:
+        RECORD.save(kube)
     return gone
 
 
