@@ -80,15 +80,23 @@ def model_schema(model: type) -> dict[str, Any]:
     return _structural(raw, raw.get("$defs", {}))
 
 
+def _condition(type_: str, field: str) -> str:
+    return f'.status.conditions[?(@.type=="{type_}")].{field}'
+
+
+# Ready and Reason first: the rolled-up state (conditions.py) and why, as Flux and KServe show it.
 PRINTER_COLUMNS = [
+    {"name": "Ready", "type": "string", "jsonPath": _condition("Ready", "status")},
+    {"name": "Reason", "type": "string", "jsonPath": _condition("Ready", "reason")},
     {"name": "Format", "type": "string", "jsonPath": ".status.format"},
     {"name": "GPU", "type": "string", "jsonPath": ".status.gpuClass"},
     {"name": "Backend", "type": "string", "jsonPath": ".status.runnerBackend"},
     {"name": "Deferred", "type": "boolean", "jsonPath": ".status.deferredFinalize", "priority": 1},
     {"name": "Revision", "type": "string", "jsonPath": ".status.revision", "priority": 1},
     {"name": "Cache", "type": "string", "jsonPath": ".status.modelCache.state"},
-    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Serving", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "ready replicas"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
+    {"name": "URL", "type": "string", "jsonPath": ".status.endpoint", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

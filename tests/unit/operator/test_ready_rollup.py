@@ -208,3 +208,15 @@ def test_argocd_rejects_what_argocd_would(health_check, tmp_path):
     odd.write_text('return { status = "Fine" }\n')
     r = subprocess.run([str(health_check), str(odd)], input=json.dumps(obj([])) + "\n", capture_output=True, text=True)
     assert json.loads(r.stdout)["argo"] == "Unknown"
+
+
+def test_printer_columns_show_ready_and_reason():
+    """`kubectl get moed`: READY and REASON from the Ready condition, first; URL in -o wide."""
+    from moe_operator.crd import PRINTER_COLUMNS
+
+    cols = {c["name"]: c for c in PRINTER_COLUMNS}
+    assert [c["name"] for c in PRINTER_COLUMNS[:2]] == ["Ready", "Reason"]
+    assert cols["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert cols["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
+    assert cols["Serving"]["jsonPath"] == ".status.readyReplicas" and cols["URL"]["priority"] == 1
+    assert len(cols) == len(PRINTER_COLUMNS)
