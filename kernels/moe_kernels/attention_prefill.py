@@ -10,6 +10,9 @@ A program covers T query tokens x HB query heads of one sequence, packed as T*HB
   window of the tile's first token.
 - MLA (absorbed form, DeepSeek-V3): all heads share the latent cache (K = V = c_kv), scores are
   q_abs.c_kv + q_rot.k_rot, the output is the latent o_lat.
+- MLA non-absorbed (`prefill_mla_mha`, fewer FLOPs from ~171 query tokens): the latent prefix is
+  decompressed once through W_uk / W_uv into per-head K and V, then the same kernel runs one head per
+  program (192-wide scores, 128-wide values), as the engines do for prefill.
 The key loop stops at the tile's largest position, so a causal tile reads only its own prefix.
 Fully masked rows (a padded token) give 0, never NaN. FP8 caches are read through a per-tensor scale
 (k_scale folded into the score scale, v_scale into the output), converted to q's dtype for the dot.
@@ -83,11 +86,13 @@ if triton is not None:
                  out.to(o_ptr.dtype.element_ty), mask=rm[:, None] & dm[None, :])
 
     @triton.jit
-    def _mla_prefill_kernel(qa_ptr, qr_ptr, c_ptr, r_ptr, bt_ptr, pos_ptr, o_ptr, qk_scale, v_scale, S, H, kv_len,
-                            s_qab, s_qas, s_qah, s_qrb, s_qrs, s_qrh, s_cb, s_ct, s_rb, s_rt, s_btb, s_pb,
-                            s_ob, s_os, s_oh, C: tl.constexpr, R: tl.constexpr, BR: tl.constexpr,
-                            T: tl.constexpr, HB: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr,
-                            PREC: tl.constexpr):
+    def _mla_prefill_kernel(qa_ptr, qr_ptr, ka_ptr, kr_ptr, v_ptr, bt_ptr, pos_ptr, o_ptr, qk_scale, v_scale, S, H,
+                            kv_len, s_qab, s_qas, s_qah, s_qrb, s_qrs, s_qrh, s_kb, s_kt, s_kh, s_rb, s_rt,
+                            s_vb, s_vt, s_vh, s_btb, s_pb, s_ob, s_os, s_oh, C: tl.constexpr, CV: tl.constexpr,
+                            R: tl.constexpr, BR: tl.constexpr, T: tl.constexpr, HB: tl.constexpr,
+                            BS: tl.constexpr, BN: tl.constexpr, V_IS_K: tl.constexpr, PREC: tl.constexpr):
+        # absorbed: K = V = the latent (head strides 0, HB heads share the tile); non-absorbed: one head
+        # per program (HB = 1) with its own decompressed K [.., C] and V [.., CV]; k_rot is shared.
         tb = tl.program_id(0)
         hb = tl.program_id(1)
         b = tl.program_id(2)
@@ -98,6 +103,7 @@ if triton is not None:
         pos = tl.load(pos_ptr + b * s_pb + tok, mask=rm, other=-1).to(tl.int32)
         hi = tl.minimum(tl.max(pos, axis=0) + 1, kv_len)
         c = tl.arange(0, C)
+        cv = tl.arange(0, CV)
         r = tl.arange(0, BR)
         rmask = r < R
         qa = tl.load(qa_ptr + b * s_qab + tok[:, None] * s_qas + h[:, None] * s_qah + c[None, :],
@@ -106,17 +112,23 @@ if triton is not None:
                      mask=rm[:, None] & rmask[None, :], other=0.0)
         m_i = tl.full([T * HB], -float("inf"), tl.float32)
         l_i = tl.zeros([T * HB], tl.float32)
-        acc = tl.zeros([T * HB, C], tl.float32)
+        acc = tl.zeros([T * HB, CV], tl.float32)
         t = tl.arange(0, BN)
+        hk = (hb * HB).to(tl.int64)  # the program's K/V head (all rows' head when HB = 1; strides 0 when shared)
         for s0 in range(0, hi, BN):
             j = s0 + t
             ok = j < hi
             page = tl.load(bt_ptr + b * s_btb + j // BS, mask=ok, other=0).to(tl.int64)
             row = j % BS
-            ck = tl.load(c_ptr + page[:, None] * s_cb + row[:, None] * s_ct + c[None, :], mask=ok[:, None],
-                         other=0.0).to(qa.dtype)
-            kr = tl.load(r_ptr + page[:, None] * s_rb + row[:, None] * s_rt + r[None, :],
+            ck = tl.load(ka_ptr + page[:, None] * s_kb + row[:, None] * s_kt + hk * s_kh + c[None, :],
+                         mask=ok[:, None], other=0.0).to(qa.dtype)
+            kr = tl.load(kr_ptr + page[:, None] * s_rb + row[:, None] * s_rt + r[None, :],
                          mask=ok[:, None] & rmask[None, :], other=0.0).to(qa.dtype)
+            if V_IS_K:
+                vt = ck
+            else:
+                vt = tl.load(v_ptr + page[:, None] * s_vb + row[:, None] * s_vt + hk * s_vh + cv[None, :],
+                             mask=ok[:, None], other=0.0).to(qa.dtype)
             s = tl.dot(qa, tl.trans(ck), input_precision=PREC)
             s = tl.dot(qr, tl.trans(kr), s, input_precision=PREC) * qk_scale
             s = tl.where(ok[None, :] & (j[None, :] <= pos[:, None]), s, -float("inf"))
@@ -125,10 +137,10 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_use)
             p = tl.exp2(s - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = tl.dot(p.to(qa.dtype), ck, acc * alpha[:, None], input_precision=PREC)
+            acc = tl.dot(p.to(qa.dtype), vt, acc * alpha[:, None], input_precision=PREC)
             m_i = m_new
         out = acc * (v_scale / tl.maximum(l_i, 1e-30))[:, None]
-        tl.store(o_ptr + b * s_ob + tok[:, None] * s_os + h[:, None] * s_oh + c[None, :],
+        tl.store(o_ptr + b * s_ob + tok[:, None] * s_os + h[:, None] * s_oh + cv[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=rm[:, None])
 
 
@@ -205,9 +217,63 @@ def prefill_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, positions, kv
     o = torch.empty_like(q_abs)
     grid = (triton.cdiv(S, T), triton.cdiv(H, HB), B)
     _mla_prefill_kernel[grid](
-        q_abs, q_rot, ckv_cache, krot_cache, bt, pos, o, float(scale) * float(kv_scale) * LOG2E, float(kv_scale),
-        S, H, int(kv_len), q_abs.stride(0), q_abs.stride(1), q_abs.stride(2), q_rot.stride(0), q_rot.stride(1),
-        q_rot.stride(2), ckv_cache.stride(0), ckv_cache.stride(1), krot_cache.stride(0), krot_cache.stride(1),
-        bt.stride(0), pos.stride(0), o.stride(0), o.stride(1), o.stride(2), C=C, R=R, BR=max(16, _pow2(R)),
-        T=T, HB=HB, BS=bs, BN=bn, PREC=_prec(q_abs.dtype), num_warps=warps, num_stages=stages)
+        q_abs, q_rot, ckv_cache, krot_cache, ckv_cache, bt, pos, o, float(scale) * float(kv_scale) * LOG2E,
+        float(kv_scale), S, H, int(kv_len), q_abs.stride(0), q_abs.stride(1), q_abs.stride(2), q_rot.stride(0),
+        q_rot.stride(1), q_rot.stride(2), ckv_cache.stride(0), ckv_cache.stride(1), 0, krot_cache.stride(0),
+        krot_cache.stride(1), ckv_cache.stride(0), ckv_cache.stride(1), 0, bt.stride(0), pos.stride(0),
+        o.stride(0), o.stride(1), o.stride(2), C=C, CV=C, R=R, BR=max(16, _pow2(R)), T=T, HB=HB, BS=bs, BN=bn,
+        V_IS_K=True, PREC=_prec(q_abs.dtype), num_warps=warps, num_stages=stages)
+    return o
+
+
+def mla_mha_flops_cheaper(q_tokens: int, heads: int, kv_lora: int, nope: int, rope: int, v_dim: int) -> bool:
+    """Whether the non-absorbed (decompress, then multi-head attention) MLA prefill needs fewer FLOPs per
+    key than the absorbed form: per key, absorbed = S*h*2*(2*kv_lora + rope); non-absorbed =
+    S*h*2*(nope + rope + v) + h*2*kv_lora*(nope + v) (the decompression, once per key). DeepSeek-V3
+    (512 / 128 / 64 / 128): from about 171 query tokens, as the engines switch for prefill."""
+    absorbed = q_tokens * heads * 2 * (2 * kv_lora + rope)
+    mha = q_tokens * heads * 2 * (nope + rope + v_dim) + heads * 2 * kv_lora * (nope + v_dim)
+    return mha < absorbed
+
+
+MHA_BLOCK = 16  # the decompressed K/V's page size: a plain [B, L] layout read through an identity table
+
+
+def prefill_mla_mha(q_nope, q_rot, ckv_cache, krot_cache, w_uk, w_uv, block_tables, positions, kv_len: int,
+                    scale: float, kv_scale: float = 1.0, config=None):
+    """Non-absorbed MLA prefill: q_nope [B, S, h, nope], q_rot [B, S, h, r], w_uk [h, nope, c],
+    w_uv [h, v, c] -> o [B, S, h, v] (the attention output before o_proj). The latent prefix is gathered
+    once and decompressed to per-head K [B, L, h, nope] and V [B, L, h, v] (torch matmuls), then one
+    program per (T tokens, head) attends with scores q_nope.k + q_rot.k_rot (k_rot shared by heads)."""
+    from moe_kernels.paged_attention import _dequant, gather_kv
+
+    B, S, H, D = q_nope.shape
+    R = q_rot.shape[-1]
+    V = w_uv.shape[1]
+    _check_rows(q_nope, positions, "prefill_mla_mha")
+    if D & (D - 1) or V & (V - 1) or w_uk.shape != (H, D, ckv_cache.shape[-1]) or w_uv.shape[::2] != (H, ckv_cache.shape[-1]):
+        raise ValueError(f"prefill_mla_mha: nope {D} and v {V} must be powers of two, w_uk {tuple(w_uk.shape)} "
+                         f"[h, nope, c] and w_uv {tuple(w_uv.shape)} [h, v, c] must match q's {H} heads and the cache")
+    if kv_len > block_tables.shape[1] * ckv_cache.shape[1]:
+        raise ValueError(f"prefill_mla_mha: kv_len {kv_len} exceeds the block tables")
+    nb = triton.cdiv(kv_len, MHA_BLOCK)
+    pad = nb * MHA_BLOCK - kv_len
+    dt = q_nope.dtype
+    lat = torch.nn.functional.pad(_dequant(gather_kv(ckv_cache, block_tables, kv_len), dt, kv_scale), (0, 0, 0, pad))
+    kr = torch.nn.functional.pad(_dequant(gather_kv(krot_cache, block_tables, kv_len), dt, kv_scale), (0, 0, 0, pad))
+    k = torch.einsum("blc,hdc->blhd", lat, w_uk.to(dt)).reshape(B * nb, MHA_BLOCK, H, D)
+    v = torch.einsum("blc,hvc->blhv", lat, w_uv.to(dt)).reshape(B * nb, MHA_BLOCK, H, V)
+    kr = kr.reshape(B * nb, MHA_BLOCK, R).contiguous()
+    bt = torch.arange(B * nb, device=q_nope.device, dtype=torch.int32).view(B, nb)
+    T, bn, warps, stages = config or (64, 64, 4, 2)
+    if q_nope.stride(-1) != 1 or q_rot.stride(-1) != 1:
+        raise ValueError("prefill_mla_mha: q_nope and q_rot must be contiguous in their last dim")
+    pos = positions.contiguous()
+    o = torch.empty(B, S, H, V, device=q_nope.device, dtype=dt)
+    _mla_prefill_kernel[(triton.cdiv(S, T), H, B)](
+        q_nope, q_rot, k, kr, v, bt, pos, o, float(scale) * LOG2E, 1.0, S, H, int(kv_len),
+        q_nope.stride(0), q_nope.stride(1), q_nope.stride(2), q_rot.stride(0), q_rot.stride(1), q_rot.stride(2),
+        k.stride(0), k.stride(1), k.stride(2), kr.stride(0), kr.stride(1), v.stride(0), v.stride(1), v.stride(2),
+        bt.stride(0), pos.stride(0), o.stride(0), o.stride(1), o.stride(2), C=D, CV=V, R=R, BR=max(16, _pow2(R)),
+        T=T, HB=1, BS=MHA_BLOCK, BN=bn, V_IS_K=False, PREC=_prec(dt), num_warps=warps, num_stages=stages)
     return o

@@ -54,6 +54,16 @@ qr = torch.randn(B, S, H, R, generator=g)
 ref = pa.paged_attention_mla_ref(qa, qr, ckv, kr, bt, pos, kv_len, 0.3)
 for cfg in ((1, 16, 16, 4, 1), (2, 8, 16, 4, 1)):
     out.append((f"mla_cfg={cfg[0]}x{cfg[1]}", rel(prefill_mla(qa, qr, ckv, kr, bt, pos, kv_len, 0.3, config=cfg), ref, real)))
+# MLA non-absorbed: decompress through W_uk / W_uv, 3 heads, nope 16, v 16 -> the absorbed reference then W_uv
+from moe_kernels.attention_prefill import prefill_mla_mha
+Hm = 3
+w_uk = torch.randn(Hm, 16, C, generator=g) / C ** 0.5
+w_uv = torch.randn(Hm, 16, C, generator=g) / C ** 0.5
+qn = torch.randn(B, S, Hm, 16, generator=g)
+qrm = torch.randn(B, S, Hm, R, generator=g)
+ref_lat = pa.paged_attention_mla_ref(torch.einsum("bshd,hdc->bshc", qn, w_uk), qrm, ckv, kr, bt, pos, kv_len, 0.3)
+ref = torch.einsum("bshc,hvc->bshv", ref_lat, w_uv)
+out.append(("mla_mha", rel(prefill_mla_mha(qn, qrm, ckv, kr, w_uk, w_uv, bt, pos, kv_len, 0.3, config=(16, 16, 4, 1)), ref, real)))
 # FP8 caches (scale 0.5: values / 0.5 stored): kernels vs the reference on the same fp8 cache, and vs fp32
 ks, vs = 0.5, 0.25
 k8, v8 = pa.quantize_fp8(k[..., :2, :16], ks), pa.quantize_fp8(v[..., :2, :16], vs)
@@ -92,7 +102,7 @@ def results():
 
 def test_prefill_kernels_match_reference_in_interpreter(results):
     names = [n for n in results if not n.startswith("fp8")]
-    assert len(names) == 10, names
+    assert len(names) == 11, names
     for n in names:
         assert results[n] < 1e-4, (n, results[n])  # fp32: fp32 dots
 
@@ -121,6 +131,28 @@ def test_write_kv_quantizes_and_saturates():
     assert flat[0].abs().sum() == 0
     with pytest.raises(ValueError, match="fp8 cache only"):
         pa.write_kv(torch.zeros(2, 4, 3), torch.tensor([[1]]), vals[:, :1], scale=2.0)
+
+
+def test_mla_form_is_chosen_by_flops():
+    from moe_kernels.attention_prefill import mla_mha_flops_cheaper
+
+    # DeepSeek-V3: absorbed per key S*h*2*1088, non-absorbed S*h*2*320 + h*2*512*256: crossover at ~171 tokens
+    assert not mla_mha_flops_cheaper(170, 128, 512, 128, 64, 128)
+    assert mla_mha_flops_cheaper(171, 128, 512, 128, 64, 128)
+    assert mla_mha_flops_cheaper(8192, 16, 512, 128, 64, 128)
+
+
+def test_mla_heads_on_cpu_is_the_absorbed_reference():
+    from moe_kernels import paged_attention as pa
+
+    g = torch.Generator().manual_seed(3)
+    ckv, kr = torch.randn(6, 4, 16, generator=g), torch.randn(6, 4, 8, generator=g)
+    w_uk, w_uv = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
+    qn, qr = torch.randn(1, 5, 2, 8, generator=g), torch.randn(1, 5, 2, 8, generator=g)
+    bt, pos = torch.tensor([[4, 0, 2]]), torch.arange(3, 8)[None]
+    got = pa.paged_attention_mla_heads(qn, qr, ckv, kr, w_uk, w_uv, bt, pos, 8, 0.2)
+    lat = pa.paged_attention_mla_ref(torch.einsum("bshd,hdc->bshc", qn, w_uk), qr, ckv, kr, bt, pos, 8, 0.2)
+    torch.testing.assert_close(got, torch.einsum("bshc,hvc->bshv", lat, w_uv))
 
 
 def test_prefill_rejects_bad_shapes():
