@@ -31,6 +31,11 @@ class Policy:
     # Service types a MoEDeployment may ask for: NodePort and LoadBalancer expose the model outside
     # the cluster, which is the admin's decision (chart value policy.allowedServiceTypes)
     allowed_service_types: tuple[str, ...] = ("ClusterIP",)
+    # What happens to a workload already running when the policy tightens under it (a registry or
+    # host path taken off the lists): "keep" leaves it running, refusing only the next change;
+    # "scaleToZero" scales it to 0 replicas with a PolicyEnforced Event (chart value
+    # policy.onViolation). A revoked token Secret is always taken out (revocation.py).
+    on_violation: str = "keep"
 
     def problems(self, spec: MoEDeploymentSpec) -> list[str]:
         out = []
@@ -43,6 +48,9 @@ class Policy:
             out.append(f"service.type {spec.service.type} is not allowed on this cluster (allowed: "
                        f"{', '.join(self.allowed_service_types)}); ask the cluster admin (chart value policy.allowedServiceTypes)")
         return out
+
+
+ON_VIOLATION = ("keep", "scaleToZero")
 
 
 def host_path_problems(path: str, allowed: tuple[str, ...]) -> list[str]:

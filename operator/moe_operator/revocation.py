@@ -1,4 +1,5 @@
-"""A token Secret that loses its moe.serving.dev/model-token label takes the token out of the workload.
+"""A token Secret that loses its moe.serving.dev/model-token label takes the token out of the workload;
+a policy that tightens under a running workload scales it to zero when the admin asks for that.
 
 The label consents to the token's use; taking it away must end that use, not only refuse the next
 change. The reconcile then reports PolicyViolation and renders nothing; this removes, from the
@@ -18,6 +19,7 @@ from typing import Any
 import kopf
 
 from . import API_GROUP, API_VERSION, PLURAL
+from .api import MoEDeploymentSpec
 from .policy import TOKEN_SECRET_LABEL
 
 log = logging.getLogger("moe_operator.revocation")
@@ -66,10 +68,47 @@ def check(kube, cfg, body: dict[str, Any]) -> str | None:
             f"removed from {wl['kind']} {wl['name']}")
 
 
+def scale_to_zero(workload: dict[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that scales a Deployment or LeaderWorkerSet to 0 replicas; None when it is
+    at 0 already."""
+    if not ((workload.get("spec") or {}).get("replicas") or 0):
+        return None
+    meta = workload["metadata"]
+    return {"apiVersion": workload.get("apiVersion"), "kind": workload["kind"],
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]}, "spec": {"replicas": 0}}
+
+
+def enforce(kube, cfg, body: dict[str, Any]) -> str | None:
+    """A policy that tightened under a running workload, with policy.onViolation scaleToZero: scale
+    the workload to 0 (the reconcile renders nothing for the object meanwhile, so nothing scales it
+    back until the spec or the policy allows it again); returns the Event message, or None."""
+    if getattr(cfg.policy, "on_violation", "keep") != "scaleToZero":
+        return None
+    wl = (body.get("status") or {}).get("workload")
+    if not wl:
+        return None
+    try:
+        spec = MoEDeploymentSpec.model_validate(body.get("spec") or {})
+    except ValueError:
+        return None  # InvalidSpec is the reconcile's to report
+    problems = cfg.policy.problems(spec)
+    if not problems:
+        return None
+    ns = body["metadata"]["namespace"]
+    live = kube.get(wl["kind"], ns, wl["name"])
+    patch = scale_to_zero(live) if live else None
+    if patch is None:
+        return None
+    kube.merge_patch(patch)
+    return (f"the cluster's policy no longer allows this spec ({'; '.join(problems)}): {wl['kind']} {wl['name']} "
+            "scaled to 0 replicas (policy.onViolation scaleToZero); it comes back once the spec or the policy allows it")
+
+
 @kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=INTERVAL, initial_delay=INTERVAL)
 async def token_revocation(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     st = memo["state"]
-    msg = await asyncio.to_thread(check, st.kube, st.cfg, dict(body))
-    if msg:
-        log.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], msg)
-        kopf.warn(dict(body), reason="TokenRevoked", message=msg)
+    for fn, reason in ((check, "TokenRevoked"), (enforce, "PolicyEnforced")):
+        msg = await asyncio.to_thread(fn, st.kube, st.cfg, dict(body))
+        if msg:
+            log.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], msg)
+            kopf.warn(dict(body), reason=reason, message=msg)
