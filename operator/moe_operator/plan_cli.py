@@ -1,4 +1,10 @@
-"""`moe-operator plan`: run the planner on a checkpoint directory and a GPU, print the decisions.
+"""`moe-operator plan`: run the planner on a checkpoint and a GPU, print the decisions.
+
+The checkpoint is a directory (`--checkpoint DIR`) or a hub model (`--model hf://org/name[@rev]`):
+config.json, hf_quant_config.json and the safetensors headers only, never the weights, read by the
+operator's own inspection code (inspection.inspect_hf) at the commit the revision resolves to
+(inspection.resolve_revision); HF_TOKEN in the environment is sent for gated models, and
+HF_ENDPOINT names another hub, as for huggingface_hub itself.
 
 Exit status: 0 planned, 2 the plan has errors (an impossible explicit choice, an unsupported
 combination), 1 bad input (unreadable checkpoint, unknown GPU, bad --set / --env), 3 usage.
@@ -13,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 
 SETTABLE = {
@@ -27,7 +35,10 @@ SETTABLE = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (config.json, safetensors)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="checkpoint directory (config.json, safetensors)")
+    src.add_argument("--model", metavar="URI", help="hf://org/name[@revision]: read the headers and configs from the hub "
+                     "(HF_TOKEN for gated models); file:///path as --checkpoint")
     p.add_argument("--gpu", required=True, help="GPU product (H200, B200, NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition, MI300X) or family (sm90)")
     p.add_argument("--engine", default="bundled", choices=["bundled", "sglang", "vllm"])
     p.add_argument("--engine-version", default=None)
@@ -126,8 +137,9 @@ def env_conflicts(engine: str, sets: dict, env: dict[str, str], family: str) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from moe_core.checkpoint import InspectionError, inspect_dir
+    from moe_core.checkpoint import InspectionError
     from moe_core.gpu import GpuClassError, from_name, with_driver
+    from .inspection import InspectionFailed
     from .planner import Choices, plan
 
     try:
@@ -139,11 +151,15 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"unknown --set key(s) {', '.join(sorted(unknown))}; known: {', '.join(SETTABLE)}")
         typed = {k: parse_set(k, v) for k, v in sets.items()}
         kw: dict = {SETTABLE[k]: v for k, v in typed.items()}
-        ckpt = inspect_dir(args.checkpoint)
+        ckpt, where = read_checkpoint(args.checkpoint, args.model)
         if args.format:
             ckpt = ckpt.model_copy(update={"format": args.format, "formatSource": "--format on the command line"})
     except (InspectionError, GpuClassError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except InspectionFailed as e:
+        one_line = " ".join(e.message.split())  # huggingface_hub's messages span lines
+        print(f"error: {one_line}{_HINTS.get(e.reason, '')}", file=sys.stderr)
         return 1
     # the layout: parallelism.tp as given (checked against the GPU memory), else the smallest that fits
     from .placement import sized_for_cli
@@ -165,12 +181,44 @@ def run(args: argparse.Namespace) -> int:
         import yaml
         print(yaml.safe_dump(data, sort_keys=False, width=120), end="")
     else:
-        print(render_table(result, ckpt))
+        print(render_table(result, ckpt, where))
     return 2 if result.errors else 0
 
 
-def render_table(result, ckpt) -> str:
+_HINTS = {"Unauthorized": " (a gated or private model: set HF_TOKEN to a token that may read it)",
+          "Forbidden": " (HF_TOKEN may not read this model: accept its terms on the hub, or use another token)",
+          "NotFound": " (check the repo id and the revision)"}
+
+
+def read_checkpoint(checkpoint: str | None, model: str | None):
+    """(CheckpointInfo, where it was read) from a directory or a model uri (hf://, file://).
+    An hf:// revision is resolved to its commit first, so the plan names what a pod would serve."""
+    from moe_core.checkpoint import inspect_dir
+
+    from .api import MODEL_URI_PATTERN
+    from .inspection import inspect_hf, resolve_revision
+    from .model_uri import ModelURI
+
+    if checkpoint is not None:
+        if checkpoint.startswith(("hf://", "file://", "pvc://")):
+            raise ValueError(f"--checkpoint {checkpoint!r} is a model uri: use --model {checkpoint}")
+        return inspect_dir(checkpoint), None
+    if not re.match(MODEL_URI_PATTERN, model or ""):
+        raise ValueError(f"--model {model!r}: not hf://org/name[@revision] or file:///path")
+    uri = ModelURI.parse(model)
+    if uri.scheme == "pvc":
+        raise ValueError(f"--model {model!r}: a pvc:// claim is read inside the cluster; copy it out and use --checkpoint")
+    if uri.scheme == "file":
+        return inspect_dir(uri.path), uri.path
+    token = os.environ.get("HF_TOKEN") or None
+    sha = resolve_revision(model, token)
+    pinned = f"hf://{uri.repo}@{sha}"
+    return inspect_hf(pinned, token), pinned if uri.revision == sha else f"{model} = {pinned}"
+
+
+def render_table(result, ckpt, where: str | None = None) -> str:
     lines = [
+        *([f"model       {where}"] if where else []),
         f"checkpoint  {ckpt.architecture}  format={ckpt.format}  ({ckpt.formatSource})",
         f"gpu         {result.gpu.family}  {result.gpu.product}",
         f"engine      {result.engine.name} {result.engine.version or ''}",
