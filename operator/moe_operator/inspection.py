@@ -24,6 +24,7 @@ from typing import Any, Callable
 from moe_core.formats import is_fp4
 from moe_core.checkpoint import CheckpointInfo, InspectionError, TensorMeta, classify, inspect_dir
 
+from . import hub_deadline
 from .api import MoEDeploymentSpec
 from .io_pool import Background, DeadlineExceeded, Pending
 from .metrics import INSPECTION_SECONDS
@@ -117,6 +118,8 @@ def inspect_hf(uri: str, token: str | None) -> CheckpointInfo:
         status = getattr(getattr(e, "response", None), "status_code", None)
         reason = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(status, "HubError")
         raise InspectionFailed(reason, f"{uri}: {e}", retry=status not in (401, 403, 404)) from None
+    except hub_deadline.HubDeadline as e:
+        raise InspectionFailed("HubTimeout", f"{uri}: reading the headers: {e} ({HUB_DEADLINE_SECONDS:g} s)") from None
     except Exception as e:  # network errors, gated repos without token, ...
         raise InspectionFailed("HubError", f"{uri}: {type(e).__name__}: {e}") from None
     tensors = [TensorMeta(name, t.dtype, tuple(t.shape), int(t.data_offsets[1]) - int(t.data_offsets[0]))
@@ -193,7 +196,8 @@ def _inspect_hf_cached(uri: str, hub: bool, hf_token: Callable[[], str | None] |
     def work() -> CheckpointInfo:  # on the hub pool; the result lands in the cache even if nobody waits
         started = time.monotonic()
         try:
-            got = inspect_hf(uri, token)
+            with hub_deadline.within(HUB_DEADLINE_SECONDS):
+                got = inspect_hf(uri, token)
         finally:
             INSPECTION_SECONDS.labels("hf").observe(time.monotonic() - started)
         _cache[cache_key(uri, acc)] = got
@@ -229,6 +233,8 @@ def resolve_revision(uri: str, token: str | None) -> str:
         status = getattr(getattr(e, "response", None), "status_code", None)
         reason = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound"}.get(status, "HubError")
         raise InspectionFailed(reason, f"{uri}: resolving the revision: {e}", retry=status not in (401, 403, 404)) from None
+    except hub_deadline.HubDeadline as e:
+        raise InspectionFailed("HubTimeout", f"{uri}: resolving the revision: {e} ({HUB_DEADLINE_SECONDS:g} s)") from None
     except Exception as e:  # network errors, timeouts
         raise InspectionFailed("HubError", f"{uri}: resolving the revision: {type(e).__name__}: {e}") from None
     if not sha or not COMMIT_SHA.match(sha):
@@ -273,7 +279,8 @@ def pin(spec: MoEDeploymentSpec, status: dict[str, Any], token: Callable[[], str
     asked = now()
 
     def work() -> str:  # on the hub pool
-        got = resolve_revision(uri, tok)
+        with hub_deadline.within(HUB_DEADLINE_SECONDS):
+            got = resolve_revision(uri, tok)
         _resolved[rkey] = (asked, got)
         return got
 
