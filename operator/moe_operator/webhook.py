@@ -2,17 +2,16 @@
 
 kopf serves it and manages the ValidatingWebhookConfiguration (its caBundle included). TLS comes
 from a certificate directory (cert-manager's Secret layout: tls.crt, tls.key, ca.crt) when the chart
-provides one, else from a CA the operator makes at start (a new one each start: rotation is a
-restart, and kopf writes the new caBundle). The webhook refuses only what it can judge: a spec it
-cannot parse, or a checkpoint it cannot read yet, is admitted and left to the reconcile to report.
+provides one, else from a CA the operator makes and renews while it runs (webhook_tls: a new CA
+bundle is published before the new certificate is served). /healthz carries the endpoint's health
+(the "admission" probe) and moe_operator_admission_serving is 0 while it is Degraded. The webhook
+refuses only what it can judge: a spec it cannot parse, or a checkpoint it cannot read yet, is
+admitted and left to the reconcile to report.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +24,7 @@ from moe_core.plan import Plan
 from pydantic import ValidationError
 
 from .api import MoEDeploymentSpec
-from . import inspection
+from . import inspection, webhook_tls
 from .inspection import InspectionFailed, InspectionPending, inspect_spec
 from . import inventory
 from .inventory import NodeInfo
@@ -37,9 +36,12 @@ CONFIGURATION_NAME = "validate.moe.serving.dev"
 HANDLER_ID = "explicit-backend-possible"  # kopf serves it at /HANDLER_ID (the chart's clientConfig path)
 
 
-def server(admission: str, listen: str | None = None, cert_dir: str | None = None) -> tuple[kopf.WebhookServer, bytes]:
+def server(admission: str, listen: str | None = None, cert_dir: str | None = None,
+           on_ca: Callable[[bytes], None] | None = None) -> tuple[kopf.WebhookServer, bytes]:
     """`admission` is HOST:PORT the API server dials; the server binds `listen` (default HOST).
-    Returns the server and the CA bundle that verifies it."""
+    Returns the server and the CA bundle that verifies it (the caller publishes it once). Without
+    `cert_dir` the server renews its own certificate and publishes each new bundle with `on_ca`
+    (the chart's configuration; kopf's own managed one is patched from the yielded client config)."""
     host, _, port = admission.rpartition(":")
     host = host or "localhost"
     if cert_dir:
@@ -47,37 +49,21 @@ def server(admission: str, listen: str | None = None, cert_dir: str | None = Non
         certfile, pkeyfile, cafile = d / "tls.crt", d / "tls.key", d / "ca.crt"
         if not cafile.exists():
             cafile = certfile
-    else:
-        certfile, pkeyfile, cafile = operator_ca(host)
-    return (kopf.WebhookServer(addr=listen or host, port=int(port), host=host, certfile=str(certfile),
-                               pkeyfile=str(pkeyfile), cafile=str(cafile)), Path(cafile).read_bytes())
+        return (webhook_tls.CheckedWebhookServer(addr=listen or host, port=int(port), host=host, certfile=str(certfile),
+                                                 pkeyfile=str(pkeyfile), cafile=str(cafile)), Path(cafile).read_bytes())
+    srv = webhook_tls.RenewingWebhookServer(host=host, addr=listen or host, port=int(port), on_ca=on_ca)
+    return srv, srv.bundle
 
 
-def _san(host: str) -> str:
-    try:
-        ipaddress.ip_address(host)
-        return f"IP:{host}"
-    except ValueError:
-        return f"DNS:{host}"
+operator_ca = webhook_tls.operator_ca  # (cert, key, ca) paths of a new CA and the certificate it signs
 
 
-def operator_ca(host: str) -> tuple[str, str, str]:
-    """A CA and a serving certificate it signs (openssl CLI; kopf's own generator needs oscrypto,
-    which cannot read OpenSSL 3). Returns (cert, key, ca)."""
-    d = Path(tempfile.mkdtemp(prefix="moe-webhook-"))
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365", "-subj", "/CN=moe-operator webhook CA",
-        "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"))
-    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}", "-keyout", str(d / "tls.key"),
-        "-out", str(d / "tls.csr"))
-    (d / "ext.cnf").write_text(f"subjectAltName={_san(host)}\nextendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", str(d / "tls.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
-        "-CAcreateserial", "-days", "90", "-extfile", str(d / "ext.cnf"), "-out", str(d / "tls.crt"))
-    (d / "ca.key").unlink()  # nothing else is ever signed with it
-    return str(d / "tls.crt"), str(d / "tls.key"), str(d / "ca.crt")
+@kopf.on.probe(id="admission")
+def admission_health(**_: Any) -> dict[str, Any]:
+    """/healthz detail of the admission endpoint (webhook_tls.detail). It never fails the probe: a
+    restart would not bring back what a Degraded endpoint lacks (the API server's trust, a mounted
+    certificate), and the operator's reconciles do not depend on it."""
+    return webhook_tls.detail(webhook_tls.HEALTH)
 
 
 def verdict(spec_dict: dict[str, Any], cfg: Any, status: dict[str, Any] | None = None) -> str | None:
