@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from moe_core import registry
 from moe_core.checkpoint import CheckpointInfo
@@ -18,7 +18,7 @@ from moe_core.gpu import FAMILIES
 from moe_core.plan import Plan
 from moe_core.runtime import BUNDLED
 
-from . import env_policy, image_ref
+from . import engine_args, env_policy, image_ref, pod_overlay
 from .image_ref import IMAGE_PATTERN
 from .planner import ALL_A2A, ALL_RUNNERS, SGLANG_A2A, SGLANG_RUNNERS, VLLM_MOE_BACKENDS
 
@@ -33,6 +33,8 @@ PVC_SEGMENT = r"[A-Za-z0-9._+=@-]+"
 MODEL_URI_PATTERN = (r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9_][A-Za-z0-9._/-]*)?"
                      r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/" + PVC_SEGMENT + r")*/?|file:///.*)$")
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+# an OpenAI model id: no space or quote (it reaches a command line); '/' and ':' as hub ids have them
+SERVED_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 
 # Env names a MoEDeployment may not set, by class of harm: env_policy.py (the one list the CEL rules
 # and the pydantic validators are both made from).
@@ -70,7 +72,8 @@ class _Model(BaseModel):
 class SecretKeyRef(_Model):
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
                       description="Secret in the MoEDeployment's namespace; it must carry the label moe.serving.dev/model-token=true")
-    key: str = Field("token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    key: str = Field("token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+                     description="key of the Secret's data holding the token")
 
 
 class ModelSource(_Model):
@@ -91,6 +94,9 @@ class ModelSource(_Model):
     cache: ModelCache = Field(default_factory=lambda: ModelCache(), description=(
         "hf:// only: download the model once into a PVC per (model, revision) shared by every MoEDeployment "
         "of the namespace, mounted read-only"))
+    servedName: str | None = Field(None, min_length=1, max_length=256, pattern=SERVED_NAME_PATTERN, description=(
+        "the model id clients send (OpenAI 'model'), given to every engine as --served-model-name; "
+        "default: the MoEDeployment's name (status.modelName says which)"))
 
 
 class EngineSpec(_Model):
@@ -116,6 +122,17 @@ class EngineSpec(_Model):
         "longest sequence (prompt + output) the KV cache is sized for; default config.json max_position_embeddings"))
     maxConcurrency: int | None = Field(None, ge=1, le=65536, description=(
         "sequences of maxModelLen the KV cache must hold at once (sizing); default 1, the engines' own start-up check"))
+    args: list[Annotated[str, Field(max_length=engine_args.MAX_ARG_CHARS)]] = Field(
+        default_factory=list, max_length=engine_args.MAX_ARGS, description=(
+            "extra engine command-line arguments, one token per item (e.g. --max-num-seqs, 256), appended after "
+            "the operator's; the flags the operator or the planner set (model, port, parallelism, MoE and "
+            "attention backends, served name, maxModelLen) are refused with the field to use instead"))
+
+    @model_validator(mode="after")
+    def _args_not_owned(self) -> "EngineSpec":
+        if (why := engine_args.refusals(self.name, self.args)):
+            raise ValueError("; ".join(why))
+        return self
 
 
 class Parallelism(_Model):
@@ -135,8 +152,9 @@ class MoESpec(_Model):
 
 class EnvVar(_Model):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(*env_policy.cel_item_rules()))
-    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=256)
-    value: str = Field("", max_length=32768)
+    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=256, description=(
+        "variable name; names that reach GPU access, load code, or that the operator sets are refused"))
+    value: str = Field("", max_length=32768, description="variable value")
 
     @field_validator("name")
     @classmethod
@@ -171,14 +189,17 @@ TOLERATION_RULES = [
 
 class Toleration(_Model):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_cel(*[(r, m) for r, m, _ in TOLERATION_RULES]))
-    key: str | None = Field(None, max_length=316, pattern=LABEL_KEY_PATTERN)
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = Field(None, max_length=63, pattern=LABEL_VALUE_PATTERN)
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    key: str | None = Field(None, max_length=316, pattern=LABEL_KEY_PATTERN,
+                            description="taint key the toleration matches (unset: every key, with operator Exists)")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Equal (default) or Exists")
+    value: str | None = Field(None, max_length=63, pattern=LABEL_VALUE_PATTERN, description="taint value (operator Equal)")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="taint effect matched (unset: all)")
     # int64 as Kubernetes has it: `format: int64` in the schema, the range checked here only (the
     # API server stores a CRD's minimum/maximum as float64, so int64 bounds there never compare
     # equal to the manifest and every `kubectl apply` reports the CRD "configured")
-    tolerationSeconds: int | None = Field(None, json_schema_extra={"format": "int64"})
+    tolerationSeconds: int | None = Field(None, json_schema_extra={"format": "int64"}, description=(
+        "NoExecute only: seconds the pod stays bound after the taint appears (unset: forever)"))
 
     @field_validator("tolerationSeconds")
     @classmethod
@@ -218,13 +239,16 @@ class ModelCache(_Model):
 
 
 class Resources(_Model):
-    requests: dict[LabelKey, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES))
-    limits: dict[LabelKey, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES))
+    requests: dict[LabelKey, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES),
+                                               description="engine container requests (e.g. cpu, memory)")
+    limits: dict[LabelKey, Quantity] = Field(default_factory=dict, max_length=32, json_schema_extra=_cel(_QUANTITIES),
+                                             description="engine container limits; the GPU limit is the operator's (GPUs per node)")
 
 
 class ServiceSpec(_Model):
-    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
-    port: int = Field(8000, ge=1, le=65535)
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        "ClusterIP", description="Service type (the admin's policy may allow only ClusterIP)")
+    port: int = Field(8000, ge=1, le=65535, description="Service port of the OpenAI-compatible API (status.endpoint)")
 
 
 # --- day-2: rollout, disruption budget, autoscaling, gateway (issue 22) ---------------------------
@@ -265,7 +289,7 @@ class AutoscalingSpec(_Model):
         "hpa: autoscaling/v2 HorizontalPodAutoscaler on a Pods metric (needs a custom-metrics adapter, e.g. "
         "prometheus-adapter); keda: a KEDA ScaledObject with a Prometheus trigger (needs KEDA installed)"))
     minReplicas: int = Field(1, ge=0, le=1000, description="lower bound; 0 (scale to zero, keda only) is off by default")
-    maxReplicas: int = Field(4, ge=1, le=1000)
+    maxReplicas: int = Field(4, ge=1, le=1000, description="upper bound of the autoscaler")
     metric: Literal[AUTOSCALING_METRICS] = Field("queue", description=(  # type: ignore[valid-type]
         "queue: requests waiting per replica (vllm:num_requests_waiting, sglang:num_queue_reqs); "
         "kv: KV-cache use in percent (vllm:kv_cache_usage_perc, sglang:token_usage)"))
@@ -282,7 +306,8 @@ class EndpointPickerRef(_Model):
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
                       description="Service of the endpoint picker (EPP) in this namespace")
     port: int = Field(9002, ge=1, le=65535, description="the EPP Service's gRPC port")
-    failureMode: Literal["FailOpen", "FailClose"] = "FailClose"
+    failureMode: Literal["FailOpen", "FailClose"] = Field(
+        "FailClose", description="what the gateway does when the endpoint picker does not answer")
 
 
 class InferencePoolSpec(_Model):
@@ -297,7 +322,87 @@ class InferencePoolSpec(_Model):
 
 
 class GatewaySpec(_Model):
-    inferencePool: InferencePoolSpec = Field(default_factory=InferencePoolSpec)
+    inferencePool: InferencePoolSpec = Field(default_factory=InferencePoolSpec, description=(
+        "Gateway API Inference Extension pool of the serving pods"))
+
+
+# --- spec.podTemplate (issue 32): a strategic-merge overlay of the rendered pods (pod_overlay.py) -----
+
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+# a core/v1 object kept whole (the API server stores it as given; pod_overlay checks what it must)
+K8sObject = Annotated[dict, WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})]
+
+
+class LocalObjectReference(_Model):
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description="name of an object in this namespace")
+
+
+class PodSecurityOverlay(_Model):
+    fsGroup: int | None = Field(None, ge=0, le=2147483647, description="group that owns the pod's volumes")
+    fsGroupChangePolicy: Literal["OnRootMismatch", "Always"] | None = Field(
+        None, description="when the kubelet changes volume ownership to fsGroup")
+    supplementalGroups: list[Annotated[int, Field(ge=0, le=2147483647)]] = Field(
+        default_factory=list, max_length=32, description="extra groups of every container (e.g. to read a shared volume)")
+
+
+class PodTemplateMetadata(_Model):
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, description=(
+        "labels added to the pods (moe.serving.dev/, leaderworkerset.sigs.k8s.io/ and app.kubernetes.io/ are the operator's)"))
+    annotations: dict[LabelKey, Annotated[str, Field(max_length=32768)]] = Field(
+        default_factory=dict, max_length=64, description="annotations added to the pods (the same prefixes are the operator's)")
+
+
+class PodTemplateSpec(_Model):
+    serviceAccountName: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN, description=(
+        "ServiceAccount the pods run as (default: the namespace's default)"))
+    automountServiceAccountToken: bool | None = Field(None, description=(
+        "mount the ServiceAccount's token (default false: the engine needs no API access)"))
+    imagePullSecrets: list[LocalObjectReference] = Field(default_factory=list, max_length=16, description=(
+        "Secrets in this namespace for pulling the images, after the operator-wide ones of the chart's imagePullSecrets"))
+    priorityClassName: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN, description="PriorityClass of the pods")
+    schedulerName: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN, description="scheduler of the pods")
+    runtimeClassName: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN,
+                                         description="RuntimeClass of the pods (e.g. nvidia)")
+    terminationGracePeriodSeconds: int | None = Field(None, ge=0, le=86400, description="seconds to stop (default 60)")
+    dnsPolicy: Literal["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"] | None = Field(
+        None, description="the pods' DNS policy")
+    dnsConfig: K8sObject | None = Field(None, description="the pods' DNS config (core/v1 PodDNSConfig)")
+    securityContext: PodSecurityOverlay | None = Field(None, description=(
+        "pod security settings a volume may need; the rest stays the operator's restricted profile"))
+    affinity: K8sObject | None = Field(None, description=(
+        "core/v1 Affinity merged into the operator's: podAffinity, podAntiAffinity, preferred node affinity "
+        "(required node affinity is the planner's GPU class)"))
+    topologySpreadConstraints: list[K8sObject] = Field(default_factory=list, max_length=16, description=(
+        "core/v1 TopologySpreadConstraint items (merged by topologyKey)"))
+    volumes: list[K8sObject] = Field(default_factory=list, max_length=64, description=(
+        "core/v1 Volume items added to the pods (hostPath refused; the operator's volume names reserved)"))
+    containers: list[K8sObject] = Field(default_factory=list, max_length=16, description=(
+        "core/v1 Container items merged by name: 'engine' (the operator's) takes only volumeMounts, lifecycle and "
+        "terminationMessage*; any other name is an extra container (sidecar) under the restricted security context"))
+    initContainers: list[K8sObject] = Field(default_factory=list, max_length=16, description=(
+        "core/v1 Container items run after the operator's init containers, under the restricted security context"))
+    nodeSelector: K8sObject | None = Field(None, description="refused: use spec.nodeSelector (listed so the refusal names it)")
+    tolerations: list[K8sObject] | None = Field(None, description="refused: use spec.tolerations")
+    nodeName: str | None = Field(None, description="refused: the planner places the pods (spec.gpu)")
+    hostNetwork: bool | None = Field(None, description="refused: engine pods never share the node's namespaces")
+    hostPID: bool | None = Field(None, description="refused: engine pods never share the node's namespaces")
+    hostIPC: bool | None = Field(None, description="refused: engine pods never share the node's namespaces")
+
+
+class PodTemplate(_Model):
+    metadata: PodTemplateMetadata = Field(default_factory=PodTemplateMetadata, description="labels and annotations added to the pods")
+    spec: PodTemplateSpec = Field(default_factory=PodTemplateSpec, description=(
+        "a core/v1 PodSpec overlay, merged strategically into the rendered pod spec"))
+
+    @model_validator(mode="after")
+    def _allowed(self) -> "PodTemplate":
+        if (why := pod_overlay.refusals(self.overlay())):
+            raise ValueError("; ".join(why))
+        return self
+
+    def overlay(self) -> dict:
+        """The overlay as pod_overlay merges it (unset fields left out)."""
+        return self.model_dump(exclude_none=True, exclude_defaults=True)
 
 
 class MoEDeploymentSpec(_Model):
@@ -334,29 +439,38 @@ class MoEDeploymentSpec(_Model):
         (f"!has(self.env) || self.env.map(e, e.name.size() + (has(e.value) ? e.value.size() : 0)).sum() <= {ENV_TOTAL_BYTES}",
          f"env names and values together must stay under {ENV_TOTAL_BYTES} bytes"),
     ))
-    model: ModelSource
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    replicas: int = Field(1, ge=0, le=1000)
+    model: ModelSource = Field(description="the checkpoint to serve and the name it is served under")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description=(
+        "inference engine, its version and image, sizing limits and extra arguments"))
+    replicas: int = Field(1, ge=0, le=1000, description="serving replicas (kubectl scale; the autoscaler when enabled)")
     gpusPerReplica: int | None = Field(None, ge=1, le=512, description=(
         "GPUs per replica (default parallelism.tp; both unset: sized from the checkpoint and the GPU memory)"))
     nodesPerReplica: int = Field(1, ge=1, le=64, description=(
         "nodes per replica; > 1 renders a LeaderWorkerSet. Left at 1 with no tp/gpusPerReplica, sizing may "
         "span nodes (engines sglang and vllm) when one node's GPUs cannot hold the model"))
-    parallelism: Parallelism = Field(default_factory=Parallelism)
-    moe: MoESpec = Field(default_factory=MoESpec)
+    parallelism: Parallelism = Field(default_factory=Parallelism, description=(
+        "tensor, expert and data parallel sizes of a replica (unset: sized by the operator)"))
+    moe: MoESpec = Field(default_factory=MoESpec, description="MoE kernel and all-to-all backends")
     env: list[EnvVar] = Field(default_factory=list, max_length=256, description="user env; always wins over the plan",
                               json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
-    gpu: GpuSelection = Field(default_factory=GpuSelection)
-    nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=32)
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
-    resources: Resources = Field(default_factory=Resources)
-    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    gpu: GpuSelection = Field(default_factory=GpuSelection, description="which GPU classes the planner may choose")
+    nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=32, description=(
+        "node labels the pods require, on top of the GPU class the planner chose"))
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description=(
+        "tolerations of the pods (the GPU taint's is added unless given)"))
+    resources: Resources = Field(default_factory=Resources, description="engine container requests and limits beyond the GPUs")
+    service: ServiceSpec = Field(default_factory=ServiceSpec, description="the Service in front of the serving pods")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="how a plan or spec change rolls, and the disruption budget")
-    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
-    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description=(
+        "an HPA or KEDA ScaledObject on the engine's queue or KV-cache metric"))
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="gateway integration (InferencePool)")
     planPolicy: Literal["pin", "follow"] = Field("pin", description=(
         "pin: a plan change the spec did not cause (new rule tables after an operator upgrade, a driver rule) "
         "is held, with the pending diff in status.pendingPlan, until the spec changes; follow: applied at once"))
+    podTemplate: PodTemplate | None = Field(None, description=(
+        "metadata and pod spec merged into the rendered pods (every pod of a LeaderWorkerSet): volumes, pull "
+        "secrets, service account, scheduling, extra and init containers; what the operator decides is refused "
+        "by name with the field to use"))
 
     def layout_given(self) -> bool:
         """Whether the user chose the GPUs per replica (else placement sizes it)."""
@@ -372,6 +486,17 @@ class MoEDeploymentSpec(_Model):
         return {e.name: e.value for e in self.env}
 
     @model_validator(mode="after")
+    def _template_keeps_the_model_mount(self) -> "MoEDeploymentSpec":
+        if self.podTemplate and self.model.uri.startswith("file://"):
+            path = self.model.uri[len("file://"):].rstrip("/") or "/"
+            main = [c for c in self.podTemplate.spec.containers if c.get("name") == pod_overlay.MAIN]
+            why = [w for c in main for w in pod_overlay.mount_refusals(
+                "podTemplate.spec.containers engine", c.get("volumeMounts") or [], (path,))]
+            if why:
+                raise ValueError("; ".join(why))
+        return self
+
+    @model_validator(mode="after")
     def _no_token_redirect(self) -> "MoEDeploymentSpec":
         if self.model.tokenSecretRef:
             why = [w for e in self.env if (w := env_policy.token_refusal(e.name))]
@@ -381,57 +506,63 @@ class MoEDeploymentSpec(_Model):
 
 
 class Condition(_Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
-    message: str = Field("", max_length=32768)
-    lastTransitionTime: str | None = None
-    observedGeneration: int | None = None
+    type: str = Field(description="condition type, e.g. Planned, Available, Degraded, Ready")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown")
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024,
+                        description="CamelCase reason of the last transition")
+    message: str = Field("", max_length=32768, description="human-readable detail")
+    lastTransitionTime: str | None = Field(None, description="when status last changed (RFC 3339)")
+    observedGeneration: int | None = Field(None, description="metadata.generation the condition was set for")
 
 
 class WorkloadRef(_Model):
-    apiVersion: str
-    kind: str
-    name: str
+    apiVersion: str = Field(description="API version of the workload (apps/v1 or leaderworkerset.x-k8s.io/v1)")
+    kind: str = Field(description="Deployment or LeaderWorkerSet")
+    name: str = Field(description="name of the workload (the MoEDeployment's)")
 
 
 class ModelCacheStatus(_Model):
-    claimName: str
+    claimName: str = Field(description="the model cache PVC the pods mount")
     claimUid: str | None = Field(None, description="UID of the cache PVC the operator made (only a recorded PVC is mounted or deleted)")
     jobUid: str | None = Field(None, description="UID of the operator's fill Job (only its result marks the cache ready)")
-    state: Literal["Pending", "Downloading", "Ready", "Failed"]
-    bytesDone: int | None = None
-    bytesTotal: int | None = None
-    message: str = Field("", max_length=4096)
+    state: Literal["Pending", "Downloading", "Ready", "Failed"] = Field(description="fill state of the cache")
+    bytesDone: int | None = Field(None, description="bytes in the cache so far")
+    bytesTotal: int | None = Field(None, description="bytes of the model (the hub's or the source claim's)")
+    message: str = Field("", max_length=4096, description="the fill Job's last progress or failure")
 
 
 class PendingPlan(_Model):
     diff: list[str] = Field(default_factory=list, description="what the new plan would change in the pods")
-    message: str = Field("", max_length=4096)
+    message: str = Field("", max_length=4096, description="why the change is held and how to accept it")
 
 
 class MoEDeploymentStatus(_Model):
-    observedGeneration: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    checkpoint: CheckpointInfo | None = None
+    observedGeneration: int | None = Field(None, description="metadata.generation the status was written for")
+    conditions: list[Condition] = Field(default_factory=list, description=(
+        "CheckpointInspected, Planned, ModelCacheReady, Available, Progressing, Degraded, PlanPending, Ready"))
+    checkpoint: CheckpointInfo | None = Field(None, description="what inspection read from the checkpoint")
     gpuClass: str | None = Field(None, description="chosen GPU class, e.g. sm90/NVIDIA-H200")
-    format: str | None = None
-    runnerBackend: str | None = None
-    deferredFinalize: bool | None = None
-    plan: Plan | None = None
+    format: str | None = Field(None, description="checkpoint format the plan serves (e.g. nvfp4, fp8)")
+    runnerBackend: str | None = Field(None, description="MoE kernel backend the planner chose")
+    deferredFinalize: bool | None = Field(None, description="whether the top-k reduction is fused with the shared expert")
+    plan: Plan | None = Field(None, description="the plan the pods run: engine flags, env and the reason for each")
     inputsHash: str | None = Field(None, description="hash of the plan's inputs stamped on the workload")
     inventoryHash: str | None = Field(None, description="fingerprint of the GPU classes the plan was made against")
-    workload: WorkloadRef | None = None
-    replicas: int | None = None
-    readyReplicas: int | None = None
+    workload: WorkloadRef | None = Field(None, description="the Deployment or LeaderWorkerSet the operator renders")
+    replicas: int | None = Field(None, description="replicas of the workload (the scale subresource's status)")
+    readyReplicas: int | None = Field(None, description="replicas whose pods are ready")
     revision: str | None = Field(None, description="the hub commit the model is pinned to (hf://)")
     revisionUri: str | None = Field(None, description="model.uri the revision was resolved for (a spec change re-resolves)")
-    modelCache: ModelCacheStatus | None = None
+    modelCache: ModelCacheStatus | None = Field(None, description="the shared model cache PVC and its fill progress")
     selector: str | None = Field(None, description="label selector of the serving pods (the scale subresource's labelSelectorPath)")
     optionalObjects: list[str] | None = Field(None, description="kinds of the optional objects last rendered "
                                               "(PodDisruptionBudget, autoscaler, InferencePool): pruned when no longer asked for")
     planGeneration: int | None = Field(None, description="metadata.generation of the spec status.plan was made for")
     pendingPlan: PendingPlan | None = Field(None, description="a plan change held by spec.planPolicy pin")
+    endpoint: str | None = Field(None, description=(
+        "OpenAI-compatible base URL of the Service inside the cluster, http://<name>.<namespace>.svc:<port>/v1"))
+    modelName: str | None = Field(None, description="the model id clients send ('model'): spec.model.servedName or the name")
+    image: str | None = Field(None, description="the image the engine pods run (spec.engine.image or the default chosen)")
 
 
 class MoEDeployment(_Model):

@@ -5,6 +5,8 @@ One table, read by the planner (which flashinfer the bundled image has) and the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from moe_core.gpu import GpuClass
 
 RUNTIME_REPOSITORY = "ghcr.io/moe-operator/moe-runtime"
@@ -29,8 +31,11 @@ def cuda_major(gpu: GpuClass) -> int:
     return 12 if gpu.family in ("sm80", "sm89") else 13
 
 
-def runtime_image(gpu: GpuClass, repository: str = RUNTIME_REPOSITORY, version: str = RUNTIME_VERSION) -> str:
-    """e.g. ghcr.io/moe-operator/moe-runtime:0.1.0-cu13-flashinfer-arm64 for a GB200 node."""
+def runtime_image(gpu: GpuClass, repository: str | None = None, version: str | None = None) -> str:
+    """e.g. ghcr.io/moe-operator/moe-runtime:0.1.0-cu13-flashinfer-arm64 for a GB200 node.
+    Unset repository/version: the operator's configured registries (chart runtimeImage)."""
+    repository = repository or REGISTRIES.runtime_repository
+    version = version or REGISTRIES.runtime_tag
     if gpu.is_rocm:
         return f"{repository}:{version}-rocm"
     parts = [version, f"cu{cuda_major(gpu)}"]
@@ -54,11 +59,37 @@ def runtime_image(gpu: GpuClass, repository: str = RUNTIME_REPOSITORY, version: 
 # ROCm keeps the references it had (amd64 only). A custom spec.engine.image always wins.
 ENGINE_REPOSITORIES = {"sglang": "lmsysorg/sglang", "vllm": "vllm/vllm-openai"}
 ARM64_TAG_SUFFIX = {"sglang": "", "vllm": "-aarch64"}  # "": the multi-arch manifest tag serves arm64
+DEFAULT_TAG = "v{version}"
 
 
-def engine_image(engine: str, version: str, gpu: GpuClass) -> str:
+@dataclass(frozen=True)
+class Registries:
+    """Where the default images come from (private registries, air-gapped mirrors): the chart's
+    runtimeImage and engineImages values, as `moe-operator run` flags. A tag template's {version}
+    is the engine release the plan is for; the arm64/ROCm suffixes above are appended as for the
+    public tags, so a mirror keeps the same tag scheme."""
+
+    runtime_repository: str = RUNTIME_REPOSITORY
+    runtime_tag: str = RUNTIME_VERSION  # the version part; -cu<N>[-flashinfer][-arm64] is appended
+    engine_repositories: dict[str, str] = field(default_factory=lambda: dict(ENGINE_REPOSITORIES))
+    engine_tags: dict[str, str] = field(default_factory=lambda: {e: DEFAULT_TAG for e in ENGINE_REPOSITORIES})
+    pull_secrets: tuple[str, ...] = ()  # Secrets every rendered pod names (they must exist in its namespace)
+
+
+REGISTRIES = Registries()
+
+
+def configure(registries: Registries) -> None:
+    """Set at start-up by `moe-operator run` (before any reconcile); read by runtime_image/engine_image."""
+    global REGISTRIES
+    REGISTRIES = registries
+
+
+def engine_image(engine: str, version: str, gpu: GpuClass, registries: Registries | None = None) -> str:
     """Default image of engine sglang or vllm for a GPU class (its CPU arch, ROCm or CUDA)."""
-    base = f"{ENGINE_REPOSITORIES[engine]}:v{version}"
+    r = registries or REGISTRIES
+    tag = r.engine_tags.get(engine, DEFAULT_TAG).replace("{version}", version)
+    base = f"{r.engine_repositories[engine]}:{tag}"
     if gpu.is_rocm:
         return base + "-rocm"
     if gpu.arch == "arm64":

@@ -7,7 +7,6 @@ Engines `bundled`, `sglang` and `vllm` render their own image, command and flags
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -21,8 +20,8 @@ from . import day2
 from .api import MoEDeploymentSpec
 from moe_core.gpu import GpuClass
 from . import images
-from . import model_cache
-from .images import RUNTIME_REPOSITORY, runtime_image
+from . import model_cache, pod_overlay
+from .images import Registries, runtime_image
 from .model_uri import ModelURI
 from .security import container_security, pod_security
 from moe_core.plan import Plan
@@ -68,8 +67,7 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
         # the copy of the claim in the cache PVC (the storage class the spec asked for), read-only
         # behind the ready check; sglang/vllm keep serving it under the source path's name
         parts = model_cache.pod_parts(spec, image)
-        served = [] if engine == "bundled" else ["--served-model-name", uri.volume()[2]]
-        return ModelLocation(model_cache.MOUNT, [parts.volume], [parts.mount], [parts.init_container], [], served)
+        return ModelLocation(model_cache.MOUNT, [parts.volume], [parts.mount], [parts.init_container], [], [])
     if uri.scheme in ("file", "pvc"):
         volume, mount, path = uri.volume()
         return ModelLocation(path, [volume], [mount], [], [], [])
@@ -78,11 +76,10 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
     token_env = token_env + ([{"name": "HF_REVISION", "value": revision}] if revision else [])
     if model_cache.enabled(spec) and revision:
         # the shared cache PVC of (model, revision), read-only; the engine reads the local copy (no
-        # token, no hub) and serves it under the hub name
+        # token, no hub); the served name is spec.model.servedName as for every source
         parts = model_cache.pod_parts(spec, image)
-        served = [] if engine == "bundled" else ["--served-model-name", repo]
         return ModelLocation(model_cache.MOUNT, [parts.volume], [parts.mount], [parts.init_container],
-                             [{"name": "HF_REVISION", "value": revision}, {"name": "HF_HUB_OFFLINE", "value": "1"}], served)
+                             [{"name": "HF_REVISION", "value": revision}, {"name": "HF_HUB_OFFLINE", "value": "1"}], [])
     cache = {"name": "hf-cache", "emptyDir": {}}
     if engine == "bundled":
         # The bundled runtime serves a local directory: fetch it first (weights included) in an init container.
@@ -97,41 +94,59 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
     return ModelLocation(repo, [cache], [{"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}], [], token_env, extra)
 
 
-def engine_image(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, runtime_repository: str) -> str:
+def engine_image(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, runtime_repository: str | None = None,
+                 registries: Registries | None = None) -> str:
+    """The image the pods run: spec.engine.image, else the engine's default from the configured
+    registries (images.Registries: the chart's runtimeImage/engineImages)."""
     if spec.engine.image:
         return spec.engine.image
     if spec.engine.name in ("sglang", "vllm"):
-        return images.engine_image(spec.engine.name, plan.engine.version, gpu)  # per CPU arch (images.py)
-    return runtime_image(gpu, runtime_repository)
+        return images.engine_image(spec.engine.name, plan.engine.version, gpu, registries)  # per CPU arch
+    r = registries or images.REGISTRIES
+    return runtime_image(gpu, runtime_repository or r.runtime_repository, r.runtime_tag)
 
 
-def engine_command(spec: MoEDeploymentSpec, plan: Plan, loc: ModelLocation, role: str) -> tuple[list[str], list[str]]:
+def served_name(spec: MoEDeploymentSpec, name: str) -> str:
+    """The model id clients send: spec.model.servedName, default the MoEDeployment's name."""
+    return spec.model.servedName or name
+
+
+def endpoint(name: str, namespace: str, spec: MoEDeploymentSpec) -> str:
+    """The OpenAI-compatible base URL of the Service, inside the cluster (status.endpoint)."""
+    return f"http://{name}.{namespace}.svc:{spec.service.port}/v1"
+
+
+def engine_command(spec: MoEDeploymentSpec, plan: Plan, loc: ModelLocation, role: str,
+                   served: str) -> tuple[list[str], list[str]]:
+    """The engine's command and arguments: the operator's flags, the plan's, then spec.engine.args
+    (engine_args.py refuses the flags the first two own, so the user's never override them)."""
     nodes = spec.nodesPerReplica
     max_len = spec.engine.maxModelLen  # what sizing sized the KV cache for: the engine must not take more
+    extra = [*loc.extra_args, "--served-model-name", served]
     if max_len:
-        flag = "--context-length" if spec.engine.name == "sglang" else "--max-model-len"
-        loc = dataclasses.replace(loc, extra_args=[*loc.extra_args, flag, str(max_len)])
+        extra += ["--context-length" if spec.engine.name == "sglang" else "--max-model-len", str(max_len)]
+    user = list(spec.engine.args)
     if spec.engine.name == "sglang":
-        args = ["--model-path", loc.path, "--host", "0.0.0.0", "--port", str(PORT), *loc.extra_args, *plan.args]
+        args = ["--model-path", loc.path, "--host", "0.0.0.0", "--port", str(PORT), *extra, *plan.args]
         if nodes > 1:
             rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
             args += ["--nnodes", str(nodes), "--node-rank", rank, "--dist-init-addr", "$(LWS_LEADER_ADDRESS):20000"]
-        return ["python3", "-m", "sglang.launch_server"], args
+        return ["python3", "-m", "sglang.launch_server"], args + user
     if spec.engine.name == "vllm":
-        args = [loc.path, "--host", "0.0.0.0", "--port", str(PORT), *loc.extra_args, *plan.args]
+        args = [loc.path, "--host", "0.0.0.0", "--port", str(PORT), *extra, *plan.args]
         if nodes > 1:
             rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
             args += ["--nnodes", str(nodes), "--node-rank", rank, "--master-addr", "$(LWS_LEADER_ADDRESS)"]
             if role == "worker":
                 args.append("--headless")
-        return ["vllm", "serve"], args
+        return ["vllm", "serve"], args + user
     args = ["--model", loc.path, "--plan", f"{PLAN_DIR}/plan.json", "--host", "0.0.0.0", "--port", str(PORT),
-            *loc.extra_args, *plan.args]
+            *extra, *plan.args]
     if nodes > 1:
         # one process per local GPU on every pod of the group; the rendezvous (TCPStore on the leader's
         # global rank 0 at LWS_LEADER_ADDRESS:DIST_PORT) comes from the LWS env (bundled_lws_env)
         args += ["--dist-port", str(DIST_PORT)]
-    return ["moe-runtime", "serve"], args
+    return ["moe-runtime", "serve"], args + user
 
 
 def bundled_lws_env() -> list[dict[str, Any]]:
@@ -157,6 +172,13 @@ def inputs_hash(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, image: str) 
             "model": spec.model.uri, "per_node": spec.gpus_per_node(), "nodes": spec.nodesPerReplica,
             "resources": spec.resources.model_dump(), "tolerations": [t.model_dump() for t in spec.tolerations],
             "nodeSelector": spec.nodeSelector}
+    # keys only when set, so objects without them keep the hash (and their pods) they had
+    if spec.engine.args:
+        data["engineArgs"] = spec.engine.args
+    if spec.podTemplate:
+        data["podTemplate"] = spec.podTemplate.overlay()
+    if spec.model.servedName:
+        data["servedName"] = spec.model.servedName
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -211,13 +233,17 @@ def engine_cache_volume(owner: Owner, gpu: GpuClass, plan: Plan, host_root: str 
 
 
 def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
-           runtime_repository: str = RUNTIME_REPOSITORY, engine_cache_root: str | None = None,
-           rollout: day2.Rollout | None = None) -> list[dict[str, Any]]:
+           runtime_repository: str | None = None, engine_cache_root: str | None = None,
+           rollout: day2.Rollout | None = None, registries: Registries | None = None) -> list[dict[str, Any]]:
     """All objects for one MoEDeployment, owner references set, ready for server-side apply.
 
     `rollout`: maxSurge/maxUnavailable from the free capacity the inventory sees (day2.rollout_policy);
-    None renders the no-spare-capacity policy (one replica at a time), or the spec's own numbers."""
-    image = engine_image(spec, plan, gpu, runtime_repository)
+    None renders the no-spare-capacity policy (one replica at a time), or the spec's own numbers.
+    `registries`: default images and operator-wide pull secrets (None: what `moe-operator run` configured).
+    spec.podTemplate and the pull secrets are merged into every pod template after rendering."""
+    registries = registries or images.REGISTRIES
+    image = engine_image(spec, plan, gpu, runtime_repository, registries)
+    served = served_name(spec, owner.name)
     loc = model_location(spec, spec.engine.name, image)
     h = inputs_hash(spec, plan, gpu, image)
     selector = {"app.kubernetes.io/instance": owner.name, "moe.serving.dev/deployment": owner.name}
@@ -233,7 +259,7 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
         mounts.append({"name": "engine-cache", "mountPath": plan.env["SGLANG_CACHE_DIR"]})
 
     def pod(role: str) -> str:
-        command, args = engine_command(spec, plan, loc, role)
+        command, args = engine_command(spec, plan, loc, role, served)
         pod_env = env
         if spec.engine.name == "bundled" and role in ("leader", "worker"):
             pod_env = bundled_lws_env() + env
@@ -258,9 +284,13 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
             **common, **strategy, replicas=spec.replicas, group_size=spec.nodesPerReplica,
             leader_pod=pod("leader"), worker_pod=pod("worker")))
         service_selector = {**selector, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+        pods = workload["spec"]["leaderWorkerTemplate"]
+        for key in ("leaderTemplate", "workerTemplate"):
+            pods[key] = _overlay(pods[key], spec, registries)
     else:
         workload = yaml.safe_load(_env.get_template("deployment.yaml.j2").render(
             **common, **strategy, replicas=spec.replicas, selector=_yaml_block(selector), pod=pod("single")))
+        workload["spec"]["template"] = _overlay(workload["spec"]["template"], spec, registries)
         service_selector = selector
     objects.append(yaml.safe_load(_env.get_template("service.yaml.j2").render(
         **common, service_type=spec.service.type, service_port=spec.service.port,
@@ -271,6 +301,12 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
     for obj in objects:
         obj["metadata"]["ownerReferences"] = [owner_reference(owner)]
     return objects
+
+
+def _overlay(pod: dict[str, Any], spec: MoEDeploymentSpec, registries: Registries) -> dict[str, Any]:
+    """Operator-wide pull secrets, then spec.podTemplate (validated by the API model), into one pod template."""
+    template = spec.podTemplate.overlay() if spec.podTemplate else None
+    return pod_overlay.apply(pod, template, container_security(), registries.pull_secrets)
 
 
 def inspection_job(namespace: str, name: str, uri: str, image: str, owner: Owner) -> dict[str, Any]:
@@ -290,6 +326,8 @@ def inspection_job(namespace: str, name: str, uri: str, image: str, owner: Owner
             "enableServiceLinks": False,
             "nodeSelector": {"kubernetes.io/arch": "amd64"},
             "securityContext": pod_security("bundled"),
+            **({"imagePullSecrets": [{"name": n} for n in images.REGISTRIES.pull_secrets]}
+               if images.REGISTRIES.pull_secrets else {}),
             "containers": [{"name": "inspect", "image": image, "command": ["moe-runtime", "inspect", path,
                                                                            "--termination-log", "/dev/termination-log"],
                             "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -113,3 +113,32 @@ def test_crd_numbers_survive_the_api_servers_float64():
     crd = yaml.safe_load((ROOT / "crds" / "moedeployments.yaml").read_text())
     bad = [(p, n) for p, n in numbers(crd) if float(n) != n or abs(n) > 2 ** 53]
     assert not bad, f"numbers float64 does not keep: {bad}"
+
+
+def _described(node, path, out):
+    for k, sub in (node.get("properties") or {}).items():
+        out.append((f"{path}.{k}", bool(sub.get("description"))))
+        _described(sub, f"{path}.{k}", out)
+    for key, tail in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(node.get(key), dict):
+            _described(node[key], path + tail, out)
+    return out
+
+
+def test_every_spec_field_is_described_and_status_coverage_is_reported(capsys):
+    """kubectl explain moed.spec documents every field (issue 32 item 4). Status: every field of the
+    models defined in api.py is described; the moe_core models (checkpoint, plan) are reported."""
+    from moe_operator.crd import crd
+
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    spec = _described(schema["spec"], "spec", [])
+    missing = [p for p, d in spec if not d]
+    assert len(spec) > 100 and not missing, f"spec fields without a description: {missing}"
+    status = _described(schema["status"], "status", [])
+    core = ("status.checkpoint.", "status.plan.")
+    own_missing = [p for p, d in status if not d and not p.startswith(core)]
+    assert not own_missing, f"status fields of api.py without a description: {own_missing}"
+    described = sum(d for _, d in status)
+    with capsys.disabled():
+        print(f"\nCRD descriptions: spec {len(spec)}/{len(spec)}, status {described}/{len(status)} "
+              f"(undescribed only in moe_core's checkpoint/plan models: {len(status) - described})")
