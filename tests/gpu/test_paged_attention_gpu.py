@@ -153,3 +153,166 @@ def test_split_kv_at_real_shapes(kind, splits):
         got = paged_decode_gqa(q, k, v, bt, lens.cuda(), d ** -0.5, s, win, num_splits=splits)
     err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
     assert err < 2e-2, err
+
+
+# ------------------------------------------------------------------------------------------------
+# prefill / extend (moe_kernels.attention_prefill) and the FP8 cache
+
+def _extend_batch(bs, g, starts=(0, 37, 48, 500), chunks=(300, 1, 64, 200)):
+    """A right-padded batch: row i has `starts[i]` cached tokens and `chunks[i]` new ones (a cached
+    prefix ending mid-block, one ending on a block boundary, plain prefill, a one-token chunk)."""
+    starts, chunks = torch.tensor(starts), torch.tensor(chunks)
+    B, S = len(starts), int(chunks.max())
+    kv_len = int((starts + chunks).max())
+    nb = -(-(kv_len + S) // bs)
+    NB = B * nb + 3
+    pos = (starts[:, None] + torch.arange(S)[None, :]).cuda()
+    real = (torch.arange(S)[None, :] < chunks[:, None]).cuda()
+    return B, S, kv_len, NB, _tables(B, nb, NB, g), pos, real
+
+
+def _rel(got, ref, rows):
+    got, ref = got.float()[rows], ref.float()[rows]
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bs", [16, 64])
+@pytest.mark.parametrize("heads,kv_heads,d,sinks,window", [(32, 4, 128, False, None), (64, 8, 64, True, None),
+                                                           (64, 8, 64, True, 128), (4, 4, 24, False, None)])
+def test_gqa_prefill_matches_reference(dtype, bs, heads, kv_heads, d, sinks, window):
+    from moe_kernels.paged_attention import paged_attention_gqa
+
+    g = torch.Generator().manual_seed(4)
+    B, S, kv_len, NB, bt, pos, real = _extend_batch(bs, g)
+    k = torch.randn(NB, bs, kv_heads, d, generator=g).to(dtype).cuda()
+    v = torch.randn(NB, bs, kv_heads, d, generator=g).to(dtype).cuda()
+    q = torch.randn(B, S, heads, d, generator=g).to(dtype).cuda()
+    s = torch.randn(heads, generator=g).float().cuda() if sinks else None
+    ref = paged_attention_gqa_ref(q, k, v, bt, pos, kv_len, d ** -0.5, s, window)
+    got = paged_attention_gqa(q, k, v, bt, pos, kv_len, d ** -0.5, s, window)
+    assert torch.isfinite(got).all()
+    assert _rel(got, ref, real) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,C,R", [(128, 512, 64), (16, 512, 64), (4, 16, 8)])
+def test_mla_prefill_matches_reference(dtype, heads, C, R):
+    from moe_kernels.paged_attention import paged_attention_mla
+
+    g = torch.Generator().manual_seed(5)
+    B, S, kv_len, NB, bt, pos, real = _extend_batch(16, g)
+    ckv = torch.randn(NB, 16, C, generator=g).to(dtype).cuda()
+    kr = torch.randn(NB, 16, R, generator=g).to(dtype).cuda()
+    qa = (torch.randn(B, S, heads, C, generator=g) / C ** 0.5).to(dtype).cuda()
+    qr = torch.randn(B, S, heads, R, generator=g).to(dtype).cuda()
+    ref = paged_attention_mla_ref(qa, qr, ckv, kr, bt, pos, kv_len, 192 ** -0.5)
+    got = paged_attention_mla(qa, qr, ckv, kr, bt, pos, kv_len, 192 ** -0.5)
+    assert torch.isfinite(got).all()
+    assert _rel(got, ref, real) < TOL[dtype]
+
+
+@pytest.mark.parametrize("heads", [128, 16])
+def test_mla_prefill_non_absorbed_matches_reference(heads):
+    """DeepSeek-V3 dimensions (latent 512, nope 128, rope 64, v 128): the decompress-then-attend form
+    against the absorbed reference followed by W_uv; a 300-token chunk picks it on its own."""
+    from moe_kernels.attention_prefill import prefill_mla_mha
+    from moe_kernels.paged_attention import paged_attention_mla_heads
+
+    g = torch.Generator().manual_seed(6)
+    B, S, kv_len, NB, bt, pos, real = _extend_batch(16, g)
+    ckv = torch.randn(NB, 16, 512, generator=g).bfloat16().cuda()
+    kr = torch.randn(NB, 16, 64, generator=g).bfloat16().cuda()
+    w_uk = (torch.randn(heads, 128, 512, generator=g) / 512 ** 0.5).bfloat16().cuda()
+    w_uv = (torch.randn(heads, 128, 512, generator=g) / 512 ** 0.5).bfloat16().cuda()
+    qn = torch.randn(B, S, heads, 128, generator=g).bfloat16().cuda()
+    qr = torch.randn(B, S, heads, 64, generator=g).bfloat16().cuda()
+    lat = paged_attention_mla_ref(torch.einsum("bshd,hdc->bshc", qn, w_uk), qr, ckv, kr, bt, pos, kv_len, 192 ** -0.5)
+    ref = torch.einsum("bshc,hvc->bshv", lat, w_uv)
+    got = prefill_mla_mha(qn, qr, ckv, kr, w_uk, w_uv, bt, pos, kv_len, 192 ** -0.5)
+    assert _rel(got, ref, real) < 2e-2
+    assert _rel(paged_attention_mla_heads(qn, qr, ckv, kr, w_uk, w_uv, bt, pos, kv_len, 192 ** -0.5), ref, real) < 2e-2
+
+
+@pytest.mark.parametrize("kind", ["gptoss", "qwen3", "mla128", "mla16"])
+def test_fp8_cache_matches_fp8_reference_and_stays_near_bf16(kind):
+    """An e4m3 cache with per-tensor scales: decode (1 and 5 context slices) and prefill against the
+    reference on the same fp8 cache (tight), and against the bf16 cache (the quantization error)."""
+    from moe_kernels import paged_attention as pa
+
+    g = torch.Generator().manual_seed(7)
+    B, S, kv_len, NB, bt, pos, real = _extend_batch(16, g)
+    lens = (pos[:, 0] + real.sum(1)).int()
+    dpos = (lens - 1)[:, None].long()
+    errs = {}
+    if kind.startswith("mla"):
+        H = 128 if kind == "mla128" else 16
+        ckv = torch.randn(NB, 16, 512, generator=g).bfloat16().cuda()
+        kr = torch.randn(NB, 16, 64, generator=g).bfloat16().cuda()
+        sc = 2.0 / 448 * 4  # |x| up to ~4 sigma uses e4m3's range
+        c8, r8 = pa.quantize_fp8(ckv, sc), pa.quantize_fp8(kr, sc)
+        qa = (torch.randn(B, S, H, 512, generator=g) / 512 ** 0.5).bfloat16().cuda()
+        qr = torch.randn(B, S, H, 64, generator=g).bfloat16().cuda()
+        args = (bt, pos, kv_len, 192 ** -0.5)
+        ref8 = pa.paged_attention_mla_ref(qa, qr, c8, r8, *args, kv_scale=sc)
+        ref16 = pa.paged_attention_mla_ref(qa, qr, ckv, kr, *args)
+        errs["prefill"] = _rel(pa.paged_attention_mla(qa, qr, c8, r8, *args, kv_scale=sc), ref8, real)
+        d8 = pa.paged_attention_mla_ref(qa[:, :1], qr[:, :1], c8, r8, bt, dpos, int(lens.max()), 192 ** -0.5, sc)[:, 0]
+        for sp in (1, 5):
+            got = pa.paged_decode_mla(qa[:, 0].contiguous(), qr[:, 0].contiguous(), c8, r8, bt, lens, 192 ** -0.5, sp,
+                                      kv_scale=sc)
+            errs[f"decode{sp}"] = float((got.float() - d8.float()).abs().max() / d8.float().abs().max())
+    else:
+        H, kvh, d = (64, 8, 64) if kind == "gptoss" else (32, 4, 128)
+        k = torch.randn(NB, 16, kvh, d, generator=g).bfloat16().cuda()
+        v = torch.randn(NB, 16, kvh, d, generator=g).bfloat16().cuda()
+        ks, vs = 4.0 / 448, 4.0 / 448
+        k8, v8 = pa.quantize_fp8(k, ks), pa.quantize_fp8(v, vs)
+        q = torch.randn(B, S, H, d, generator=g).bfloat16().cuda()
+        s = torch.randn(H, generator=g).cuda() if kind == "gptoss" else None
+        ref8 = pa.paged_attention_gqa_ref(q, k8, v8, bt, pos, kv_len, d ** -0.5, s, None, ks, vs)
+        ref16 = pa.paged_attention_gqa_ref(q, k, v, bt, pos, kv_len, d ** -0.5, s)
+        errs["prefill"] = _rel(pa.paged_attention_gqa(q, k8, v8, bt, pos, kv_len, d ** -0.5, s, None, ks, vs), ref8, real)
+        d8 = pa.paged_attention_gqa_ref(q[:, :1], k8, v8, bt, dpos, int(lens.max()), d ** -0.5, s, None, ks, vs)[:, 0]
+        for sp in (1, 5):
+            got = pa.paged_decode_gqa(q[:, 0].contiguous(), k8, v8, bt, lens, d ** -0.5, s, None, sp, ks, vs)
+            errs[f"decode{sp}"] = float((got.float() - d8.float()).abs().max() / d8.float().abs().max())
+    vs16 = _rel(ref8, ref16, real)
+    print(kind, "fp8 vs bf16 (reference)", f"{vs16:.3e}", {k_: f"{e:.1e}" for k_, e in errs.items()})
+    assert all(e < 2e-2 for e in errs.values()), errs
+    assert 1e-3 < vs16 < 0.1, vs16
+
+
+def test_fp8_write_kv_then_decode_in_a_cuda_graph():
+    """write_kv's quantization and the fp8 decode kernel both replay in a CUDA graph (the runtime's decode)."""
+    from moe_kernels import paged_attention as pa
+
+    g = torch.Generator().manual_seed(8)
+    B, bs, nb, kvh, h, d = 3, 16, 4, 2, 8, 64
+    k = torch.zeros(B * nb, bs, kvh, d, dtype=pa.FP8, device="cuda")
+    v = torch.zeros_like(k)
+    bt = _tables(B, nb, B * nb, g)
+    kf = torch.randn(B, nb * bs, kvh, d, generator=g).bfloat16().cuda()
+    vf = torch.randn(B, nb * bs, kvh, d, generator=g).bfloat16().cuda()
+    allpos = torch.arange(nb * bs, device="cuda")[None].expand(B, -1)
+    pa.write_kv(k, pa.slot_mapping(bt, allpos, bs), kf, 0.02)
+    pa.write_kv(v, pa.slot_mapping(bt, allpos, bs), vf, 0.02)
+    q = torch.randn(B, h, d, generator=g).bfloat16().cuda()
+    lens = torch.tensor([5, 40, 64], device="cuda")
+    newk = torch.randn(B, 1, kvh, d, generator=g).bfloat16().cuda()
+    slots = pa.slot_mapping(bt, (lens - 1)[:, None], bs)
+
+    def step():
+        pa.write_kv(k, slots, newk, 0.02)
+        pa.write_kv(v, slots, newk, 0.02)
+        return pa.paged_decode_gqa(q, k, v, bt, lens, 0.125, k_scale=0.02, v_scale=0.02)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    ref = pa.paged_attention_gqa_ref(q[:, None], k, v, bt, (lens - 1)[:, None], 64, 0.125, None, None, 0.02, 0.02)[:, 0]
+    assert float((out.float() - ref.float()).abs().max() / ref.float().abs().max()) < 2e-2
+    got_new = k.view(-1, kvh, d)[slots.view(-1)].float() * 0.02
+    assert float((got_new - newk[:, 0].float()).abs().max()) < 0.1 * float(newk.abs().max())
