@@ -95,8 +95,13 @@ class MoEConfig:
 
 # 128-row tl.dot tiles of large batches (both GEMMs): the tile kernel (bf16 / fp8, and FP4's old path)
 TILE128 = GemmConfig(128, 64, 8, 2, 8)
-# FP4 large batches: the prefill kernel (triton_prefill.py), gate/up in one accumulator
-PREFILL128 = PrefillConfig(128, 64, 8, 3, 8)
+# FP4 large batches: the prefill kernel (triton_prefill.py), gate/up in one accumulator. H200 sweep at
+# 4096 tokens (python -m moe_kernels.tune, 2026-12-02; bench/README.md): 256-row weight tiles as the
+# wgmma A operand (swap), 32-byte K steps, 4 stages, for both GEMMs: whole forward 9.34 ms on the
+# DeepSeek-V3 layer (old tiles 12.4-12.7), 2.24 ms on its TP8 shard (2.68). MXFP4's gate/up keeps
+# 128-row tiles without swap: with swap at 256 rows its output was wrong (triton_prefill.check_config).
+PREFILL = {"nvfp4": (PrefillConfig(256, 32, 8, 4, swap=True),) * 2,
+           "mxfp4": (PrefillConfig(128, 64, 8, 3), PrefillConfig(256, 32, 8, 4, swap=True))}
 
 # Above this many rows per expert, mixed blocks (align_mixed: 16-row blocks for experts with > 8 rows,
 # one 8-row block for the others) instead of 8-row blocks only, of which an expert with 9-16 rows
@@ -177,7 +182,7 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         # 128-row tl.dot tiles; an expert's remainder of up to a quarter tile goes to 16-row tail blocks
         # instead of one more, mostly padded tile (align_split; at 4096 tokens about half the experts
         # have a few rows over 128: 12.8 ms against 16.4 ms for both formats, any bound from 32 to 96)
-        return MoEConfig(128, PREFILL128, PREFILL128, tail=(nt2, nt2), tail_rows=32)
+        return MoEConfig(128, *PREFILL[fmt], tail=(nt2, nt2), tail_rows=32)
     if not fp4:  # bf16 / fp8: not tuned; plain tiles
         if rows <= 16:
             return MoEConfig(16, GemmConfig(64, 128, 4, 4, swap=True), GemmConfig(64, 128, 4, 4, swap=True))
@@ -191,7 +196,7 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
         return MoEConfig(32, GemmConfig(64, 64, 4, 2, 4, swap=True), GemmConfig(128, 64, 8, 2, 4, swap=True))
     if rows <= 96:
         return MoEConfig(64, GemmConfig(64, 64, 4, 2, 8), GemmConfig(128, 64, 8, 2, 8))
-    return MoEConfig(128, PREFILL128, PREFILL128)
+    return MoEConfig(128, *PREFILL[fmt])
 
 
 # ------------------------------------------------------------------------------- tuned tables (data)

@@ -34,7 +34,7 @@ from .triton_config import (FragConfig, GemmConfig, MoEConfig, PrefillConfig, ch
                             default_config, load_table, table_path, tuned_configs)
 from .triton_frag import STEP_K, FragWeights, coalesce_activations, frag_asm_args, frag_moe_kernel
 from .triton_layout import FMT_FP8, FMT_ID, FMT_NVFP4, FP4_KT, GROUP, Operand, prepare
-from .triton_prefill import prefill_gemm_kernel, step_bytes
+from .triton_prefill import check_config, prefill_gemm_kernel, step_bytes
 from .triton_tile import moe_gemm_kernel
 
 # The CPU interpreter (TRITON_INTERPRET=1, used to debug without a GPU) multiplies bf16 dot operands
@@ -279,6 +279,7 @@ class TritonExperts:
         """One GEMM on the prefill kernel (triton_prefill.py; FP4, the tile kernel's storage)."""
         if self.fmt_id < FMT_NVFP4:
             raise ValueError(f"the prefill kernel runs FP4 weights (nvfp4, mxfp4), not {self.fmt}")
+        check_config(self.fmt, gate_up, cfg.block_n, cfg.swap)
         bn_out = cfg.block_n // 2 if gate_up else cfg.block_n
         tiles = al.max_blocks * triton.cdiv(n, bn_out)
         progs = tiles if cfg.progs_per_sm <= 0 else min(tiles, cfg.progs_per_sm * _sm_count(a.device))

@@ -26,7 +26,8 @@ import json
 import os
 import sys
 
-from .triton_config import (TABLE_VERSION, TILE128, FragConfig, GemmConfig, MoEConfig, PrefillConfig,  # noqa: F401
+from .triton_config import (PREFILL, TABLE_VERSION, TILE128, FragConfig, GemmConfig, MoEConfig,  # noqa: F401
+                            PrefillConfig,
                             config_to_dict, default_config, load_table, shape_key, table_path, tuned_configs)
 
 # (rt, wn, wk, pipe) of the fragment kernel, (block_n, num_warps, num_stages, swap) of the tile kernel,
@@ -41,9 +42,12 @@ TILE_SPACE = [(128, 8, 2, False), (128, 8, 3, False), (128, 8, 2, True), (64, 4,
 ONE_ROW_SPACE = [(32, 4), (32, 3), (16, 4), (64, 4), (64, 2)]
 # (block_n, bkh, num_warps, num_stages, swap, progs_per_sm) of the prefill kernel; the tile kernel's
 # TILE128 (the FP4 path before it) is tried too, so every sweep compares them in the same run.
-PREFILL_SPACE = [(128, 64, 8, 4, False, 0), (256, 64, 8, 3, False, 0), (128, 64, 4, 3, False, 0),
-                 (128, 64, 8, 3, True, 0), (128, 64, 8, 3, False, 1), (128, 128, 8, 3, False, 0),
-                 (256, 32, 8, 4, True, 0)]
+PREFILL_SPACE = [(256, 64, 8, 3, True, 0), (256, 32, 8, 3, True, 0), (256, 32, 8, 5, True, 0),
+                 (256, 32, 8, 4, True, 1), (128, 32, 8, 4, True, 0), (256, 32, 8, 4, False, 0),
+                 (128, 64, 8, 3, False, 0)]
+# 16-row fragment blocks (12-80 rows per expert): the prefill kernel with these token block sizes
+# (fragment tail blocks of up to half a block where the copy exists) is tried right after the default
+PREFILL_BLOCKS = (32, 64, 128)
 
 
 def _variants(g, kind: str):
@@ -59,14 +63,19 @@ def _variants(g, kind: str):
 
 def candidate_configs(fmt: str, num_pairs: int, num_experts: int, frag: bool, limit: int | None = None,
                       inter: int | None = None) -> list[MoEConfig]:
-    """The default config first, then one GEMM varied at a time (gate/up, then down), alternating, no
-    duplicates; the first `limit`. Pure: no GPU."""
+    """The default config first (for 16-row fragment blocks, then the prefill kernel at PREFILL_BLOCKS
+    rows per block), then one GEMM varied at a time (gate/up, then down), alternating, no duplicates;
+    the first `limit`. Pure: no GPU."""
     base = default_config(fmt, num_pairs, num_experts, frag, inter)
     kind = ("frag" if base.frag else "prefill" if isinstance(base.gemm1, PrefillConfig)
             else "one_row" if base.gemm1.one_row else "tile")
     v1 = [dataclasses.replace(base, gemm1=g) for g in _variants(base.gemm1, kind)]
     v2 = [dataclasses.replace(base, gemm2=g) for g in _variants(base.gemm2, kind)]
     out = [base]
+    if base.frag and base.block_m == 16 and base.small is None and fmt in PREFILL:
+        nt2 = base.gemm1
+        out += [MoEConfig(bm, *PREFILL[fmt], tail=(nt2, nt2) if frag else None, tail_rows=bm // 2 if frag else 0)
+                for bm in PREFILL_BLOCKS]
     for pair in zip(v1, v2):
         for c in pair:
             if c not in out:

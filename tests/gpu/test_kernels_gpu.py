@@ -361,6 +361,11 @@ def test_prefill_kernel_matches_reference(fmt, pc):
     # I = 320 (no fragment copy fits): the last gate/up tile partly past N (masked), 128- and 64-row
     # blocks alone; a graph replay gives the same bits
     nt2 = FragConfig(2, 4, 1, 1, 3)
+    if fmt == "mxfp4" and pc.swap and pc.block_n >= 256:   # measured wrong (triton_prefill.check_config)
+        weights, x, w, ids, _ = _problem(fmt, 16, 1024, 512, 64, 4, seed=1)
+        with pytest.raises(ValueError, match="MXFP4 gate/up with swap"):
+            TritonExperts(weights, MoEConfig(64, pc, pc)).forward(x, w, ids)
+        pc = replace(pc, block_n=128)
     for i, cfg in ((512, MoEConfig(128, pc, pc, tail=(nt2, nt2), tail_rows=32)), (320, MoEConfig(128, pc, pc)),
                    (320, MoEConfig(64, pc, pc))):
         e, h, t, k = 16, 1024, 600, 4

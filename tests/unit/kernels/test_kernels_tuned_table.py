@@ -119,11 +119,17 @@ def test_committed_tables_are_measured_data():
 @pytest.mark.parametrize("frag", [False, True])
 def test_tune_candidates(fmt, frag):
     from moe_kernels.tune import candidate_configs
-    for pairs in (8, 64, 2048, 32768):
+    for pairs in (8, 64, 2048, 8192, 32768):
         cands = candidate_configs(fmt, pairs, 256, frag)
         base = default_config(fmt, pairs, 256, frag)
         assert cands[0] == base and len(cands) == len(set(cands)) > 1
-        for c in cands[1:]:   # one GEMM varied at a time, the rest of the default kept
+        rest = cands[1:]
+        if base.frag and base.block_m == 16 and base.small is None and fmt in ("nvfp4", "mxfp4"):
+            # 16-row fragment blocks: the prefill kernel at 32 / 64 / 128 rows per block comes next
+            alt, rest = rest[:3], rest[3:]
+            assert [c.block_m for c in alt] == [32, 64, 128]
+            assert all(isinstance(c.gemm1, PrefillConfig) and (c.tail is not None) == frag for c in alt)
+        for c in rest:   # one GEMM varied at a time, the rest of the default kept
             assert (c.gemm1 == base.gemm1) != (c.gemm2 == base.gemm2)
             assert (c.block_m, c.small, c.tail, c.tail_rows) == (base.block_m, base.small, base.tail, base.tail_rows)
             # same kernel, except the tile kernel's TILE128 among the prefill kernel's variants (its old path)
