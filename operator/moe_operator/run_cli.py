@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 
 from .policy import TOKEN_SECRET_LABEL, Policy
 
@@ -19,6 +20,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint ('' = off)")
     p.add_argument("--log-level", default=os.environ.get("MOE_LOG_LEVEL", "info"), choices=["debug", "info", "warning"])
     p.add_argument("--runtime-image", default=None, help="runtime image repository (default ghcr.io/moe-operator/moe-runtime)")
+    p.add_argument("--runtime-image-tag", default=None, metavar="VERSION",
+                   help="version part of the runtime image tag; -cu<N>[-flashinfer][-arm64] is appended per node "
+                        "(default the operator's release)")
+    for engine, repo in (("sglang", "lmsysorg/sglang"), ("vllm", "vllm/vllm-openai")):
+        p.add_argument(f"--{engine}-image", default=None, metavar="REPOSITORY",
+                       help=f"repository of the default {engine} image, e.g. a mirror (default {repo})")
+        p.add_argument(f"--{engine}-image-tag", default=None, metavar="TEMPLATE",
+                       help=f"tag of the default {engine} image; {{version}} is the engine release (default v{{version}}; "
+                            "-rocm / the arm64 suffix appended as for the public tags)")
+    p.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                   help="Secret every inference pod and operator Job names in imagePullSecrets (repeatable; it must "
+                        "exist in each MoEDeployment's namespace)")
     p.add_argument("--local-models-dir", default=os.environ.get("MOE_LOCAL_MODELS_DIR"),
                    help="dev/demo: resolve file:///models/NAME to DIR/NAME when the operator can read it")
     p.add_argument("--no-inspection-jobs", action="store_true", help="never start inspection Jobs (pvc:// will fail)")
@@ -53,6 +66,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", default=None)
 
 
+def registries_from(args: argparse.Namespace):
+    """images.Registries from the flags (the chart's runtimeImage and engineImages values); a bad
+    repository or tag stops the start with the flag named, not every pod with ErrImagePull."""
+    from . import image_ref
+    from .images import DEFAULT_TAG, ENGINE_REPOSITORIES, RUNTIME_REPOSITORY, RUNTIME_VERSION, Registries
+
+    repos = {e: getattr(args, f"{e}_image") or ENGINE_REPOSITORIES[e] for e in ENGINE_REPOSITORIES}
+    tags = {e: getattr(args, f"{e}_image_tag") or DEFAULT_TAG for e in ENGINE_REPOSITORIES}
+    reg = Registries(runtime_repository=args.runtime_image or RUNTIME_REPOSITORY,
+                     runtime_tag=args.runtime_image_tag or RUNTIME_VERSION, engine_repositories=repos,
+                     engine_tags=tags, pull_secrets=tuple(args.image_pull_secret))
+    checks = [("--runtime-image/--runtime-image-tag", f"{reg.runtime_repository}:{reg.runtime_tag}-cu13")]
+    checks += [(f"--{e}-image/--{e}-image-tag", f"{repos[e]}:{tags[e].replace('{version}', '0.1.0')}") for e in repos]
+    for flag, ref in checks:
+        try:
+            image_ref.parse(ref)
+        except ValueError as e:
+            raise SystemExit(f"moe-operator run: {flag}: {e}") from None
+    for name in reg.pull_secrets:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name) or len(name) > 253:
+            raise SystemExit(f"moe-operator run: --image-pull-secret {name!r} is not a Secret name")
+    return reg
+
+
 def _gids(text: str) -> tuple[int, ...]:
     try:
         gids = tuple(int(g) for g in text.split(",") if g.strip())
@@ -77,8 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes import config as kconfig
     from prometheus_client import start_http_server
 
-    from . import handlers
-    from .images import RUNTIME_REPOSITORY
+    from . import handlers, images
 
     _configure_logging(args.log_level)
     log = logging.getLogger("moe_operator")
@@ -89,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
             kconfig.load_incluster_config()
         except kconfig.ConfigException:
             kconfig.load_kube_config()
-    handlers.CONFIG.runtime_repository = args.runtime_image or RUNTIME_REPOSITORY
+    registries = registries_from(args)
+    images.configure(registries)
+    handlers.CONFIG.runtime_repository = registries.runtime_repository
     handlers.CONFIG.local_models_dir = args.local_models_dir
     handlers.CONFIG.inspect_in_cluster = not args.no_inspection_jobs
     handlers.CONFIG.admission = args.admission
@@ -110,6 +148,10 @@ def run(args: argparse.Namespace) -> int:
         handlers.enable_admission()
     if args.metrics_port:
         start_http_server(args.metrics_port)
+    log.info("images: runtime=%s:%s sglang=%s:%s vllm=%s:%s pull_secrets=%s", registries.runtime_repository,
+             registries.runtime_tag, registries.engine_repositories["sglang"], registries.engine_tags["sglang"],
+             registries.engine_repositories["vllm"], registries.engine_tags["vllm"],
+             ",".join(registries.pull_secrets) or "none")
     log.info("starting: namespaces=%s peering=%s runtime_image=%s local_models_dir=%s "
              "allowed_host_paths=%s allowed_image_registries=%s token_secret_label=%s engine_cache=%s",
              args.namespace or "all", args.peering or "standalone",

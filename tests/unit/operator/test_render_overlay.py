@@ -271,3 +271,24 @@ def test_configure_sets_the_process_defaults(ckpt):
         assert pod["spec"]["template"]["spec"]["containers"][0]["image"] == "r.example/rt:9.9.9-cu13"
     finally:
         images.configure(old)
+
+
+def test_run_flags_make_the_registries_and_bad_ones_stop_the_start():
+    import argparse
+
+    from moe_operator import run_cli
+
+    p = argparse.ArgumentParser()
+    run_cli.add_arguments(p)
+    reg = run_cli.registries_from(p.parse_args([
+        "--runtime-image", "reg.corp/rt", "--runtime-image-tag", "0.3.0", "--sglang-image", "reg.corp/sglang",
+        "--vllm-image-tag", "{version}-mirror", "--image-pull-secret", "corp", "--image-pull-secret", "team"]))
+    assert reg == Registries(runtime_repository="reg.corp/rt", runtime_tag="0.3.0",
+                             engine_repositories={"sglang": "reg.corp/sglang", "vllm": "vllm/vllm-openai"},
+                             engine_tags={"sglang": "v{version}", "vllm": "{version}-mirror"}, pull_secrets=("corp", "team"))
+    assert run_cli.registries_from(p.parse_args([])) == Registries()
+    for bad, words in ((["--vllm-image", "Reg.Corp/UPPER Case"], "--vllm-image/--vllm-image-tag"),
+                       (["--sglang-image-tag", "v{version}:x"], "--sglang-image/--sglang-image-tag"),
+                       (["--image-pull-secret", "Bad_Name"], "is not a Secret name")):
+        with pytest.raises(SystemExit, match=re.escape(words)):
+            run_cli.registries_from(p.parse_args(bad))
