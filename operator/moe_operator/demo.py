@@ -3,7 +3,7 @@
 1. a cluster: your kubeconfig's if it answers, else the local control plane with simulated GPU pools;
 2. the Helm chart (CRDs, RBAC; the operator Deployment scaled to 0 because the GPU nodes are
    simulated, so the operator process runs here, against the same API server);
-3. the samples from deploy/samples, and a table of what was decided for each and where pods landed;
+3. the file:// samples from deploy/samples/demo, and a table of what was decided for each and where pods landed;
 3b. a model cache filling (local control plane only): a local server speaking the hub's file API
    serves a tiny checkpoint as an hf:// model; the operator pins its revision and creates the cache
    PVC and its download Job; the Job's container (kwok runs none) runs here as rendered, into the
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo(args, k, op, kubeconfig: str, t0: float, cluster, hub) -> int:
-    samples = sorted((ROOT / "deploy" / "samples").glob("*.yaml"))
+    samples = sorted((ROOT / "deploy" / "samples" / "demo").glob("*.yaml"))
     names = []
     for f in samples:
         k("apply", "-n", NAMESPACE, "-f", str(f))

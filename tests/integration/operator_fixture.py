@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = ROOT / "deploy" / "samples"
-CHECKPOINTS = SAMPLES / "checkpoints"
-# the samples' file:///models/..., and the temporary checkpoints tests write (as the demo allows /models)
+# The file:///models/... samples of the demo, which the operator tests plan from the header-only
+# checkpoints; deploy/samples/*.yaml (hf://, pvc://) are the golden path (test_golden_path.py).
+SAMPLES = ROOT / "deploy" / "samples" / "demo"
+GOLDEN_SAMPLES = ROOT / "deploy" / "samples"
+CHECKPOINTS = ROOT / "deploy" / "samples" / "checkpoints"
+# the demo samples' file:///models/..., and the temporary checkpoints tests write (as the demo allows /models)
 ALLOWED_HOST_PATHS = ("/models", tempfile.gettempdir())
 HOST_PATH_ARGS = [a for p in ALLOWED_HOST_PATHS for a in ("--allow-host-path", p)]
 

@@ -24,12 +24,12 @@ from moe_core import registry
 from moe_operator.crd import crd
 from moe_operator.planner import ALL_A2A, ALL_RUNNERS
 
-from .operator_fixture import HOST_PATH_ARGS, ROOT, kubectl_json, wait_for
+from .operator_fixture import CHECKPOINTS, GOLDEN_SAMPLES, HOST_PATH_ARGS, ROOT, SAMPLES as DEMO, kubectl_json, wait_for
 
 pytestmark = pytest.mark.integration
 
 CHART = ROOT / "charts" / "moe-operator"
-SAMPLES = sorted((ROOT / "deploy" / "samples").glob("*.yaml"))
+SAMPLES = sorted(GOLDEN_SAMPLES.glob("*.yaml")) + sorted(DEMO.glob("*.yaml"))  # the CRD accepts both
 OUR_CRDS = ("moedeployments.moe.serving.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
 
 
@@ -219,7 +219,7 @@ def test_operator_runs_with_only_the_chart_rbac(dev_cluster, kubectl, release, n
 
     cmd = [sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", str(sa_kubeconfig), "--standalone",
            "--metrics-port", "0", "--liveness", "", "--log-level", "debug",
-           "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints"), *HOST_PATH_ARGS]
+           "--local-models-dir", str(CHECKPOINTS), *HOST_PATH_ARGS]
     if mode == "watched-namespace":
         cmd += ["--namespace", namespace]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("operator", "runtime", "kernels"))}
@@ -228,8 +228,8 @@ def test_operator_runs_with_only_the_chart_rbac(dev_cluster, kubectl, release, n
         op = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         try:
             for s in RBAC_SAMPLES:
-                kubectl("apply", "-n", namespace, "-f", str(ROOT / "deploy" / "samples" / s))
-            names = [yaml.safe_load((ROOT / "deploy" / "samples" / s).read_text())["metadata"]["name"] for s in RBAC_SAMPLES]
+                kubectl("apply", "-n", namespace, "-f", str(DEMO / s))
+            names = [yaml.safe_load((DEMO / s).read_text())["metadata"]["name"] for s in RBAC_SAMPLES]
 
             def planned():
                 items = kubectl_json(kubectl, "-n", namespace, "get", "moed")["items"]
@@ -264,7 +264,7 @@ def test_two_peered_operators_elect_one(dev_cluster, kubectl, release, namespace
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("operator", "runtime", "kernels"))}
     cmd = [sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", str(dev_cluster.kubeconfig),
            "--namespace", namespace, "--peering", peering, "--metrics-port", "0", "--liveness", "",
-           "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints"), *HOST_PATH_ARGS]
+           "--local-models-dir", str(CHECKPOINTS), *HOST_PATH_ARGS]
     procs, logs = [], []
     try:
         for who in ("a", "b"):
@@ -272,7 +272,7 @@ def test_two_peered_operators_elect_one(dev_cluster, kubectl, release, namespace
             procs.append(subprocess.Popen(cmd, stdout=open(logs[-1], "w"), stderr=subprocess.STDOUT,
                                           env={**env, "POD_ID": f"op-{who}"}, cwd=ROOT))
             time.sleep(3)
-        kubectl("apply", "-n", namespace, "-f", str(ROOT / "deploy" / "samples" / "gpt-oss-mxfp4-h100.yaml"))
+        kubectl("apply", "-n", namespace, "-f", str(DEMO / "gpt-oss-mxfp4-h100.yaml"))
 
         def planned():
             obj = kubectl_json(kubectl, "-n", namespace, "get", "moed", "gpt-oss-h100")
@@ -293,7 +293,7 @@ def test_two_peered_operators_elect_one(dev_cluster, kubectl, release, namespace
 
 
 # ------------------------------------------------------------------------------- samples, CEL
-@pytest.mark.parametrize("sample", SAMPLES, ids=[p.stem for p in SAMPLES])
+@pytest.mark.parametrize("sample", SAMPLES, ids=[f"{p.parent.name}/{p.stem}" for p in SAMPLES])
 def test_sample_is_accepted(kubectl, crds_installed, namespace, sample):
     proc = kubectl("apply", "--dry-run=server", "--validate=strict", "-n", namespace, "-f", str(sample), check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -507,8 +507,9 @@ def test_notes_tell_what_to_do_next(helm, tmp_path):
                    "conditions", "rollout status deployment/moe-moe-operator", "Watching: all namespaces",
                    "nodeProbe.enabled=true"):
         assert needle in notes, f"NOTES.txt lacks {needle!r}:\n{notes}"
-    sample = re.search(r"deploy/samples/(\S+\.yaml)", notes).group(1)
-    assert (ROOT / "deploy" / "samples" / sample).is_file(), f"NOTES.txt names a missing sample {sample}"
+    for sample in re.findall(r"deploy/samples/(\S+\.yaml)", notes):  # the golden path: no file:// demo sample
+        assert (ROOT / "deploy" / "samples" / sample).is_file(), f"NOTES.txt names a missing sample {sample}"
+        assert "file://" not in (ROOT / "deploy" / "samples" / sample).read_text(), sample
     notes = _notes(tmp_path / "ns", "watchNamespaces={team-a}", "replicas=2")
     assert "kubectl apply -n team-a -f" in notes and "leader election" in notes and "team-a" in notes
 

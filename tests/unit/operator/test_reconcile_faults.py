@@ -12,7 +12,7 @@ from moe_operator.reconcile import Config, reconcile
 from moe_operator.sample_checkpoints import write_sample
 from test_render_placement import classes
 
-SAMPLE = "deploy/samples/deepseek-v3-fp8-multinode.yaml"
+SAMPLE = "deploy/samples/demo/deepseek-v3-fp8-multinode.yaml"
 
 
 class NoLwsKube:
