@@ -21,9 +21,20 @@ from .inventory import NodeInfo, build, fingerprint, node_info, pod_gpu_requests
 from .kube import Kube, _api_message
 from .metrics import GPU_CLASSES, RECONCILES
 from .reconcile import UNREACHABLE, Config, Outcome, reconcile, status_changed
+from .resync import Mark, due
+from .watch_cache import OwnedCache, owner_name
+from .workqueue import WorkQueue
 
 log = logging.getLogger("moe_operator")
 RESYNC_SECONDS = float(os.environ.get("MOE_RESYNC_SECONDS", "10"))
+# With every owned kind watched, an object whose inputs did not move is reconciled in full only this
+# often (the safety net; drift and readiness come from watch events). A kind the API refuses to let
+# us watch (RBAC) makes every sweep reconcile everything, as before the cache.
+FULL_RESYNC_SECONDS = float(os.environ.get("MOE_FULL_RESYNC_SECONDS", "300"))
+MODEL_CACHE_SWEEP_SECONDS = 60.0  # unused model caches are looked for this often (a LIST of PVCs)
+# The owned kinds read from watches (label app.kubernetes.io/managed-by=moe-operator). The day-2
+# kinds (PDB, HPA, ...) exist only for some specs and are read with a GET.
+WATCHED_KINDS = ["Deployment", "LeaderWorkerSet", "Service", "ConfigMap", "PersistentVolumeClaim", "Job"]
 INVENTORY_SETTLE_SECONDS = 1.0  # a node change usually comes in a burst (labels, then status)
 # Reconciles run on a pool of their own (not asyncio.to_thread's, which everything shares), this
 # many at once; the sweep gives one object this long before it goes on without waiting for it.
@@ -54,6 +65,10 @@ class State:
     swept: float = field(default_factory=time.monotonic)  # when the sweep last finished
     quiet: "Quiet" = field(default_factory=lambda: Quiet(log))
     owned_seen: dict[tuple, tuple] = field(default_factory=dict)  # (kind, ns, name) -> owned_essence at the last event
+    queue: WorkQueue | None = None  # reconciles of the sweep and of watch events (started with the sweep)
+    marks: dict[tuple[str, str], Mark] = field(default_factory=dict)  # what each object's last reconcile saw
+    sources: dict[tuple[str, str], str] = field(default_factory=dict)  # why a queued key was queued (metrics)
+    model_cache_swept: float = 0.0
 
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking call on the operator's own bounded pool."""
@@ -93,6 +108,62 @@ class Quiet:
             self.logger.info("%s: recovered", kind)
 
 
+class QuietLibraries(logging.Filter):
+    """kopf's and the client libraries' own lines of an API outage, as Quiet does ours: one line
+    per kind of message per QUIET_SECONDS, and no traceback when the cause is the connection (kopf
+    logs each retry of each watch: dozens of identical lines, each with a traceback, said nothing
+    more than the first). Installed on the root logger's handlers; our own lines pass untouched."""
+
+    _OURS = ("moe_operator",)
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.clock = clock
+        self.last: dict[str, float] = {}
+
+    @staticmethod
+    def kind(record: logging.LogRecord) -> str:
+        import re
+
+        msg = record.getMessage()
+        head = re.split(r"[:(]| -> ", msg, maxsplit=1)[0]
+        return record.name + ":" + re.sub(r"[0-9]+", "N", head)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or record.name.startswith(self._OURS):
+            return True
+        if record.exc_info and _connection_error(record.exc_info[1]):
+            record.exc_info, record.exc_text = None, None
+        k, now = self.kind(record), self.clock()
+        if now - self.last.get(k, -1e18) < QUIET_SECONDS:
+            return False
+        self.last[k] = now
+        return True
+
+
+def _connection_error(e: BaseException | None) -> bool:
+    """The API could not be reached or answered 5xx/429 (an outage), as opposed to a bug."""
+    import aiohttp
+    import urllib3
+
+    while e is not None:
+        if isinstance(e, (OSError, asyncio.TimeoutError, aiohttp.ClientConnectionError,
+                          aiohttp.ServerDisconnectedError, urllib3.exceptions.HTTPError)):
+            return True
+        if type(e).__name__ in ("APIServerError", "APITooManyRequestsError"):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def install_quiet_libraries() -> QuietLibraries:
+    f = QuietLibraries()
+    for h in logging.getLogger().handlers:
+        if not any(isinstance(x, QuietLibraries) for x in h.filters):
+            h.addFilter(f)
+    return f
+
+
 class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """kopf's last-handled configuration as digests of spec and metadata (issue 34 item 4): the
     stock storage copies the whole spec into an annotation, so a large valid spec applied with
@@ -128,6 +199,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # one of them (the highest) act while the others stand by.
     settings.peering.priority = random.randint(1, 2**30)
     memo["state"] = State(kube=Kube(), cfg=CONFIG)
+    install_quiet_libraries()
     if CONFIG.admission:
         server, ca = webhook.server(CONFIG.admission, CONFIG.admission_listen, CONFIG.admission_cert_dir)
         settings.admission.server = server
@@ -142,32 +214,62 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 # --- inventory -------------------------------------------------------------------------------
 
+# The inventory is rebuilt from the indexes only when one of them changed: with thousands of nodes a
+# build per reconcile (and per node heartbeat) was most of the operator's idle CPU.
+_inventory = {"version": 0, "built": -1, "classes": {}, "nodes": {}, "pods": {}}
+
+
 @kopf.index("", "v1", "nodes")
 def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo]:
-    return {name: node_info(dict(body))}
+    info = node_info(dict(body))
+    if _inventory["nodes"].get(name) != info:
+        _inventory["nodes"][name] = info
+        _inventory["version"] += 1
+    return {name: info}
 
 
 @kopf.index("", "v1", "pods")
 def gpu_pods(body: kopf.Body, **_: Any) -> dict[str, int] | None:
     node, n = pod_gpu_requests(dict(body))
+    seen = (node, n)
+    if _inventory["pods"].get(body.metadata.uid) != seen:
+        _inventory["pods"][body.metadata.uid] = seen
+        _inventory["version"] += 1
     return {node: n} if node and n else None
 
 
+@kopf.on.event("", "v1", "pods")
+def pod_gone(body: kopf.Body, type: str | None = None, **_: Any) -> None:
+    if type == "DELETED" and _inventory["pods"].pop(body.metadata.uid, None) is not None:
+        _inventory["version"] += 1
+
+
 def current_classes(gpu_nodes: kopf.Index, gpu_pods: kopf.Index) -> dict:
+    cached = gpu_nodes is _inventory.get("index")
+    if cached and _inventory["built"] == _inventory["version"]:
+        return _inventory["classes"]
+    version = _inventory["version"]
     nodes = [info for key in gpu_nodes for info in gpu_nodes[key]]
     used = {node: sum(gpu_pods[node]) for node in gpu_pods}
     classes = build(nodes, used)
     for key, inv in classes.items():
         GPU_CLASSES.labels(key).set(inv.free_gpus)
+    if isinstance(gpu_nodes, kopf.Index):  # kopf's live index (tests pass plain dicts: never cached)
+        _inventory.update(index=gpu_nodes, built=version, classes=classes)
     return classes
 
 
 @kopf.on.event("", "v1", "nodes")
-async def node_changed(memo: kopf.Memo, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, **_: Any) -> None:
+async def node_changed(memo: kopf.Memo, gpu_nodes: kopf.Index, gpu_pods: kopf.Index, name: str,
+                       type: str | None = None, **_: Any) -> None:
     """GPU classes appeared, went or changed (labels, capacity): wake the sweep so every object
     re-plans within seconds instead of at the next periodic tick."""
     st = _state(memo)
     st.indexes.update(nodes=gpu_nodes, pods=gpu_pods)
+    if type == "DELETED" and _inventory["nodes"].pop(name, None) is not None:
+        _inventory["version"] += 1
+    if _inventory.get("index") is gpu_nodes and _inventory["built"] == _inventory["version"]:
+        return  # a heartbeat: no node's GPU facts moved
     fp = fingerprint(current_classes(gpu_nodes, gpu_pods))
     if fp != st.inventory:
         st.inventory = fp
@@ -177,11 +279,14 @@ async def node_changed(memo: kopf.Memo, gpu_nodes: kopf.Index, gpu_pods: kopf.In
 # --- MoEDeployment ---------------------------------------------------------------------------
 
 async def _reconcile_and_report(st: State, namespace: str, name: str, gpu_nodes: kopf.Index, gpu_pods: kopf.Index,
-                                logger: Any, source: str, skip_if_busy: bool = False) -> Outcome | None:
+                                logger: Any, source: str, skip_if_busy: bool = False,
+                                cached: bool = False) -> Outcome | None:
     """The one path every trigger takes: read the object, reconcile, write status if it changed,
     post Events, count, log. The object is read here, under its lock, never taken from the trigger
     (which may hold a body from before the previous reconcile's status). With `skip_if_busy` (the
-    sweep) an object whose lock is held is skipped (None): its holder reconciles it anyway."""
+    sweep) an object whose lock is held is skipped (None): its holder reconciles it anyway. `cached`
+    reads the object from the watch cache (the sweep, watch events: our own status writes are in it
+    at once; kopf's handlers read afresh, their event may be newer than the cache)."""
     st.indexes.update(nodes=gpu_nodes, pods=gpu_pods)
     key = (namespace, name)
     if skip_if_busy and key in st.locks and st.locks[key].locked():
@@ -189,13 +294,19 @@ async def _reconcile_and_report(st: State, namespace: str, name: str, gpu_nodes:
     st.lock_users[key] = st.lock_users.get(key, 0) + 1
     try:
         async with st.locks.setdefault(key, asyncio.Lock()):
-            moed = await st.io(st.kube.get_moed, namespace, name)
+            moed = await st.io(st.kube.get_moed, namespace, name, cached)
             if moed is None or moed["metadata"].get("deletionTimestamp"):   # gone or going: nothing to do
                 return Outcome(status={})
             classes = current_classes(gpu_nodes, gpu_pods)
             outcome = await st.io(reconcile, moed, classes, st.kube, st.cfg)
+            rv = moed["metadata"].get("resourceVersion")
             if status_changed(moed.get("status") or {}, outcome.status):
                 await st.io(st.kube.patch_status, namespace, name, outcome.status)
+                _, after = st.kube.moed_cache.get("MoEDeployment", namespace, name) if st.kube.moed_cache \
+                    else (False, None)
+                rv = ((after or {}).get("metadata") or {}).get("resourceVersion")  # our own write: no change
+            now = time.monotonic()
+            st.marks[key] = Mark(rv, st.inventory, now, now + outcome.retry_after if outcome.retry_after else None)
     finally:
         st.lock_users[key] -= 1
         if not st.lock_users[key]:   # nobody holds or waits for it: a later reconcile makes a new one
@@ -237,57 +348,79 @@ async def on_change(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index, gpu
 
 
 # One cluster-wide sweep instead of per-object kopf timers: timers make kopf put a finalizer on
-# every MoEDeployment, and a finalizer would block deletion whenever the operator is down.
+# every MoEDeployment, and a finalizer would block deletion whenever the operator is down. The sweep
+# and the watch events only queue keys; WORKERS workers reconcile them (issue 34 item 2).
 
-async def _bounded(st: State, moed: dict[str, Any], slots: asyncio.Semaphore, logger: Any) -> str | None:
-    """One object of the sweep in a worker slot for at most OBJECT_SECONDS: past that the sweep goes
-    on (the reconcile keeps its lock and finishes on its own). The kind of failure, or None."""
-    meta = moed["metadata"]
-    async with slots:
-        task = asyncio.ensure_future(_reconcile_and_report(st, meta["namespace"], meta["name"], st.indexes["nodes"],
-                                                           st.indexes["pods"], logger, "resync", skip_if_busy=True))
-        try:
-            await asyncio.wait_for(asyncio.shield(task), OBJECT_SECONDS)
-        except asyncio.TimeoutError:
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its failure is not lost unseen
-            logger.warning("resync of %s/%s takes over %.0fs; the sweep goes on without it",
-                           meta["namespace"], meta["name"], OBJECT_SECONDS)
-            return "slow"
-        except asyncio.CancelledError:
-            raise
-        except UNREACHABLE as e:
-            st.quiet.failed("Kubernetes API unreachable", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
-            return "unreachable"
-        except Exception as e:  # noqa: BLE001 - the next object and the next tick go on
-            st.quiet.failed(f"resync {type(e).__name__}", f"{meta['namespace']}/{meta['name']}: {_cause(e)}",
-                            f"retried in {RESYNC_SECONDS:.0f}s")
-            return type(e).__name__
-    return None
+def enqueue(st: State, key: tuple[str, str], source: str, after: float = 0.0) -> None:
+    if st.queue is None:
+        return
+    st.sources.setdefault(key, source)
+    st.queue.add(key, after)
+
+
+async def work(st: State, key: tuple[str, str], logger: Any) -> float | None:
+    """One queued key: reconciled at most OBJECT_SECONDS in this worker (past that the worker goes
+    on; the reconcile keeps its lock and finishes on its own). Returns when to do it again."""
+    ns, name = key
+    source = st.sources.pop(key, "resync")
+    if key in st.locks and st.locks[key].locked():
+        return 1.0  # a kopf handler has it now: look again shortly
+    task = asyncio.ensure_future(_reconcile_and_report(st, ns, name, st.indexes["nodes"], st.indexes["pods"],
+                                                       logger, source, skip_if_busy=True, cached=True))
+    try:
+        outcome = await asyncio.wait_for(asyncio.shield(task), OBJECT_SECONDS)
+    except asyncio.TimeoutError:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its failure is not lost unseen
+        logger.warning("reconcile of %s/%s takes over %.0fs; its worker goes on without it", ns, name, OBJECT_SECONDS)
+        return RESYNC_SECONDS
+    except UNREACHABLE as e:
+        st.quiet.failed("Kubernetes API unreachable", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
+        return RESYNC_SECONDS
+    except Exception as e:  # noqa: BLE001 - the other keys and the next round go on
+        st.quiet.failed(f"reconcile {type(e).__name__}", f"{ns}/{name}: {_cause(e)}", f"retried in {RESYNC_SECONDS:.0f}s")
+        return RESYNC_SECONDS
+    st.quiet.ok("Kubernetes API unreachable")
+    if outcome is None:
+        return 1.0  # busy after all
+    return outcome.retry_after
+
+
+def _all_watched(st: State) -> bool:
+    cache = st.kube.cache
+    return cache is not None and all(cache.synced(k) for k in WATCHED_KINDS)
 
 
 async def sweep(st: State, logger: Any) -> int:
-    """Reconcile every MoEDeployment once, WORKERS at a time; one object's failure or slowness
-    never stops or holds the others."""
-    items = await st.io(st.kube.list_moeds, st.cfg.namespaces)
-    slots = asyncio.Semaphore(WORKERS)
-    kinds = await asyncio.gather(*(_bounded(st, m, slots, logger) for m in items
-                                   if not m["metadata"].get("deletionTimestamp")))
-    failed = sum(1 for k in kinds if k)
-    if "unreachable" not in kinds:
-        st.quiet.ok("Kubernetes API unreachable")
-    try:  # model caches whose last user is gone: released, deleted after the grace period
-        for claim in await st.io(model_cache.sweep, st.kube, items, st.cfg.namespaces,
-                                 st.cfg.model_cache_grace_seconds):
-            logger.info("deleted model cache %s (unused for %ss)", claim, st.cfg.model_cache_grace_seconds)
-    except Exception as e:  # noqa: BLE001 - the next tick retries
-        failed += 1
-        st.quiet.failed("model cache sweep", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
-    return failed
+    """Queue every MoEDeployment whose inputs moved since its last reconcile (all of them when some
+    owned kind is not watched, or every FULL_RESYNC_SECONDS); never waits for the reconciles.
+    Returns how many were queued."""
+    items = await st.io(st.kube.list_moeds, st.cfg.namespaces, True)
+    now, full = time.monotonic(), FULL_RESYNC_SECONDS if _all_watched(st) else 0.0
+    live = set()
+    for m in items:
+        meta = m["metadata"]
+        key = (meta["namespace"], meta["name"])
+        live.add(key)
+        if meta.get("deletionTimestamp"):
+            continue
+        if due(st.marks.get(key), meta.get("resourceVersion"), st.inventory, now, full):
+            enqueue(st, key, "resync")
+    for key in [k for k in st.marks if k not in live]:
+        del st.marks[key]
+    if now - st.model_cache_swept >= (MODEL_CACHE_SWEEP_SECONDS if _all_watched(st) else 0.0):
+        st.model_cache_swept = now
+        try:  # model caches whose last user is gone: released, deleted after the grace period
+            for claim in await st.io(model_cache.sweep, st.kube, items, st.cfg.namespaces,
+                                     st.cfg.model_cache_grace_seconds):
+                logger.info("deleted model cache %s (unused for %ss)", claim, st.cfg.model_cache_grace_seconds)
+            st.quiet.ok("model cache sweep")
+        except Exception as e:  # noqa: BLE001 - the next tick retries
+            st.quiet.failed("model cache sweep", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
+    return len(st.queue) if st.queue is not None else 0
 
 
 async def _resync_loop(st: State, logger: Any) -> None:
-    """Re-plan when the inventory changed, repair drift, refresh ready replicas; a tick on which
-    nothing changed costs a GET per owned object."""
+    """Re-plan when the inventory changed, repair what a watch missed, retry what asked to be."""
     while True:
         try:
             await asyncio.wait_for(st.wakeup.wait(), RESYNC_SECONDS)
@@ -324,7 +457,17 @@ def sweep_progress(memo: kopf.Memo, **_: Any) -> dict[str, float]:
 
 @kopf.on.startup()
 async def start_resync(memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    memo["resync"] = asyncio.create_task(_resync_loop(_state(memo), logger))
+    st = _state(memo)
+    loop = asyncio.get_running_loop()
+    st.queue = WorkQueue(WORKERS, lambda key: work(st, key, logger))
+    st.queue.start()
+    namespaces = st.cfg.namespaces or None
+    st.kube.cache = OwnedCache(st.kube._resource, WATCHED_KINDS, namespaces,
+                               lambda kind, type_, obj: loop.call_soon_threadsafe(owned_event, st, kind, type_, obj))
+    st.kube.moed_cache = OwnedCache(st.kube._resource, ["MoEDeployment"], namespaces, lambda *_: None, selector=None)
+    st.kube.cache.start()
+    st.kube.moed_cache.start()
+    memo["resync"] = asyncio.create_task(_resync_loop(st, logger))
 
 
 @kopf.on.cleanup()
@@ -332,35 +475,33 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
     task = memo.get("resync")
     if task:
         task.cancel()
+    st = _state(memo)
+    for cache in (st.kube.cache, st.kube.moed_cache):
+        if cache is not None:
+            cache.stop()
+    if st.queue is not None:
+        await st.queue.stop()
 
 
-# Owned workloads: a change or a deletion repairs drift and refreshes readiness right away. Owned
-# Services and ConfigMaps are repaired by the sweep (seconds later): watching every ConfigMap and
-# Service of the cluster would cost more than it saves.
-_OWNED = {"labels": {"app.kubernetes.io/managed-by": "moe-operator"}}
+# Owned objects (issue 34 item 1): every event of the watch cache (label-selected on the API server)
+# queues its owner, so a deleted or edited Service, ConfigMap or workload is repaired within seconds
+# and readiness is refreshed; a workload event that changes nothing a reconcile reads is dropped.
 
-
-@kopf.on.event("apps", "v1", "deployments", **_OWNED)
-@kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", **_OWNED)
-async def owned_object_changed(body: kopf.Body, memo: kopf.Memo, gpu_nodes: kopf.Index, gpu_pods: kopf.Index,
-                               logger: Any, type: str | None = None, **_: Any) -> None:
-    owner = next((o for o in body.metadata.get("ownerReferences", []) if o.get("kind") == "MoEDeployment"), None)
+def owned_event(st: State, kind: str, type_: str, obj: dict[str, Any]) -> None:
+    owner = owner_name(obj)
     if owner is None:
         return
-    st = _state(memo)
-    key = (body.get("kind"), body.metadata.namespace, body.metadata.name)
-    seen = owned_essence(dict(body))
-    if type == "DELETED":
-        st.owned_seen.pop(key, None)
-    elif st.owned_seen.get(key) == seen:
-        return  # a status-only event (the controller's own bookkeeping): nothing the reconcile reads moved
-    else:
-        st.owned_seen[key] = seen
-    try:
-        await _reconcile_and_report(st, body.metadata.namespace, owner["name"], gpu_nodes, gpu_pods, logger,
-                                    "owned-object")
-    except UNREACHABLE as e:  # the sweep repairs it once the API answers again
-        st.quiet.failed("Kubernetes API unreachable", _cause(e), f"retried in {RESYNC_SECONDS:.0f}s")
+    meta = obj.get("metadata") or {}
+    if kind in ("Deployment", "LeaderWorkerSet"):
+        key = (kind, meta.get("namespace"), meta.get("name"))
+        seen = owned_essence(obj)
+        if type_ == "DELETED":
+            st.owned_seen.pop(key, None)
+        elif st.owned_seen.get(key) == seen:
+            return  # a status-only event (the controller's own bookkeeping): nothing the reconcile reads moved
+        else:
+            st.owned_seen[key] = seen
+    enqueue(st, (meta.get("namespace"), owner), "owned-object")
 
 
 def owned_essence(obj: dict[str, Any]) -> tuple:

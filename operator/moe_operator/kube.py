@@ -24,7 +24,8 @@ _API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "ConfigMap": "v1",
                  "PersistentVolumeClaim": "v1",  # model caches (model_cache.py)
                  # day-2 objects (day2.py); the last two are optional CRDs (KEDA, Gateway API Inference Extension)
                  "PodDisruptionBudget": "policy/v1", "HorizontalPodAutoscaler": "autoscaling/v2",
-                 "ScaledObject": "keda.sh/v1alpha1", "InferencePool": "inference.networking.k8s.io/v1"}
+                 "ScaledObject": "keda.sh/v1alpha1", "InferencePool": "inference.networking.k8s.io/v1",
+                 "MoEDeployment": f"{API_GROUP}/{API_VERSION}"}  # its watch cache (watch_cache.py)
 
 
 class ApplyError(Exception):
@@ -59,6 +60,10 @@ class Kube:
         self._discovery_lock = threading.Lock()
         self._resources: dict[str, Any] = {}
         self._missing_until: dict[str, float] = {}
+        # Reads of owned kinds and of MoEDeployments from watches (watch_cache.OwnedCache), when
+        # the handlers started them; None, or a kind not synced: a GET.
+        self.cache = None
+        self.moed_cache = None
 
     @cached_property
     def custom(self) -> client.CustomObjectsApi:
@@ -116,25 +121,37 @@ class Kube:
         """Server-side apply with our field manager (force: we own these fields)."""
         res = self._resource(obj["kind"])
         try:
-            out = res.server_side_apply(body=obj, namespace=obj["metadata"]["namespace"],
-                                        field_manager=FIELD_MANAGER, force_conflicts=True)
+            out = _retrying(lambda: res.server_side_apply(body=obj, namespace=obj["metadata"]["namespace"],
+                                                          field_manager=FIELD_MANAGER, force_conflicts=True))
         except ApiException as e:
-            raise ApplyError("ApplyFailed", f"apply {obj['kind']}/{obj['metadata']['name']}: {_api_message(e)}") from None
-        return out.to_dict()
+            raise ApplyError(_apply_reason(e), f"apply {obj['kind']}/{obj['metadata']['name']}: "
+                             f"HTTP {e.status}: {_api_message(e)}") from None
+        made = out.to_dict()
+        if self.cache is not None:
+            self.cache.put(obj["kind"], made)  # read-your-writes: the watch event follows
+        return made
 
     def merge_patch(self, obj: dict[str, Any]) -> None:
         """JSON merge patch of the object's spec: lists are replaced whole, which removes items
         another field manager added (server-side apply keeps those)."""
         res = self._resource(obj["kind"])
         try:
-            res.patch(body={"spec": obj["spec"]}, name=obj["metadata"]["name"], namespace=obj["metadata"]["namespace"],
-                      content_type="application/merge-patch+json", field_manager=FIELD_MANAGER)
+            out = _retrying(lambda: res.patch(body={"spec": obj["spec"]}, name=obj["metadata"]["name"],
+                                              namespace=obj["metadata"]["namespace"],
+                                              content_type="application/merge-patch+json", field_manager=FIELD_MANAGER))
         except ApiException as e:
-            raise ApplyError("ApplyFailed", f"patch {obj['kind']}/{obj['metadata']['name']}: {_api_message(e)}") from None
+            raise ApplyError(_apply_reason(e), f"patch {obj['kind']}/{obj['metadata']['name']}: "
+                             f"HTTP {e.status}: {_api_message(e)}") from None
+        if self.cache is not None:
+            self.cache.put(obj["kind"], out.to_dict())
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes.dynamic.exceptions import NotFoundError
 
+        if self.cache is not None:
+            hit, obj = self.cache.get(kind, namespace, name)
+            if hit:
+                return obj
         try:
             return self._resource(kind).get(name=name, namespace=namespace).to_dict()
         except NotFoundError:
@@ -147,8 +164,16 @@ class Kube:
             self._resource(kind).delete(name=name, namespace=namespace, propagation_policy="Background")
         except NotFoundError:
             pass
+        if self.cache is not None:
+            self.cache.forget(kind, namespace, name)
 
-    def get_moed(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_moed(self, namespace: str, name: str, cached: bool = False) -> dict[str, Any] | None:
+        """The MoEDeployment; `cached`: from the watch cache when it is synced (the sweep and
+        owned-object events; kopf's handlers read afresh: their event may be newer than the cache)."""
+        if cached and self.moed_cache is not None:
+            hit, obj = self.moed_cache.get("MoEDeployment", namespace, name)
+            if hit:
+                return obj
         try:
             return self.custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
         except ApiException as e:
@@ -156,7 +181,9 @@ class Kube:
                 return None
             raise
 
-    def list_moeds(self, namespaces: list[str] | None = None) -> list[dict[str, Any]]:
+    def list_moeds(self, namespaces: list[str] | None = None, cached: bool = False) -> list[dict[str, Any]]:
+        if cached and self.moed_cache is not None and self.moed_cache.synced("MoEDeployment"):
+            return self.moed_cache.all("MoEDeployment")
         if namespaces:
             return [o for ns in namespaces for o in
                     self.custom.list_namespaced_custom_object(API_GROUP, API_VERSION, ns, PLURAL)["items"]]
@@ -164,11 +191,14 @@ class Kube:
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
-            self.custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
-                                                              {"status": status})
+            out = self.custom.patch_namespaced_custom_object_status(API_GROUP, API_VERSION, namespace, PLURAL, name,
+                                                                    {"status": status})
         except ApiException as e:
             if e.status != 404:
                 raise
+            return
+        if self.moed_cache is not None and isinstance(out, dict):
+            self.moed_cache.put("MoEDeployment", out)  # the sweep sees our own write as no change
 
     def patch_webhook_ca(self, name: str, ca: bytes) -> None:
         """Write our CA into every webhook of the chart's ValidatingWebhookConfiguration."""
@@ -255,10 +285,12 @@ class Kube:
         """JSON merge patch of labels/annotations (None removes a key): several MoEDeployments mark
         one shared cache PVC without taking each other's marks away, as an apply would."""
         try:
-            self._resource(kind).patch(body={"metadata": metadata}, name=name, namespace=namespace,
-                                       content_type="application/merge-patch+json", field_manager=FIELD_MANAGER)
+            out = self._resource(kind).patch(body={"metadata": metadata}, name=name, namespace=namespace,
+                                             content_type="application/merge-patch+json", field_manager=FIELD_MANAGER)
         except ApiException as e:
             raise ApplyError("ApplyFailed", f"patch {kind}/{name}: {_api_message(e)}") from None
+        if self.cache is not None:
+            self.cache.put(kind, out.to_dict())
 
     def list_labeled(self, kind: str, namespace: str | None, selector: str) -> list[dict[str, Any]]:
         """Objects of `kind` with these labels in one namespace (None: every namespace)."""
@@ -292,6 +324,29 @@ class Kube:
             except ApiException:
                 return ""
         return ""
+
+
+# Answers of an apply that say "again, shortly" rather than "this object is wrong": the API server
+# under load (500 etcd timeouts, 504, 429 with Retry-After) and 409 (an optimistic-concurrency clash
+# with another writer of the same object). 422 is never retried: the object itself was refused.
+RETRIED_STATUSES = (409, 429, 500, 503, 504)
+APPLY_ATTEMPTS = 3
+
+
+def _retrying(call: Any, attempts: int = APPLY_ATTEMPTS, sleep: Any = time.sleep) -> Any:
+    for i in range(attempts):
+        try:
+            return call()
+        except ApiException as e:
+            if e.status not in RETRIED_STATUSES or i == attempts - 1:
+                raise
+            sleep(0.2 * 2 ** i)
+
+
+def _apply_reason(e: ApiException) -> str:
+    """The condition reason of a failed write: a refused object (422) is not a busy server."""
+    return {422: "ApplyInvalid", 409: "ApplyConflict"}.get(e.status, "ApplyFailed" if e.status < 500
+                                                                      else "ApiServerBusy")
 
 
 def _created(obj) -> float:

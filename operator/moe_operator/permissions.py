@@ -12,22 +12,25 @@ from __future__ import annotations
 # else in a Role per watched namespace.
 NAMESPACED: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("moe.serving.dev", "moedeployments"): (frozenset({"get", "list", "watch", "patch"}),
-                                            "kopf watches them and patches its annotations; Kube.get_moed/list_moeds"),
+                                            "kopf watches them and patches its annotations; the sweep's watch "
+                                            "cache; Kube.get_moed"),
     ("moe.serving.dev", "moedeployments/status"): (frozenset({"patch"}), "Kube.patch_status"),
     ("apps", "deployments"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
                               "owned workload: kopf watch, drift GET, server-side apply (create on first apply), "
                               "merge patch, delete when nodesPerReplica changes the kind"),
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
                                                        "owned multi-node workload, as Deployments"),
-    ("", "services"): (frozenset({"get", "create", "patch"}), "owned Service: drift GET, apply"),
-    ("", "configmaps"): (frozenset({"get", "create", "patch"}), "owned plan ConfigMap: drift GET, apply"),
-    ("batch", "jobs"): (frozenset({"get", "create", "patch", "delete"}),
-                        "inspection Job: Kube.inspection_job GETs, applies, deletes once read; model cache fill Job"),
+    ("", "services"): (frozenset({"get", "list", "watch", "create", "patch"}),
+                       "owned Service: the watch cache (label-selected list/watch), apply"),
+    ("", "configmaps"): (frozenset({"get", "list", "watch", "create", "patch"}),
+                         "owned plan ConfigMap: the watch cache (label-selected list/watch), apply"),
+    ("batch", "jobs"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+                        "inspection Job: the watch cache, applies, deletes once read; model cache fill Job"),
     ("", "pods"): (frozenset({"list", "watch"}), "kopf index of GPU requests; the inspection and cache Jobs' pod status"),
     ("", "pods/log"): (frozenset({"get"}), "model cache: the download Job's progress lines (Kube.job_log_tail)"),
-    ("", "persistentvolumeclaims"): (frozenset({"get", "list", "create", "patch", "delete"}),
+    ("", "persistentvolumeclaims"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
                                      "pvc:// models: the claim must exist before a Job runs; model caches: apply, "
-                                     "user labels (merge patch), list and delete unused ones"),
+                                     "user labels (merge patch), list and delete unused ones; the watch cache"),
     ("", "secrets"): (frozenset({"get"}), "model.tokenSecretRef: its label, and the token for hf:// inspection"),
     ("", "events"): (frozenset({"create"}), "Kube.post_event, and kopf's own posting of handler logs"),
     # day-2 objects (day2.py): drift GET, apply, delete when the spec stops asking for them

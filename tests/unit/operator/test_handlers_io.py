@@ -38,21 +38,25 @@ def test_liveness_fails_only_when_the_sweep_stops_going_round():
 class _SlowKube:
     """get_moed of the busy object blocks until released; the others answer at once."""
 
+    cache = moed_cache = None
+
     def __init__(self, release):
         self.release, self.reads = release, []
 
-    def list_moeds(self, namespaces):
-        return [{"metadata": {"namespace": "a", "name": n}} for n in ("busy", "x", "y")]
+    def list_moeds(self, namespaces, cached=False):
+        return [{"metadata": {"namespace": "a", "name": n, "resourceVersion": "1"}} for n in ("busy", "x", "y")]
 
-    def get_moed(self, ns, name):
+    def get_moed(self, ns, name, cached=False):
         self.reads.append(name)
         if name == "busy":
             self.release.wait(10)
         return None  # gone: nothing more to do
 
 
-def test_the_sweep_skips_a_busy_object_and_bounds_a_slow_one(monkeypatch):
+def test_the_sweep_queues_without_waiting_and_a_slow_object_holds_one_worker(monkeypatch):
     import threading
+
+    from moe_operator.workqueue import WorkQueue
 
     monkeypatch.setattr(handlers, "OBJECT_SECONDS", 0.3)
     monkeypatch.setattr(handlers.model_cache, "sweep", lambda *a: [])
@@ -62,18 +66,24 @@ def test_the_sweep_skips_a_busy_object_and_bounds_a_slow_one(monkeypatch):
     st.indexes.update(nodes={}, pods={})
 
     async def go():
+        st.queue = WorkQueue(2, lambda key: handlers.work(st, key, logging.getLogger("t")))
+        st.queue.start()
         t = time.monotonic()
-        failed = await handlers.sweep(st, logging.getLogger("t"))  # busy takes 10 s: the sweep goes on at 0.3
-        first = time.monotonic() - t
+        await handlers.sweep(st, logging.getLogger("t"))  # busy takes 10 s: the sweep does not wait for it
+        queued = time.monotonic() - t
+        while sorted(kube.reads) != ["busy", "x", "y"] and time.monotonic() - t < 3:
+            await asyncio.sleep(0.01)
+        others = time.monotonic() - t
         kube.reads.clear()
-        await handlers.sweep(st, logging.getLogger("t"))  # busy still holds its lock: skipped, not awaited
-        second = time.monotonic() - t - first
+        await handlers.sweep(st, logging.getLogger("t"))  # no watch cache: every object is due again
+        await asyncio.sleep(0.2)
         release.set()
-        return failed, first, second
+        await st.queue.stop()
+        return queued, others
 
-    failed, first, second = asyncio.run(go())
-    assert failed == 1 and first < 2 and second < 1
-    assert sorted(kube.reads) == ["x", "y"]
+    queued, others = asyncio.run(go())
+    assert queued < 0.2 and others < 1
+    assert sorted(kube.reads) == ["x", "y"]  # busy still holds its lock: skipped, not awaited
 
 
 def test_status_only_events_of_an_owned_workload_change_nothing_the_reconcile_reads():
