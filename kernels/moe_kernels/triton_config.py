@@ -57,6 +57,8 @@ class PrefillConfig:
     group_m: int = 8
     swap: bool = False
     progs_per_sm: int = 0
+    flatten: bool = False   # Triton's loop flattening across a persistent program's tiles
+    ws: bool = False        # Triton's warp specialisation of the K loop
 
     def __post_init__(self):
         if self.bkh < 32 or self.bkh & (self.bkh - 1):

@@ -294,7 +294,8 @@ class TritonExperts:
             n, k, num_pairs, self.I if gate_up else 0, progs,
             TOP_K=top_k, GATHER_A=gate_up, GATED=gate_up, FMT=self.fmt_id, GROUP=GROUP[self.fmt_id],
             BLOCK_M=al.block_m, BLOCK_N=cfg.block_n, BKH=step_bytes(k // 2, cfg.bkh), GROUP_M=cfg.group_m,
-            SWAP=cfg.swap, ASM=asm and not _INTERPRET, DOT_F32=_INTERPRET, **self._epilogue(gate_up),
+            SWAP=cfg.swap, ASM=asm and not _INTERPRET, DOT_F32=_INTERPRET, FLATTEN=cfg.flatten, WS=cfg.ws,
+            **self._epilogue(gate_up),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 

@@ -51,6 +51,7 @@ def prefill_gemm_kernel(
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, GATED: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BKH: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP: tl.constexpr, ASM: tl.constexpr, DOT_F32: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr,
+    FLATTEN: tl.constexpr = False, WS: tl.constexpr = False,
 ):
     """C[expert block rows, N tile] = A[rows] @ W[e]^T (GATED: act(gate, up), BLOCK_N/2 output
     columns per tile). w_ptr: uint8 [E, K/64, N_rows, 32] (row stride 32); s_ptr: int32 [E, K/64,
@@ -74,7 +75,9 @@ def prefill_gemm_kernel(
     toff = tl.arange(0, NT) * stride_st
     offs_k = tl.arange(0, BKH)[None, :]
 
-    for tile in tl.range(tl.program_id(0), num_tiles, num_progs):
+    # FLATTEN: Triton pipelines across tiles (the next tile's loads under this one's epilogue);
+    # WS: Triton's warp specialisation of the K loop (loads in producer warps). Both A/B knobs.
+    for tile in tl.range(tl.program_id(0), num_tiles, num_progs, flatten=FLATTEN):
         pid_m, pid_n = grouped_block(tile, num_pid_m, num_pid_n, GROUP_M)
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -97,7 +100,7 @@ def prefill_gemm_kernel(
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         else:
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for kb in range(0, HALF, BKH):
+        for kb in tl.range(0, HALF, BKH, warp_specialize=WS):
             kt = kb // 32
             q = tl.load(w_rows[:, None, None] + kt * stride_wt + woff[None, :, :])
             sw = tl.load(s_rows[:, None] + kt * stride_st + toff[None, :])

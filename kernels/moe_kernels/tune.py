@@ -40,11 +40,12 @@ FRAG_SPACE = [(1, 1, 4, 4), (2, 1, 4, 3), (1, 2, 2, 4), (4, 1, 2, 4), (4, 1, 1, 
 TILE_SPACE = [(128, 8, 2, False), (128, 8, 3, False), (128, 8, 2, True), (64, 4, 2, False), (64, 4, 3, True),
               (256, 8, 2, True)]
 ONE_ROW_SPACE = [(32, 4), (32, 3), (16, 4), (64, 4), (64, 2)]
-# (block_n, bkh, num_warps, num_stages, swap, progs_per_sm) of the prefill kernel; the tile kernel's
-# TILE128 (the FP4 path before it) is tried too, so every sweep compares them in the same run.
-PREFILL_SPACE = [(256, 64, 8, 3, True, 0), (256, 32, 8, 3, True, 0), (256, 32, 8, 5, True, 0),
-                 (256, 32, 8, 4, True, 1), (128, 32, 8, 4, True, 0), (256, 32, 8, 4, False, 0),
-                 (128, 64, 8, 3, False, 0)]
+# the prefill kernel: fields changed from the default (first sweep, 2026-12-02: the old default 128 rows,
+# 64-byte steps, 3 stages, and 4 warps, 128-byte steps, no swap lost on the DeepSeek-V3 shapes); the
+# tile kernel's TILE128 (the FP4 path before it) is tried too, so every sweep compares them in one run.
+PREFILL_SPACE = [dict(bkh=64, num_stages=3), dict(num_stages=3), dict(num_stages=5),
+                 dict(progs_per_sm=1, flatten=True), dict(progs_per_sm=1), dict(block_n=128), dict(swap=False),
+                 dict(group_m=1), dict(ws=True)]
 # 16-row fragment blocks (12-80 rows per expert): the prefill kernel with these token block sizes
 # (fragment tail blocks of up to half a block where the copy exists) is tried right after the default
 PREFILL_BLOCKS = (32, 64, 128)
@@ -56,8 +57,7 @@ def _variants(g, kind: str):
     if kind == "one_row":
         return [dataclasses.replace(g, block_n=bn, pipe=p) for bn, p in ONE_ROW_SPACE]
     if kind == "prefill":
-        return [dataclasses.replace(g, block_n=bn, bkh=kh, num_warps=w, num_stages=s, swap=sw, progs_per_sm=pp)
-                for bn, kh, w, s, sw, pp in PREFILL_SPACE] + [TILE128]
+        return [dataclasses.replace(g, **d) for d in PREFILL_SPACE] + [TILE128]
     return [dataclasses.replace(g, block_n=bn, num_warps=w, num_stages=s, swap=sw) for bn, w, s, sw in TILE_SPACE]
 
 

@@ -244,7 +244,7 @@ w, ids = softmax_topk(torch.randn(t, E), k, True)
 ids[0, -1] = -1   # an expert of another rank
 ref = TorchExperts(ew, **kw).forward(x, w, ids)
 # gate/up tiles of 16 gate + 16 up rows, 32-byte K steps; progs_per_sm=1: 4 programs loop over the tiles
-cfg = MoEConfig(16, PrefillConfig(32, 32, 4, 1, 2, swap=swap, progs_per_sm=pps),
+cfg = MoEConfig(16, PrefillConfig(32, 32, 4, 1, 2, swap=swap, progs_per_sm=pps, flatten=pps > 0),
                 PrefillConfig(64, 32, 4, 1, 1, swap=swap, progs_per_sm=pps))
 out = TritonExperts(ew, cfg, **kw).forward(x, w, ids)
 print("RESULT", ((out.float() - ref.float()).norm() / ref.float().norm()).item())
