@@ -192,6 +192,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no cell after this many seconds (default 150 with --quick, else 540)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--tc-peak", type=float, default=790e12,
+                    help="bf16 tensor-core FLOP/s for the compute floor (H200 dense bf16 measured here: ~790e12)")
     args = ap.parse_args()
     t_start = time.monotonic()
     shapes = args.shapes.split(",") if args.shapes else list(QUICK_SHAPES if args.quick else SHAPES)
@@ -273,7 +275,9 @@ def main():
             row = dict(shape=name, E=e, H=h, I=i, top_k=k, tokens=t, experts=touched, ours_format=fmt,
                        rotations=len(inputs), limit_fp4_us=mean_touched * fp4_bytes / bw * 1e6,
                        limit_fp8_us=mean_touched * fp8_bytes / bw * 1e6,
-                       limit_bf16_us=mean_touched * 6 * i * h / bw * 1e6)
+                       limit_bf16_us=mean_touched * 6 * i * h / bw * 1e6,
+                       # tensor-core floor: 2 * pairs * H * 3I FLOP at the bf16 rate (ours: W4A16 runs bf16 MMAs)
+                       limit_tc_us=2 * t * k * h * 3 * i / args.tc_peak * 1e6)
             if ex is not None:
                 try:
                     err = rel(ex.forward(x, w, ids), want)
@@ -298,7 +302,9 @@ def main():
                     f"{row['limit_fp4_us']:.1f}, err {row['ours_rel_err']:.1e})" if "ours_us" in row else "ours -")
             peers = "".join(f" | sglang {d} {row[d + '_us']:8.1f} us" + (f" x{row[d + '_ratio']:.2f}" if d + "_ratio" in row else "")
                             + f" [{row[d + '_config']}]" for d in ("bf16", "fp8") if d + "_us" in row)
-            print(f"  {name} T={t:5d} experts={touched:3d} x{len(inputs)} routings | {ours}{peers} | limit fp8 {row['limit_fp8_us']:.1f} us "
+            tc = (f" | bf16 MMA floor {row['limit_tc_us']:.1f} us"
+                  + (f" ({100 * row['limit_tc_us'] / row['ours_us']:.0f}% of peak)" if "ours_us" in row else ""))
+            print(f"  {name} T={t:5d} experts={touched:3d} x{len(inputs)} routings | {ours}{peers}{tc} | limit fp8 {row['limit_fp8_us']:.1f} us "
                   f"[{time.monotonic() - t_start:.0f} s]", flush=True)
         ex = ref = pm16 = pm8 = None
         w13 = w2 = q13 = q2 = None
@@ -306,16 +312,21 @@ def main():
 
     def f(r, key, fmt="{:.1f}"):
         return fmt.format(r[key]) if key in r else "-"
+
+    def tc_pct(r):
+        return f"{100 * r['limit_tc_us'] / r['ours_us']:.0f}%" if "ours_us" in r else "-"
     print(f"\nsglang {peer.version} vs ours, {results['device']}, copy bandwidth {bw / 1e12:.2f} TB/s; "
           "ratio = sglang time / ours (> 1: ours faster)\n")
     print("| shape (E, H, I, top-k) | tokens | experts | ours (us) | FP4 limit (us) | % of limit | sglang bf16 (us) "
-          "| bf16 / ours | sglang FP8 W8A8 (us) | FP8 / ours | FP8 limit (us) | ours rel err | FP8 rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| bf16 / ours | sglang FP8 W8A8 (us) | FP8 / ours | FP8 limit (us) | bf16 MMA floor (us) | % of bf16 peak "
+          "| ours rel err | FP8 rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results["rows"]:
         pct = f"{100 * r['limit_fp4_us'] / r['ours_us']:.0f}%" if "ours_us" in r else "-"
         print(f"| {r['shape']} ({r['E']}, {r['H']}, {r['I']}, {r['top_k']}) | {r['tokens']} | {r['experts']} | "
               f"{f(r, 'ours_us')} | {r['limit_fp4_us']:.1f} | {pct} | {f(r, 'bf16_us')} | {f(r, 'bf16_ratio', '{:.2f}x')} | "
-              f"{f(r, 'fp8_us')} | {f(r, 'fp8_ratio', '{:.2f}x')} | {r['limit_fp8_us']:.1f} | "
+              f"{f(r, 'fp8_us')} | {f(r, 'fp8_ratio', '{:.2f}x')} | {r['limit_fp8_us']:.1f} | {r['limit_tc_us']:.1f} | "
+              f"{tc_pct(r)} | "
               f"{f(r, 'ours_rel_err', '{:.1e}')} | {f(r, 'fp8_rel_err', '{:.1e}')} |")
     if results["skipped"]:
         print(f"\nskipped (time budget or setup): {', '.join(results['skipped'])}")
