@@ -27,6 +27,9 @@ import datetime as dt
 from typing import Any
 
 Cond = dict[str, Any]
+# InferencePoolReady reasons (day2.endpoint_picker_condition) of a FailClose pool without a usable
+# endpoint picker: every request through the gateway fails. Under FailOpen they end in "FailOpen".
+EPP_BLOCKING = ("EndpointPickerMissing", "EndpointPickerPortMissing", "EndpointPickerUnresolved")
 
 # (type, status) -> reasons that mean "stuck until someone changes something"; None: every reason
 STALLED: dict[tuple[str, str], frozenset[str] | None] = {
@@ -36,12 +39,12 @@ STALLED: dict[tuple[str, str], frozenset[str] | None] = {
     ("CheckpointInspected", "False"): frozenset({"MalformedConfig", "Unauthorized", "Forbidden", "NotFound",
                                                  "UnsupportedURI", "NoInspector"}),
     ("ModelCacheReady", "False"): frozenset({"Failed"}),
-    ("InferencePoolReady", "False"): frozenset({"EndpointPickerMissing"}),
+    ("InferencePoolReady", "False"): frozenset(EPP_BLOCKING),
 }
 # Degraded=True is Stalled except for API errors a retry usually clears (reconcile.py's Api* reasons)
 DEGRADED_TRANSIENT = frozenset({"ApiConflict", "ApiError", "ApiNotFound"})
 # conditions that hold Ready at False even with Available=True (the gateway path fails)
-BLOCKING: dict[tuple[str, str], frozenset[str] | None] = {("InferencePoolReady", "False"): frozenset({"EndpointPickerMissing"})}
+BLOCKING: dict[tuple[str, str], frozenset[str] | None] = {("InferencePoolReady", "False"): frozenset(EPP_BLOCKING)}
 # (type, status) whose presence at this generation means work in progress (reason is kept)
 RECONCILING: tuple[tuple[str, str], ...] = (
     ("CheckpointInspected", "Unknown"), ("CheckpointInspected", "False"), ("PlacementHeld", "True"),

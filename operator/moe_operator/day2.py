@@ -226,10 +226,53 @@ def inference_pool(name: str, namespace: str, labels: dict[str, str], selector: 
         if p.poolName != name:
             return None
         selector = {POOL_LABEL: p.poolName}
-    epp = p.endpointPicker
+    epp_name, epp_port, failure_mode = endpoint_picker_ref(name, spec)
     return _load("inferencepool.yaml.j2", name=name, namespace=namespace, labels=labels, selector=selector, port=port,
-                 epp_name=epp.name if epp else f"{name}-epp", epp_port=epp.port if epp else EPP_PORT,
-                 failure_mode=epp.failureMode if epp else "FailClose")
+                 epp_name=epp_name, epp_port=epp_port, failure_mode=failure_mode)
+
+
+def endpoint_picker_ref(name: str, spec: MoEDeploymentSpec) -> tuple[str, int, str]:
+    """(Service name, port, failure mode) of the endpoint picker the pool names."""
+    epp = spec.gateway.inferencePool.endpointPicker
+    return (epp.name, epp.port, epp.failureMode) if epp else (f"{name}-epp", EPP_PORT, "FailClose")
+
+
+def endpoint_picker_condition(name: str, spec: MoEDeploymentSpec, service: dict[str, Any] | None,
+                              pool: dict[str, Any] | None) -> tuple[str, str, str] | None:
+    """(status, reason, message) of the InferencePoolReady condition, None when this MoEDeployment
+    renders no pool (none asked for, or it joins another's shared pool).
+
+    The operator renders the InferencePool, not its endpoint picker (EPP): the pool's
+    endpointPickerRef must name a Service in the namespace. Without it a gateway calling the pool
+    with failureMode FailClose fails every request, so its absence is reported here: the Service
+    (`service`, None when missing) and its port, then what the gateways say of the live pool
+    (`pool`: status.parents[].conditions ResolvedRefs, InvalidExtensionRef when they cannot reach
+    the picker; gateway-api-inference-extension v1.0.1 api/v1/inferencepool_types.go)."""
+    p = spec.gateway.inferencePool
+    if not p.enabled or (p.poolName and p.poolName != name):
+        return None
+    epp, port, mode = endpoint_picker_ref(name, spec)
+    open_ = mode == "FailOpen"  # the same causes end in "FailOpen": they only say so (conditions.EPP_BLOCKING)
+
+    def bad(reason: str, why: str) -> tuple[str, str, str]:
+        effect = ("failureMode FailOpen: the gateway routes to the pool's pods without it" if open_ else
+                  "failureMode FailClose: the gateway fails every request to this pool")
+        return ("False", reason + ("FailOpen" if open_ else ""),
+                f"InferencePool {name}: {why}; {effect}. Deploy the Gateway API Inference Extension's endpoint picker "
+                f"(epp) for pool {name} behind Service {epp} port {port}, or name yours in "
+                "spec.gateway.inferencePool.endpointPicker")
+    if service is None:
+        return bad("EndpointPickerMissing", f"endpoint picker Service {epp!r} not found in the namespace")
+    ports = [q.get("port") for q in ((service.get("spec") or {}).get("ports") or [])]
+    if port not in ports:
+        return bad("EndpointPickerPortMissing", f"Service {epp!r} has no port {port} (it has {ports or 'none'})")
+    for parent in (((pool or {}).get("status") or {}).get("parents") or []):
+        gateway = ((parent.get("parentRef") or {}).get("name")) or "a gateway"
+        for c in parent.get("conditions") or []:
+            if c.get("type") == "ResolvedRefs" and c.get("status") == "False":
+                return bad("EndpointPickerUnresolved", f"{gateway} cannot use the endpoint picker: "
+                           f"{c.get('reason', '')}: {c.get('message', '')}".rstrip(": "))
+    return ("True", "EndpointPickerFound", f"endpoint picker Service {epp}:{port} ({mode})")
 
 
 def objects(name: str, namespace: str, labels: dict[str, str], pod_selector: dict[str, str], port: int,
