@@ -5,26 +5,24 @@ argocd-cm health script) on the chart's files/argocd/health.lua, both in the Go 
 tests/unit/operator/health_check (built once through the Go module proxy, cached by its sources).
 
 The condition lists are made with reconcile.set_condition, the shapes the reconcile writes.
-Without Go the kstatus tests FAIL saying so, unless MOE_SKIP_INTEGRATION=1 (then they skip).
+Without Go the kstatus tests FAIL saying so, unless MOE_SKIP_INTEGRATION=1 (then they skip);
+tests/health_rules.py builds and runs the program.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from moe_operator.conditions import rollup
-from moe_operator.reconcile import set_condition
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import health_rules  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3]
-PROGRAM = Path(__file__).parent / "health_check"
-HEALTH_LUA = ROOT / "charts" / "moe-operator" / "files" / "argocd" / "health.lua"
+from moe_operator.conditions import rollup  # noqa: E402
+from moe_operator.reconcile import set_condition  # noqa: E402
 NOW = "2026-12-02T00:00:00Z"
 
 
@@ -134,36 +132,13 @@ def test_transition_time_kept_while_status_stays():
 
 
 # --------------------------------------------------------------- kstatus and Argo CD, for real
-def _sources_digest() -> str:
-    h = hashlib.sha256()
-    for f in sorted(PROGRAM.iterdir()):
-        h.update(f.name.encode() + f.read_bytes())
-    return h.hexdigest()[:16]
-
-
 @pytest.fixture(scope="module")
 def health_check() -> Path:
-    go = shutil.which("go")
-    if go is None:
-        if os.environ.get("MOE_SKIP_INTEGRATION") == "1":
-            pytest.skip("go not found and MOE_SKIP_INTEGRATION=1")
-        pytest.fail("go not found: the kstatus/Argo CD checks build tests/unit/operator/health_check with Go "
-                    "(or set MOE_SKIP_INTEGRATION=1 to skip them)", pytrace=False)
-    exe = Path.home() / ".cache" / "moe-operator" / "health-check" / _sources_digest() / "health-check"
-    if not exe.exists():
-        exe.parent.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([go, "build", "-o", str(exe), "."], cwd=PROGRAM, capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, f"go build of {PROGRAM} failed:\n{r.stderr}"
-    return exe
+    return health_rules.build()
 
 
 def judge(exe: Path, objects: list[dict]) -> list[dict]:
-    r = subprocess.run([str(exe), str(HEALTH_LUA)], input="".join(json.dumps(o) + "\n" for o in objects),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    out = [json.loads(line) for line in r.stdout.splitlines()]
-    assert len(out) == len(objects) and not any(o.get("error") for o in out), out
-    return out
+    return health_rules.judge(exe, objects)
 
 
 @pytest.mark.slow
