@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Render the plain-manifest install (deploy/manifests/, used by `kubectl apply -k deploy/`) from
 # the Helm chart with its default values, so the two installs never drift. First refreshes the
-# chart's copy of the MoEDeployment CRD from the generator (`moe-operator crd`, moe_operator/api.py).
+# chart's copy of the MoEDeployment CRD from the generator (`moe-operator crd`, moe_operator/api.py):
+# charts/moe-operator/files/moedeployments.crd.yaml, which templates/crd-moedeployments.yaml
+# installs and upgrades (crds.install). The one entry point for every CRD copy but the repository's
+# crds/moedeployments.yaml (`make crd`; unit tests check each copy against the generator).
 #
-#   deploy/render-manifests.sh           rewrite charts/moe-operator/crds/moedeployments.yaml
+#   deploy/render-manifests.sh           rewrite charts/moe-operator/files/moedeployments.crd.yaml
 #                                        and deploy/manifests/
 #   deploy/render-manifests.sh --check   exit 1 (with a diff) if either is stale
 #
@@ -46,12 +49,12 @@ fi
 PYTHONPATH="$root/operator:$root/runtime:$root/kernels${PYTHONPATH:+:$PYTHONPATH}" \
   "$python" -c 'import sys; from moe_operator.crd import crd_yaml; sys.stdout.write(crd_yaml())' >"$tmp/crd.yaml"
 if [[ $check == 1 ]]; then
-  if ! diff -u "$chart/crds/moedeployments.yaml" "$tmp/crd.yaml"; then
-    echo "charts/moe-operator/crds/moedeployments.yaml is stale: run deploy/render-manifests.sh" >&2
+  if ! diff -u "$chart/files/moedeployments.crd.yaml" "$tmp/crd.yaml"; then
+    echo "charts/moe-operator/files/moedeployments.crd.yaml is stale: run deploy/render-manifests.sh" >&2
     exit 1
   fi
 else
-  cp "$tmp/crd.yaml" "$chart/crds/moedeployments.yaml"
+  cp "$tmp/crd.yaml" "$chart/files/moedeployments.crd.yaml"
 fi
 mkdir "$tmp/out"
 
@@ -74,7 +77,8 @@ YAML
 {
   echo "$header"
   first=1
-  for f in "$chart"/crds/*.yaml; do
+  # kopf's peering CRDs (crds/: installed once, they never change), then the MoEDeployment CRD
+  for f in "$chart"/crds/*.yaml "$tmp/crd.yaml"; do
     [[ $first == 1 ]] || echo "---"
     first=0
     sed '1{/^---$/d}' "$f"
@@ -83,15 +87,16 @@ YAML
 
 {
   echo "$header"
-  # Plain manifests are not managed by Helm: drop the chart label, say who manages them.
-  "$helm" template "$release" "$chart" --namespace "$namespace" \
+  # Plain manifests are not managed by Helm: drop the chart label, say who manages them. The CRD
+  # is in 10-crds.yaml (applied first).
+  "$helm" template "$release" "$chart" --namespace "$namespace" --set crds.install=false \
     | grep -v '^    helm.sh/chart: \|^        helm.sh/chart: ' \
     | sed 's|app.kubernetes.io/managed-by: Helm|app.kubernetes.io/managed-by: kustomize|'
 } >"$tmp/out/20-operator.yaml"
 
 if [[ $check == 1 ]]; then
   if diff -ru "$out" "$tmp/out"; then
-    echo "charts/moe-operator/crds and deploy/manifests are up to date"
+    echo "charts/moe-operator/files/moedeployments.crd.yaml and deploy/manifests are up to date"
     exit 0
   fi
   echo "deploy/manifests is stale: run deploy/render-manifests.sh" >&2

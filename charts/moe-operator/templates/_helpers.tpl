@@ -85,13 +85,14 @@ table in operator/moe_operator/permissions.py (tests/unit/operator/test_chart.py
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# (list/watch: the operator reads its owned objects from label-selected watches, watch_cache)
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # checkpoint inspection Jobs for pvc:// models (result read from the pod's termination message)
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
@@ -102,7 +103,7 @@ table in operator/moe_operator/permissions.py (tests/unit/operator/test_chart.py
 # pvc:// models (the claim must exist); model caches (apply, user labels, delete unused ones)
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- if .Values.rbac.secrets.enabled }}
 # spec.model.tokenSecretRef (the Secret's label, and the token for hf:// inspection)
 - apiGroups: [""]

@@ -102,10 +102,24 @@ def operator_container(docs):
 
 # ------------------------------------------------------------------------- files, no helm needed
 def test_chart_crd_is_the_generated_crd():
-    committed = (CHART / "crds" / "moedeployments.yaml").read_text()
-    assert committed == crd_yaml(), (
-        "charts/moe-operator/crds/moedeployments.yaml is stale: run deploy/render-manifests.sh "
-        "(or `moe-operator crd -o charts/moe-operator/crds/moedeployments.yaml`)")
+    committed = (CHART / "files" / "moedeployments.crd.yaml").read_text()
+    assert committed == crd_yaml(), "charts/moe-operator/files/moedeployments.crd.yaml is stale: run deploy/render-manifests.sh"
+    assert not (CHART / "crds" / "moedeployments.yaml").exists(), "crds/ is installed once and never upgraded"
+
+
+def test_the_crd_is_a_template_helm_upgrades_and_keeps(helm):
+    """issue 26 item 4: the MoEDeployment CRD is rendered from the generated file (so `helm upgrade`
+    applies a schema change), with helm.sh/resource-policy keep (an uninstall never deletes it, nor
+    so every MoEDeployment); crds.install=false leaves it out (the releases that do not own it)."""
+    docs = render(helm)
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    assert [c["metadata"]["name"] for c in crds] == ["moedeployments.moe.serving.dev"]
+    meta = crds[0].pop("metadata")
+    assert meta["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    want = yaml.safe_load(crd_yaml())
+    assert want.pop("metadata") == {"name": meta["name"]} and crds[0] == want
+    assert not [d for d in render(helm, "crds.install=false") if d["kind"] == "CustomResourceDefinition"]
 
 
 def test_kopf_peering_crds_match_what_kopf_looks_for():
@@ -541,8 +555,9 @@ def test_helm_package_carries_the_crds(helm, tmp_path):
     (tgz,) = tmp_path.glob("moe-operator-*.tgz")
     with tarfile.open(tgz) as t:
         names = set(t.getnames())
-        crd_text = t.extractfile("moe-operator/crds/moedeployments.yaml").read().decode()
+        crd_text = t.extractfile("moe-operator/files/moedeployments.crd.yaml").read().decode()
     assert {"moe-operator/crds/kopf-peerings.yaml", "moe-operator/values.schema.json",
+            "moe-operator/templates/crd-moedeployments.yaml",
             "moe-operator/templates/NOTES.txt", "moe-operator/README.md"} <= names
     assert crd_text == crd_yaml()
 
