@@ -77,8 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="activation dtype (auto: bf16, which runs the planned backend; float32: exact mode "
                         "with the fp32 reference experts)")
-    s.add_argument("--max-batch", type=int, default=8, help="sequences decoded together per step (>= 1)")
-    s.add_argument("--max-queue", type=int, default=64, help="waiting requests before 429 (>= 1)")
+    s.add_argument("--max-batch", type=int, default=None,
+                   help="sequences decoded together per step (>= 1; default: from the KV cache's blocks, at most "
+                        "1024 on an H100/H200-class GPU, 256 on others, 128 on CPU)")
+    s.add_argument("--max-queue", type=int, default=None,
+                   help="waiting requests before 429 (>= 1; default: 8 x max batch, at least 1024)")
     s.add_argument("--max-model-len", type=int, default=None,
                    help="KV cache length per sequence (at most the model's max_position_embeddings)")
     s.add_argument("--served-model-name", default=None)

@@ -33,7 +33,7 @@ import torch
 
 from . import sampling
 from .errors import RuntimeFailure
-from .kv_cache import BlockManager, OutOfBlocks, SeqBlocks
+from .kv_cache import BlockManager, OutOfBlocks, SeqBlocks, queue_limit, running_limit
 from .log import log
 
 
@@ -110,12 +110,27 @@ class Finished:
     stop_reason: int | str | None = None
 
 
-def plan_kv_blocks(model, device: str, block_size: int, max_batch: int, max_len: int, kv_blocks: int | None = None,
-                   kv_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9) -> tuple[int, str]:
+CPU_KV_SEQS = 16  # CPU default KV budget without --max-batch: this many sequences of max_len
+
+
+def device_seq_ceiling(device: str) -> int:
+    """The device's bound on sequences decoded together, vLLM's default max_num_seqs for its OpenAI
+    server (vllm/engine/arg_utils.py EngineArgs._set_default_args, v0.11.0): 1024 on a GPU of at
+    least 70 GiB that is not an A100 (H100, H200, MI300x), 256 on other GPUs, 128 on CPU."""
+    if not str(device).startswith("cuda"):
+        return 128
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return 1024 if props.total_memory >= 70 * 2**30 and "a100" not in props.name.lower() else 256
+
+
+def plan_kv_blocks(model, device: str, block_size: int, max_batch: int | None, max_len: int,
+                   kv_blocks: int | None = None, kv_memory_bytes: int | None = None,
+                   gpu_memory_utilization: float = 0.9) -> tuple[int, str]:
     """(number of KV blocks, how it was chosen). Explicit `kv_blocks` wins; else a byte budget:
     on CUDA, measured after the weights are loaded: `gpu_memory_utilization` x total memory minus what
     is already in use (weights, other processes), the rest of the GPU being the headroom for
-    activations; on CPU `kv_memory_bytes` (default: enough for 2 x max_batch sequences of max_len)."""
+    activations; on CPU `kv_memory_bytes` (default: enough for 2 x max_batch sequences of max_len,
+    CPU_KV_SEQS without max_batch)."""
     per_block = model.kv_bytes_per_block(block_size)
     if kv_blocks:
         return kv_blocks, f"--kv-blocks {kv_blocks}"
@@ -126,19 +141,24 @@ def plan_kv_blocks(model, device: str, block_size: int, max_batch: int, max_len:
                f"({free / 2**30:.1f} GiB free after weights)")
     else:
         per_seq = math.ceil(max_len / block_size)
-        budget = kv_memory_bytes if kv_memory_bytes is not None else 2 * max_batch * per_seq * per_block
+        seqs = 2 * max_batch if max_batch else CPU_KV_SEQS
+        budget = kv_memory_bytes if kv_memory_bytes is not None else seqs * per_seq * per_block
         how = f"KV memory budget {budget / 2**20:.1f} MiB"
     return max(budget // per_block, 0), how
 
 
 class Engine:
-    def __init__(self, model, device: str, max_batch: int, max_queue: int, max_len: int, stop_ids: set[int],
+    """`max_batch` / `max_queue` None: sized from the KV cache and the device (kv_cache.running_limit,
+    kv_cache.queue_limit, device_seq_ceiling)."""
+
+    def __init__(self, model, device: str, max_batch: int | None, max_queue: int | None, max_len: int,
+                 stop_ids: set[int],
                  metrics=None, max_prefill_tokens: int = 2048, cuda_graphs: bool = False, block_size: int = 16,
                  kv_blocks: int | None = None, kv_memory_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.9, prefix_caching: bool = True):
         self.model, self.device = model, device
         self.max_prefill_tokens = max_prefill_tokens
-        self.max_batch, self.max_queue, self.max_len = max_batch, max_queue, max_len
+        self.max_len = max_len
         self.stop_ids = stop_ids
         self.metrics = metrics
         self.waiting: deque[Request] = deque()
@@ -158,6 +178,12 @@ class Engine:
             raise RuntimeFailure(f"KV cache too small: {how} gives {n} blocks of {block_size} tokens "
                                  f"({n * block_size} tokens), one sequence of --max-model-len {max_len} needs {per_seq}")
         self.kv = BlockManager(n, block_size, prefix_caching)
+        self.max_batch = max_batch or running_limit(n, device_seq_ceiling(device))
+        self.max_queue = max_queue or queue_limit(self.max_batch)
+        log("scheduler", f"at most {self.max_batch} sequences running "
+            f"({'--max-batch' if max_batch else f'from {n} KV blocks and the device'}), "
+            f"{self.max_queue} waiting ({'--max-queue' if max_queue else 'default'})",
+            max_batch=self.max_batch, max_queue=self.max_queue)
         self.scratch_block = n  # one block no sequence owns: CUDA-graph padding rows write there
         self.table_width = per_seq
         model.allocate_kv(n + 1, block_size)
@@ -173,7 +199,7 @@ class Engine:
         if cuda_graphs and str(device).startswith("cuda"):
             from .cuda_graphs import GraphDecoder
 
-            self.decoder = GraphDecoder(model, max_batch, max_len, self.table_width, self.scratch_block, device=device)
+            self.decoder = GraphDecoder(model, self.max_batch, max_len, self.table_width, self.scratch_block, device=device)
 
     # ------------------------------------------------------------------ called from the HTTP side
     def submit(self, req: Request) -> Request:

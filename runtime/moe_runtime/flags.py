@@ -100,9 +100,9 @@ def validate_serve(args) -> None:
         raise _bad("--port", args.port, "must be in 0..65535 (0: any free port)")
     if not args.host or args.host != args.host.strip():
         raise _bad("--host", args.host, "must be a host name or address")
-    if not 1 <= args.max_batch <= MAX_BATCH:
+    if args.max_batch is not None and not 1 <= args.max_batch <= MAX_BATCH:
         raise _bad("--max-batch", args.max_batch, f"must be in 1..{MAX_BATCH} (sequences decoded together)")
-    if not 1 <= args.max_queue <= MAX_QUEUE:
+    if args.max_queue is not None and not 1 <= args.max_queue <= MAX_QUEUE:
         raise _bad("--max-queue", args.max_queue, f"must be in 1..{MAX_QUEUE} (waiting requests before 429)")
     if not 0 <= args.threads <= MAX_THREADS:
         raise _bad("--threads", args.threads, f"must be in 0..{MAX_THREADS} (0: torch's default)")

@@ -172,3 +172,18 @@ class BlockManager:
                     self.free[bid] = None
         seq.table.clear()
         seq.registered, seq.last_hash = 0, -1
+
+
+def running_limit(num_blocks: int, ceiling: int) -> int:
+    """Default most sequences running at once over `num_blocks` KV blocks: every running sequence
+    writes its next token into a block of its own, so more than `num_blocks` can never decode
+    together (sglang bounds it by KV tokens // 2: kv_cache_configurator.py
+    KVCacheConfigurator.resolve_max_num_reqs, 0.5.23), and at most `ceiling`, the device's batch
+    bound (engine.device_seq_ceiling)."""
+    return max(1, min(num_blocks, ceiling))
+
+
+def queue_limit(max_running: int) -> int:
+    """Default waiting requests before 429: a burst of many times the running set waits instead of
+    being refused (vLLM's waiting queue has no bound at all; a bound still keeps a flood finite)."""
+    return max(1024, 8 * max_running)

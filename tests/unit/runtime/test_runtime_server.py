@@ -138,7 +138,8 @@ def test_chat_and_streaming(server):
     (json.dumps({"prompt": "x", "n": 17}).encode(), 400, "n"),
     (json.dumps({"prompt": ["a", [1]]}).encode(), 400, "prompt"),  # a batch mixes strings and ids
     (json.dumps({"prompt": "x", "logprobs": 6}).encode(), 400, "logprobs"),
-    (json.dumps({"prompt": "x", "echo": True}).encode(), 400, "not supported by this server: echo"),
+    (json.dumps({"prompt": "x", "suffix": "y"}).encode(), 400, "not supported by this server: suffix"),
+    (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), 400, "0 only with echo"),
 ])
 def test_malformed_requests_get_4xx_json(server, body, status, needle):
     r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
