@@ -209,6 +209,10 @@ def apply(pod: dict[str, Any], template: dict[str, Any] | None, container_securi
                       for c in spec.get(part) or []]
         if not spec[part]:
             del spec[part]
+    if "serviceAccountName" in spec:
+        # the deprecated twin too: the API server copies one to the other when either is empty, so a
+        # serviceAccount only it set would stay (and bring the name back) after the podTemplate drops it
+        spec["serviceAccount"] = spec["serviceAccountName"]
     if "securityContext" in spec:
         spec["securityContext"] = {**out["spec"].get("securityContext", {}), **spec["securityContext"]}
     out["spec"] = merge(out["spec"], spec)

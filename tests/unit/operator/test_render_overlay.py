@@ -155,7 +155,7 @@ def test_pod_template_merges_into_every_pod(ckpt, layout):
         meta, ps = pod["metadata"], pod["spec"]
         assert meta["labels"]["team"] == "a" and meta["annotations"]["example.com/cost-center"] == "42"
         assert meta["labels"]["moe.serving.dev/deployment"] == "m"  # the operator's labels stay
-        assert ps["serviceAccountName"] == "reader" and ps["priorityClassName"] == "inference"
+        assert ps["serviceAccountName"] == ps["serviceAccount"] == "reader" and ps["priorityClassName"] == "inference"
         assert ps["imagePullSecrets"] == [{"name": "corp-registry"}, {"name": "mine"}]
         assert ps["topologySpreadConstraints"] == TEMPLATE["spec"]["topologySpreadConstraints"]
         assert ps["affinity"]["nodeAffinity"] == base["spec"]["affinity"]["nodeAffinity"]  # the GPU class stays
@@ -292,3 +292,37 @@ def test_run_flags_make_the_registries_and_bad_ones_stop_the_start():
                        (["--image-pull-secret", "Bad_Name"], "is not a Secret name")):
         with pytest.raises(SystemExit, match=re.escape(words)):
             run_cli.registries_from(p.parse_args(bad))
+
+
+def test_chart_image_values_become_the_run_flags():
+    """The chart's runtimeImage/engineImages/inferenceImagePullSecrets reach `moe-operator run` (the
+    flags parsed by the operator's own parser into the Registries the pods get)."""
+    import argparse
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from moe_operator import run_cli
+
+    helm = shutil.which("helm") or next(iter(sorted(Path.home().glob(".cache/moe-operator/k8s-bin/k8s-*/helm"))), None)
+    if not helm:
+        pytest.skip("helm not built (deploy/local/build.sh)")
+    chart = OPERATOR.parents[1] / "charts" / "moe-operator"
+    out = subprocess.run([str(helm), "template", "x", str(chart), "-s", "templates/deployment.yaml",
+                          "--set", "runtimeImage.repository=reg.corp/rt", "--set", "runtimeImage.tag=0.4.0",
+                          "--set", "engineImages.sglang.repository=reg.corp/sglang",
+                          "--set", "engineImages.vllm.tag=v{version}-corp",
+                          "--set", "inferenceImagePullSecrets={corp,team}"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    args = next(c for c in yaml.safe_load(out)["spec"]["template"]["spec"]["containers"] if c["name"] == "operator")["args"]
+    p = argparse.ArgumentParser()
+    run_cli.add_arguments(p)
+    flags = [a for a in args[1:] if a.startswith(("--runtime-image", "--sglang-image", "--vllm-image", "--image-pull"))]
+    reg = run_cli.registries_from(p.parse_args(flags))
+    assert reg == Registries(runtime_repository="reg.corp/rt", runtime_tag="0.4.0",
+                             engine_repositories={"sglang": "reg.corp/sglang", "vllm": "vllm/vllm-openai"},
+                             engine_tags={"sglang": "v{version}", "vllm": "v{version}-corp"}, pull_secrets=("corp", "team"))
+    defaults = subprocess.run([str(helm), "template", "x", str(chart), "-s", "templates/deployment.yaml"],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "--runtime-image-tag=0.1.0" in defaults and "--image-pull-secret" not in defaults  # appVersion
