@@ -3,8 +3,8 @@
 - KEDA's ScaledObject (github.com/kedacore/keda/v2): spec.autoscaling.provider keda.
 - The Gateway API Inference Extension's InferencePool (sigs.k8s.io/gateway-api-inference-extension,
   the v1 API inference.networking.k8s.io): spec.gateway.inferencePool.
-- prometheus-operator's PodMonitor (github.com/prometheus-operator/prometheus-operator): the chart's
-  podMonitor.enabled.
+- prometheus-operator's PodMonitor and PrometheusRule (github.com/prometheus-operator/prometheus-operator):
+  the chart's podMonitor.enabled and prometheusRule.enabled.
 
 Only the CRDs are installed (the local control plane validates what the operator renders); no KEDA
 operator or endpoint picker runs locally.
@@ -38,7 +38,11 @@ INFERENCE_POOL = ModuleCrd("sigs.k8s.io/gateway-api-inference-extension", "v1.0.
 POD_MONITOR = ModuleCrd("github.com/prometheus-operator/prometheus-operator", "v0.85.0",
                         "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
                         "podmonitors.monitoring.coreos.com")
-ALL = {"keda": KEDA, "inferencepool": INFERENCE_POOL, "podmonitor": POD_MONITOR}
+# The chart's optional alert rules (values prometheusRule.enabled), from the same release.
+PROMETHEUS_RULE = ModuleCrd("github.com/prometheus-operator/prometheus-operator", "v0.85.0",
+                            "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+                            "prometheusrules.monitoring.coreos.com")
+ALL = {"keda": KEDA, "inferencepool": INFERENCE_POOL, "podmonitor": POD_MONITOR, "prometheusrule": PROMETHEUS_RULE}
 
 
 def crd_file(crd: ModuleCrd) -> Path:
