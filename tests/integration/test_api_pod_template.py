@@ -162,3 +162,19 @@ def test_the_webhook_refuses_what_the_operator_owns_naming_the_field(kubectl, ku
     finally:
         op.stop()
         kubectl("delete", "validatingwebhookconfiguration", "validate.moe.serving.dev", "--ignore-not-found")
+
+
+def test_status_names_the_endpoint_the_model_id_and_the_image(kubectl, namespace, operator):
+    """status.endpoint / status.modelName / status.image (issue 32 item 3, issue 26 item 5), and the URL column."""
+    name = "discoverable"
+    apply(kubectl, doc(namespace, name, model={"uri": "file:///models/deepseek-v3-fp8", "servedName": "deepseek/v3"},
+                       engine={"name": "sglang"}, parallelism={"tp": 8}, service={"port": 8080},
+                       gpu={"allowedArchitectures": ["sm90"], "product": "NVIDIA-H200"}))
+    obj = wait_for(lambda: (o := get_json(kubectl, "moed", name, "-n", namespace)) and o.get("status", {}).get("image") and o,
+                   60, "status.image", operator.log_tail)
+    st = obj["status"]
+    assert st["endpoint"] == f"http://{name}.{namespace}.svc:8080/v1" and st["modelName"] == "deepseek/v3"
+    dep = get_json(kubectl, "deployment", name, "-n", namespace)
+    assert st["image"] == dep["spec"]["template"]["spec"]["containers"][0]["image"]
+    wide = kubectl("get", "moed", name, "-n", namespace, "-o", "wide").stdout
+    assert st["endpoint"] in wide, wide
