@@ -134,7 +134,7 @@ def prefill_cell(shape, B, S, P, peak, config=None):
     bt = torch.randperm(NB, device="cuda", generator=g)[:B * nb].view(B, nb).int()
     pos = (P + torch.arange(S, device="cuda"))[None].expand(B, -1).contiguous()
     pairs = B * (S * P + S * (S + 1) // 2)
-    sdpa = None
+    sdpa, extra = None, {}
     if spec[0] == "mla":
         H, C, R, nope, vd = spec[1], 512, 64, 128, 128
         ckv = torch.randn(NB, bs, C, device="cuda", generator=g).bfloat16()
@@ -146,6 +146,9 @@ def prefill_cell(shape, B, S, P, peak, config=None):
             qn = torch.randn(B, S, H, nope, device="cuda", generator=g).bfloat16()
             flops = pairs * H * 2 * (nope + R + vd) + B * L * H * 2 * C * (nope + vd)
             fn = lambda: ap.prefill_mla_mha(qn, qr, ckv, kr, w_uk, w_uv, bt, pos, L, 192 ** -0.5, config=config)  # noqa: E731
+            extra["decompress_us"] = triton.testing.do_bench(
+                lambda: ap.mla_decompress(ckv, kr, w_uk, w_uv, bt, L, torch.bfloat16), warmup=5, rep=60,
+                return_mode="median") * 1e3
 
             def ref(rows):
                 lat = paged_attention_mla_ref(torch.einsum("bshd,hdc->bshc", qn[:, rows], w_uk), qr[:, rows], ckv, kr, bt,
@@ -182,12 +185,13 @@ def prefill_cell(shape, B, S, P, peak, config=None):
         ref_us = triton.testing.do_bench(lambda: ref(allrows), warmup=3, rep=60, return_mode="median") * 1e3
     return {"shape": shape, "batch": B, "new": S, "prefix": P, "us": t, "TFLOPs": flops / (t * 1e-6) / 1e12,
             "of_peak": flops / (t * 1e-6) / peak, "roofline_us": flops / peak * 1e6, "ratio": t / (flops / peak * 1e6),
-            "ref_us": ref_us, "sdpa_us": sdpa, "max_rel_err": err, "config": config}
+            "ref_us": ref_us, "sdpa_us": sdpa, "max_rel_err": err, "config": config, **extra}
 
 
 def _print_prefill(r):
     extra = (f" ref {r['ref_us']:9.1f} us (x{r['ref_us'] / r['us']:.1f} slower)" if r["ref_us"] else " ref  (too big)") + \
-            (f" sdpa {r['sdpa_us']:8.1f} us" if r["sdpa_us"] else "")
+            (f" sdpa {r['sdpa_us']:8.1f} us" if r["sdpa_us"] else "") + \
+            (f" (decompress {r['decompress_us']:.1f} us)" if r.get("decompress_us") else "")
     print(f"prefill {r['shape']:10s} B={r['batch']:2d} S={r['new']:5d} P={r['prefix']:5d} {r['us']:9.1f} us "
           f"{r['TFLOPs']:6.1f} TFLOP/s ({100 * r['of_peak']:4.1f}% of peak, x{r['ratio']:.2f}) err {r['max_rel_err']:.1e}"
           + extra, flush=True)
@@ -205,6 +209,8 @@ def main():
     ap_.add_argument("--prefill", action="store_true", help="also the prefill/extend cells")
     ap_.add_argument("--no-decode", action="store_true", help="skip the bf16 decode grid")
     ap_.add_argument("--prefill-shapes", default=",".join(PREFILL_SHAPES))
+    ap_.add_argument("--sweep-fp8", action="store_true", help="fp8 decode: fp16 vs q-dtype dots, larger tiles")
+    ap_.add_argument("--sweep-prefill", action="store_true", help="prefill kernel configs on two cells per shape")
     a = ap_.parse_args()
     t0 = time.time()
     bw, peak = ceilings()
@@ -256,6 +262,47 @@ def main():
                     _print_prefill(r)
                 pre_rows.append(r)
                 torch.cuda.empty_cache()
+        dump()
+    if a.sweep_fp8:
+        cands = {"mla128": [(64, 64, 8, 2), (64, 128, 8, 2), (64, 32, 8, 3), (32, 64, 4, 2)],
+                 "mla16": [(16, 128, 8, 2), (16, 256, 8, 2), (16, 128, 4, 3), (16, 64, 4, 3)],
+                 "gptoss": [(128, 4, 3), (256, 4, 3), (256, 8, 3), (128, 4, 4)],
+                 "qwen3": [(64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4)]}
+        for shape, cs in cands.items():
+            for B, ctx in ((1, 32768), (64, 8192)):
+                for f16 in (True, False):
+                    ad.FP8_DOT_F16 = f16
+                    for c in (cs if f16 else cs[:1]):
+                        try:
+                            r = cell(shape, B, ctx, bw, peak, c, check=True, fp8=True)
+                        except Exception as e:
+                            r = {"shape": shape, "batch": B, "ctx": ctx, "config": c, "error": str(e)[:200]}
+                        r["f16_dots"] = f16
+                        sweep.append(r)
+                        print("sweep-fp8", shape, B, ctx, "f16" if f16 else "qdtype", c,
+                              f"{r.get('us', float('nan')):.1f} us x{r.get('ratio', float('nan')):.2f} "
+                              f"err {r.get('max_rel_err') or float('nan'):.1e}", r.get("error", ""), flush=True)
+                        torch.cuda.empty_cache()
+        ad.FP8_DOT_F16 = True
+        dump()
+    if a.sweep_prefill:
+        cands = {"gptoss": [(16, 8, 64, 4, 2), (16, 8, 128, 8, 2), (16, 8, 64, 4, 3), (32, 8, 64, 8, 2), (16, 8, 128, 4, 3)],
+                 "qwen3": [(16, 8, 64, 8, 2), (16, 8, 128, 8, 2), (16, 8, 64, 8, 3), (8, 8, 64, 4, 2), (16, 8, 32, 4, 3)],
+                 "mla128": [(4, 16, 32, 8, 2), (1, 64, 32, 8, 2), (4, 16, 64, 8, 2), (2, 16, 32, 4, 2)],
+                 "mla128-mha": [(64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 3)]}
+        for shape, cs in cands.items():
+            for B, S, P in ((1, 8192, 0), (4, 512, 4096)):
+                for c in cs:
+                    try:
+                        r = prefill_cell(shape, B, S, P, peak, c)
+                    except Exception as e:
+                        r = {"shape": shape, "batch": B, "new": S, "prefix": P, "config": c, "error": str(e)[:200]}
+                        print("sweep-prefill", shape, B, S, P, c, "ERROR", r["error"], flush=True)
+                    else:
+                        print("sweep-prefill", c, end=" ")
+                        _print_prefill(r)
+                    sweep.append(r)
+                    torch.cuda.empty_cache()
         dump()
     if a.sweep:
         cands = {"mla128": [(64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2), (64, 16, 4, 3), (128, 32, 8, 2)],

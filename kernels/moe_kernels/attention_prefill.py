@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from moe_kernels import attention_decode as _ad
 from moe_kernels.attention_decode import LOG2E, _pow2, triton
 
 if triton is not None:
@@ -31,8 +32,9 @@ if triton is not None:
     def _gqa_prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, pos_ptr, sink_ptr, o_ptr, qk_scale, v_scale, S, KVH,
                             kv_len, window, s_qb, s_qs, s_qh, s_kb, s_kt, s_kh, s_btb, s_pb, s_ob, s_os, s_oh,
                             G: tl.constexpr, T: tl.constexpr, HB: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                            BS: tl.constexpr, BN: tl.constexpr, HAS_SINK: tl.constexpr, PREC: tl.constexpr):
-        tb = tl.program_id(0)
+                            BS: tl.constexpr, BN: tl.constexpr, HAS_SINK: tl.constexpr, PREC: tl.constexpr,
+                            F16: tl.constexpr):
+        tb = tl.num_programs(0) - 1 - tl.program_id(0)  # the last tokens (most keys) start first
         hb = tl.program_id(1)
         bk = tl.program_id(2)
         b = bk // KVH
@@ -51,6 +53,8 @@ if triton is not None:
         dm = d < D
         q = tl.load(q_ptr + b * s_qb + tok[:, None] * s_qs + h[:, None] * s_qh + d[None, :],
                     mask=rm[:, None] & dm[None, :], other=0.0)
+        if F16:  # an fp8 cache: fp16 dots
+            q = q.to(tl.float16)
         m_i = tl.full([T * HB], -float("inf"), tl.float32)
         l_i = tl.zeros([T * HB], tl.float32)
         acc = tl.zeros([T * HB, BD], tl.float32)
@@ -90,10 +94,11 @@ if triton is not None:
                             kv_len, s_qab, s_qas, s_qah, s_qrb, s_qrs, s_qrh, s_kb, s_kt, s_kh, s_rb, s_rt,
                             s_vb, s_vt, s_vh, s_btb, s_pb, s_ob, s_os, s_oh, C: tl.constexpr, CV: tl.constexpr,
                             R: tl.constexpr, BR: tl.constexpr, T: tl.constexpr, HB: tl.constexpr,
-                            BS: tl.constexpr, BN: tl.constexpr, V_IS_K: tl.constexpr, PREC: tl.constexpr):
+                            BS: tl.constexpr, BN: tl.constexpr, V_IS_K: tl.constexpr, PREC: tl.constexpr,
+                            F16: tl.constexpr):
         # absorbed: K = V = the latent (head strides 0, HB heads share the tile); non-absorbed: one head
         # per program (HB = 1) with its own decompressed K [.., C] and V [.., CV]; k_rot is shared.
-        tb = tl.program_id(0)
+        tb = tl.num_programs(0) - 1 - tl.program_id(0)  # the last tokens (most keys) start first
         hb = tl.program_id(1)
         b = tl.program_id(2)
         rr = tl.arange(0, T * HB)
@@ -110,6 +115,9 @@ if triton is not None:
                      mask=rm[:, None], other=0.0)
         qr = tl.load(qr_ptr + b * s_qrb + tok[:, None] * s_qrs + h[:, None] * s_qrh + r[None, :],
                      mask=rm[:, None] & rmask[None, :], other=0.0)
+        if F16:
+            qa = qa.to(tl.float16)
+            qr = qr.to(tl.float16)
         m_i = tl.full([T * HB], -float("inf"), tl.float32)
         l_i = tl.zeros([T * HB], tl.float32)
         acc = tl.zeros([T * HB, CV], tl.float32)
@@ -191,7 +199,7 @@ def prefill_gqa(q, k_cache, v_cache, block_tables, positions, kv_len: int, scale
         float(v_scale), S, kvh, int(kv_len), int(window or 0), q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), bt.stride(0), pos.stride(0),
         o.stride(0), o.stride(1), o.stride(2), G=G, T=T, HB=HB, D=d, BD=max(16, _pow2(d)), BS=bs, BN=bn,
-        HAS_SINK=sinks is not None, PREC=_prec(q.dtype), num_warps=warps, num_stages=stages)
+        HAS_SINK=sinks is not None, PREC=_prec(q.dtype), F16=_ad.f16_dots(k_cache), num_warps=warps, num_stages=stages)
     return o
 
 
@@ -222,7 +230,7 @@ def prefill_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, positions, kv
         q_rot.stride(1), q_rot.stride(2), ckv_cache.stride(0), ckv_cache.stride(1), 0, krot_cache.stride(0),
         krot_cache.stride(1), ckv_cache.stride(0), ckv_cache.stride(1), 0, bt.stride(0), pos.stride(0),
         o.stride(0), o.stride(1), o.stride(2), C=C, CV=C, R=R, BR=max(16, _pow2(R)), T=T, HB=HB, BS=bs, BN=bn,
-        V_IS_K=True, PREC=_prec(q_abs.dtype), num_warps=warps, num_stages=stages)
+        V_IS_K=True, PREC=_prec(q_abs.dtype), F16=_ad.f16_dots(ckv_cache), num_warps=warps, num_stages=stages)
     return o
 
 
@@ -239,14 +247,30 @@ def mla_mha_flops_cheaper(q_tokens: int, heads: int, kv_lora: int, nope: int, ro
 MHA_BLOCK = 16  # the decompressed K/V's page size: a plain [B, L] layout read through an identity table
 
 
+def mla_decompress(ckv_cache, krot_cache, w_uk, w_uv, block_tables, kv_len: int, dt: torch.dtype,
+                   kv_scale: float = 1.0):
+    """The latent prefix of every row, gathered once and decompressed: K [B*nb, 16, h, nope],
+    V [B*nb, 16, h, v], k_rot [B*nb, 16, r] (zero-padded to whole blocks), and their identity table [B, nb]."""
+    from moe_kernels.paged_attention import _dequant, gather_kv
+
+    B, H, D, V = block_tables.shape[0], w_uk.shape[0], w_uk.shape[1], w_uv.shape[1]
+    nb = triton.cdiv(kv_len, MHA_BLOCK)
+    pad = nb * MHA_BLOCK - kv_len
+    lat = torch.nn.functional.pad(_dequant(gather_kv(ckv_cache, block_tables, kv_len), dt, kv_scale), (0, 0, 0, pad))
+    kr = torch.nn.functional.pad(_dequant(gather_kv(krot_cache, block_tables, kv_len), dt, kv_scale), (0, 0, 0, pad))
+    k = torch.einsum("blc,hdc->blhd", lat, w_uk.to(dt)).reshape(B * nb, MHA_BLOCK, H, D)
+    v = torch.einsum("blc,hvc->blhv", lat, w_uv.to(dt)).reshape(B * nb, MHA_BLOCK, H, V)
+    kr = kr.reshape(B * nb, MHA_BLOCK, kr.shape[-1]).contiguous()
+    bt = torch.arange(B * nb, device=lat.device, dtype=torch.int32).view(B, nb)
+    return k, v, kr, bt
+
+
 def prefill_mla_mha(q_nope, q_rot, ckv_cache, krot_cache, w_uk, w_uv, block_tables, positions, kv_len: int,
                     scale: float, kv_scale: float = 1.0, config=None):
     """Non-absorbed MLA prefill: q_nope [B, S, h, nope], q_rot [B, S, h, r], w_uk [h, nope, c],
     w_uv [h, v, c] -> o [B, S, h, v] (the attention output before o_proj). The latent prefix is gathered
     once and decompressed to per-head K [B, L, h, nope] and V [B, L, h, v] (torch matmuls), then one
     program per (T tokens, head) attends with scores q_nope.k + q_rot.k_rot (k_rot shared by heads)."""
-    from moe_kernels.paged_attention import _dequant, gather_kv
-
     B, S, H, D = q_nope.shape
     R = q_rot.shape[-1]
     V = w_uv.shape[1]
@@ -256,15 +280,8 @@ def prefill_mla_mha(q_nope, q_rot, ckv_cache, krot_cache, w_uk, w_uv, block_tabl
                          f"[h, nope, c] and w_uv {tuple(w_uv.shape)} [h, v, c] must match q's {H} heads and the cache")
     if kv_len > block_tables.shape[1] * ckv_cache.shape[1]:
         raise ValueError(f"prefill_mla_mha: kv_len {kv_len} exceeds the block tables")
-    nb = triton.cdiv(kv_len, MHA_BLOCK)
-    pad = nb * MHA_BLOCK - kv_len
+    k, v, kr, bt = mla_decompress(ckv_cache, krot_cache, w_uk, w_uv, block_tables, kv_len, q_nope.dtype, kv_scale)
     dt = q_nope.dtype
-    lat = torch.nn.functional.pad(_dequant(gather_kv(ckv_cache, block_tables, kv_len), dt, kv_scale), (0, 0, 0, pad))
-    kr = torch.nn.functional.pad(_dequant(gather_kv(krot_cache, block_tables, kv_len), dt, kv_scale), (0, 0, 0, pad))
-    k = torch.einsum("blc,hdc->blhd", lat, w_uk.to(dt)).reshape(B * nb, MHA_BLOCK, H, D)
-    v = torch.einsum("blc,hvc->blhv", lat, w_uv.to(dt)).reshape(B * nb, MHA_BLOCK, H, V)
-    kr = kr.reshape(B * nb, MHA_BLOCK, R).contiguous()
-    bt = torch.arange(B * nb, device=q_nope.device, dtype=torch.int32).view(B, nb)
     T, bn, warps, stages = config or (64, 64, 4, 2)
     if q_nope.stride(-1) != 1 or q_rot.stride(-1) != 1:
         raise ValueError("prefill_mla_mha: q_nope and q_rot must be contiguous in their last dim")
@@ -275,5 +292,5 @@ def prefill_mla_mha(q_nope, q_rot, ckv_cache, krot_cache, w_uk, w_uv, block_tabl
         q_nope.stride(0), q_nope.stride(1), q_nope.stride(2), q_rot.stride(0), q_rot.stride(1), q_rot.stride(2),
         k.stride(0), k.stride(1), k.stride(2), kr.stride(0), kr.stride(1), v.stride(0), v.stride(1), v.stride(2),
         bt.stride(0), pos.stride(0), o.stride(0), o.stride(1), o.stride(2), C=D, CV=V, R=R, BR=max(16, _pow2(R)),
-        T=T, HB=1, BS=MHA_BLOCK, BN=bn, V_IS_K=False, PREC=_prec(dt), num_warps=warps, num_stages=stages)
+        T=T, HB=1, BS=MHA_BLOCK, BN=bn, V_IS_K=False, PREC=_prec(dt), F16=False, num_warps=warps, num_stages=stages)
     return o

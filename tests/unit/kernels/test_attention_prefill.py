@@ -111,7 +111,7 @@ def test_fp8_cache_kernels_match_the_fp8_reference(results):
     names = [n for n in results if n.startswith("fp8") and not n.endswith("vs_fp32")]
     assert len(names) == 6, names
     for n in names:
-        assert results[n] < 1e-4, (n, results[n])  # the same dequantized values, fp32 dots
+        assert results[n] < 2e-3, (n, results[n])  # the same dequantized values; fp16 dots (q, p rounded to fp16)
 
 
 def test_fp8_cache_error_vs_full_precision_is_small_but_real(results):
