@@ -77,6 +77,7 @@ class Request:
     computed: int = 0  # leading tokens (prompt + generated) whose KV is in the cache
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
+    scheduled_at: float | None = None  # first admission (vLLM's scheduled_ts: queue time ends)
     first_token_at: float | None = None
     last_token_at: float | None = None  # for the inter-token latency histogram
     generator: torch.Generator | None = None
@@ -308,6 +309,8 @@ class Engine:
             if not self.kv.can_allocate(r.tokens, reuse):
                 break  # waits for blocks to free up (finishing sequences), oldest first
             self.waiting.popleft()
+            if r.scheduled_at is None:
+                r.scheduled_at = time.time()
             q0, h0 = self.kv.queried_tokens, self.kv.hit_tokens
             r.blocks, r.computed = self.kv.allocate(r.tokens, reuse)
             if self.metrics:
@@ -474,3 +477,8 @@ class Engine:
         r.emit(Finished(reason, len(r.prompt_ids), len(r.generated), error, stop_reason))
         if self.metrics:
             self.metrics.latency.observe(time.time() - r.created)
+            times = None
+            if r.first_token_at is not None:
+                s, f, last = r.scheduled_at, r.first_token_at, r.last_token_at
+                times = (s - r.created, f - s, last - f, last - s)
+            self.metrics.request_finished(reason, len(r.prompt_ids), len(r.generated), times)

@@ -39,6 +39,13 @@ class _Mirror:
 _TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                  40.0, 80.0)
 _M = ["model_name"]
+# vLLM's request_latency_buckets and build_1_2_5_buckets (vllm/v1/metrics/loggers.py, v0.11.0; the
+# token buckets there stop at max_model_len, here at 2M tokens, beyond any context served)
+_PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                  480.0, 960.0, 1920.0, 7680.0)
+_TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5) if m * 10**e <= 2_000_000)
+# vLLM's finished_reason values (vllm/v1/engine/__init__.py FinishReason): a cancelled request is "abort"
+_FINISHED = {"stop": "stop", "length": "length", "cancelled": "abort"}
 
 
 class Metrics:
@@ -115,6 +122,51 @@ class Metrics:
             Histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", _M,
                       buckets=_TPOT_BUCKETS, registry=r))
 
+        # per finished request, as vLLM records them (PrometheusStatLogger.record, loggers.py v0.11.0):
+        # its dashboard's Finish Reason, Queue Time, Prefill and Decode Time, Request Prompt/Generation
+        # Length and Max Generation Token panels
+        def twin_hist(own, vname, doc, buckets):
+            return _Mirror(self, Histogram(own, doc, buckets=buckets, registry=r),
+                           Histogram(vname, doc, _M, buckets=buckets, registry=r))
+        self.queue_time = twin_hist("moe_runtime_request_queue_time_seconds", "vllm:request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.", _PHASE_BUCKETS)
+        self.prefill_time = twin_hist("moe_runtime_request_prefill_time_seconds", "vllm:request_prefill_time_seconds",
+                                      "Histogram of time spent in PREFILL phase for request.", _PHASE_BUCKETS)
+        self.decode_time = twin_hist("moe_runtime_request_decode_time_seconds", "vllm:request_decode_time_seconds",
+                                     "Histogram of time spent in DECODE phase for request.", _PHASE_BUCKETS)
+        self.inference_time = twin_hist("moe_runtime_request_inference_time_seconds",
+                                        "vllm:request_inference_time_seconds",
+                                        "Histogram of time spent in RUNNING phase for request.", _PHASE_BUCKETS)
+        self.request_prompt_tokens = twin_hist("moe_runtime_request_prompt_tokens", "vllm:request_prompt_tokens",
+                                               "Number of prefill tokens processed.", _TOKEN_BUCKETS)
+        self.request_generation_tokens = twin_hist("moe_runtime_request_generation_tokens",
+                                                   "vllm:request_generation_tokens",
+                                                   "Number of generation tokens processed.", _TOKEN_BUCKETS)
+        self.request_max_generation_tokens = twin_hist(
+            "moe_runtime_request_max_num_generation_tokens", "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.", _TOKEN_BUCKETS)
+        self._success = Counter("moe_runtime_request_success", "Count of successfully processed requests.",
+                                ["finished_reason"], registry=r)
+        self._vllm_success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                                     ["model_name", "finished_reason"], registry=r)
+
+    def request_finished(self, reason: str, prompt_n: int, generated_n: int,
+                         times: tuple[float, float, float, float] | None) -> None:
+        """One finished engine request (not an error): its finish reason and token counts, and, when
+        it produced a token, (queue, prefill, decode, inference) seconds as vLLM splits them
+        (vllm/v1/metrics/stats.py IterationStats.update_from_finished_request, v0.11.0). The max
+        generation tokens histogram is vLLM's per parent request of n choices; here per choice."""
+        if reason not in _FINISHED:
+            return
+        self._success.labels(_FINISHED[reason]).inc()
+        self._vllm_success.labels(self.model_name, _FINISHED[reason]).inc()
+        self.request_prompt_tokens.observe(prompt_n)
+        self.request_generation_tokens.observe(generated_n)
+        self.request_max_generation_tokens.observe(generated_n)
+        if times is not None:
+            for h, t in zip((self.queue_time, self.prefill_time, self.decode_time, self.inference_time), times):
+                h.observe(t)
+
     def bind_model(self, name: str) -> None:
         """The served model name, the vLLM twins' model_name label from now on (their series exist
         from here, at 0, as in vLLM: a dashboard or an HPA finds them before the first request)."""
@@ -122,6 +174,9 @@ class Metrics:
         for m in vars(self).values():
             if isinstance(m, _Mirror):
                 list(m._all())
+        for reason in _FINISHED.values():
+            self._success.labels(reason)
+            self._vllm_success.labels(name, reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

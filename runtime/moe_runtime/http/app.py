@@ -175,8 +175,10 @@ async def _run(state: ServerState, request: Request, prompts: list[list[int]], b
     per_prompt = []
     for prompt_ids in prompts:
         if (why := context_overflow(len(prompt_ids), asked, max_len)) is not None:
-            return error(400, why, param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
-                         code="context_length_exceeded")
+            long_prompt = max_len is not None and len(prompt_ids) >= max_len
+            param = ("messages" if chat else "prompt") if long_prompt else (
+                "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+            return error(400, why, param=param, code="context_length_exceeded")
         params = body.sampling(default_max_tokens(chat, len(prompt_ids), max_len))
         if params.min_tokens > params.max_tokens:
             return error(400, f"min_tokens ({params.min_tokens}) is larger than max_tokens ({params.max_tokens})",

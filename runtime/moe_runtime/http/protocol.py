@@ -257,12 +257,18 @@ def refusal(body: Sampling, vocab: int) -> JSONResponse | None:
 # that does not fit; vllm/entrypoints/utils.py get_max_tokens gives the rest of the context otherwise).
 
 def context_overflow(prompt_n: int, asked: int | None, max_len: int | None) -> str | None:
-    """vLLM's 400 message when prompt + asked max_tokens exceed the context (None: it fits)."""
-    if asked is None or max_len is None or prompt_n >= max_len or prompt_n + asked <= max_len:
-        return None  # a prompt that alone is too long is the engine's own refusal
-    return (f"This model's maximum context length is {max_len} tokens. However, you requested "
-            f"{prompt_n + asked} tokens ({prompt_n} in the messages, {asked} in the completion). "
-            "Please reduce the length of the messages or completion.")
+    """vLLM's 400 message when the prompt alone, or prompt + asked max_tokens, exceed the context
+    (None: it fits); the wording of OpenAIServing._validate_input (serving_engine.py, v0.11.0)."""
+    if max_len is None:
+        return None
+    if prompt_n >= max_len:  # a completion needs one position after the prompt
+        return (f"This model's maximum context length is {max_len} tokens. However, your request has "
+                f"{prompt_n} input tokens. Please reduce the length of the input messages.")
+    if asked is None or prompt_n + asked <= max_len:
+        return None
+    return (f"'max_tokens' or 'max_completion_tokens' is too large: {asked}. This model's maximum context "
+            f"length is {max_len} tokens and your request has {prompt_n} input tokens "
+            f"({asked} > {max_len} - {prompt_n}).")
 
 
 def default_max_tokens(chat: bool, prompt_n: int, max_len: int | None) -> int:

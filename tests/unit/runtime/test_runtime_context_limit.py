@@ -34,9 +34,10 @@ def test_max_tokens_beyond_the_context_is_refused_with_vllms_message(client):
     r = client.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 5000})
     assert r.status_code == 400, r.text
     e = r.json()["error"]
-    assert e["message"] == (f"This model's maximum context length is {MAX_LEN} tokens. However, you requested "
-                            "5003 tokens (3 in the messages, 5000 in the completion). "
-                            "Please reduce the length of the messages or completion.")
+    # vllm/entrypoints/openai/serving_engine.py OpenAIServing._validate_input, v0.11.0 (read from the wheel)
+    assert e["message"] == ("'max_tokens' or 'max_completion_tokens' is too large: 5000. This model's maximum "
+                            f"context length is {MAX_LEN} tokens and your request has 3 input tokens "
+                            f"(5000 > {MAX_LEN} - 3).")
     assert e["param"] == "max_tokens"
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                   "max_completion_tokens": MAX_LEN})
@@ -45,6 +46,10 @@ def test_max_tokens_beyond_the_context_is_refused_with_vllms_message(client):
     r = client.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": MAX_LEN - 3, "ignore_eos": True,
                                              "temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == MAX_LEN - 3
+    r = client.post("/v1/completions", json={"prompt": list(range(5, 5 + MAX_LEN)), "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        f"This model's maximum context length is {MAX_LEN} tokens. However, your request has {MAX_LEN} input "
+        "tokens. Please reduce the length of the input messages.")
 
 
 def test_chat_default_is_the_rest_of_the_context(client):
@@ -58,7 +63,7 @@ def test_chat_default_is_the_rest_of_the_context(client):
 
 
 @pytest.mark.parametrize("prompt_n,asked,max_len,bad", [(3, 61, 64, False), (3, 62, 64, True), (3, None, 64, False),
-                                                        (64, 1, 64, False), (3, 10**9, None, False)])
+                                                        (64, 1, 64, True), (64, None, 64, True), (3, 10**9, None, False)])
 def test_context_overflow(prompt_n, asked, max_len, bad):
     assert (context_overflow(prompt_n, asked, max_len) is not None) == bad
 

@@ -12,12 +12,20 @@ from moe_runtime.metrics import Metrics
 from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
 from table_model import TableModel
 
-# the series vLLM's own dashboard (examples/online_serving/prometheus_grafana/grafana.json, v0.11.0)
-# queries, each with {model_name="$model_name"}, that this runtime has a meaning for
-DASHBOARD = ["vllm:e2e_request_latency_seconds_bucket", "vllm:time_to_first_token_seconds_bucket",
-             "vllm:time_per_output_token_seconds_bucket", "vllm:prompt_tokens_total",
-             "vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
-             "vllm:kv_cache_usage_perc"]
+# every series vLLM's Grafana dashboard queries, each with {model_name="$model_name"}: its panels'
+# exprs, read from vllm-project/vllm examples/online_serving/prometheus_grafana/grafana.json (the copy
+# at commit 004f771; the file is not in the wheel)
+DASHBOARD = ["vllm:e2e_request_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_sum",
+             "vllm:e2e_request_latency_seconds_count", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+             "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_sum",
+             "vllm:time_per_output_token_seconds_count", "vllm:num_requests_running", "vllm:num_requests_waiting",
+             "vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_seconds_sum",
+             "vllm:time_to_first_token_seconds_count", "vllm:gpu_cache_usage_perc",
+             "vllm:request_prompt_tokens_bucket", "vllm:request_generation_tokens_bucket",
+             "vllm:request_success_total", "vllm:request_queue_time_seconds_sum",
+             "vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum",
+             "vllm:request_max_num_generation_tokens_sum",
+             "vllm:kv_cache_usage_perc"]  # the last: vLLM 0.11.0's name for gpu_cache_usage_perc
 
 
 def test_dashboard_series_carry_model_name_and_tpot_is_observed(tmp_path):
@@ -35,6 +43,11 @@ def test_dashboard_series_carry_model_name_and_tpot_is_observed(tmp_path):
         eng.stop()
     for name in DASHBOARD:
         assert any(line.startswith(name + "{") and 'model_name="tiny-moe"' in line for line in text.splitlines()), name
+    # the Finish Reason panel sums by finished_reason; the phase panels rate the sums
+    assert 'vllm:request_success_total{finished_reason="length",model_name="tiny-moe"} 1.0' in text
+    assert 'vllm:request_generation_tokens_sum{model_name="tiny-moe"} 6.0' in text
+    assert 'vllm:request_prompt_tokens_count{model_name="tiny-moe"} 1.0' in text
+    assert 'vllm:request_decode_time_seconds_count{model_name="tiny-moe"} 1.0' in text
     # 6 tokens: 5 gaps between consecutive tokens
     assert 'vllm:time_per_output_token_seconds_count{model_name="tiny-moe"} 5.0' in text
     assert "moe_runtime_time_per_output_token_seconds_count 5.0" in text
