@@ -85,7 +85,10 @@ def crd(kubectl):
     from .operator_fixture import ROOT
 
     lws_crd.install(kubectl)
-    kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "moedeployments.yaml"))
+    # --force-conflicts: a chart release may own the CRD (templates/crd-moedeployments.yaml, Helm's
+    # field manager); the session's copy is the same generated file. Releases the tests install
+    # adopt it with --take-ownership, or leave it alone with crds.install=false.
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "moedeployments.yaml"))
     kubectl("wait", "--for", "condition=established", "crd/moedeployments.moe.serving.dev", "--timeout=60s")
 
 

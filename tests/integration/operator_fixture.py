@@ -24,18 +24,23 @@ HOST_PATH_ARGS = [a for p in ALLOWED_HOST_PATHS for a in ("--allow-host-path", p
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: str, log_path: Path, extra: list[str] | None = None):
+    def __init__(self, kubeconfig: str, log_path: Path, extra: list[str] | None = None, demo_models: bool = True,
+                 env: dict[str, str] | None = None):
+        """demo_models: --local-models-dir and the allowed host paths of the demo samples; False runs
+        the operator with only `extra` (e.g. the chart's own policy flags)."""
         self.kubeconfig, self.log_path, self.extra = kubeconfig, log_path, extra or []
+        self.demo_models, self.env = demo_models, env or {}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         env = {**os.environ, "MOE_RESYNC_SECONDS": "2", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("operator", "runtime", "kernels"))}
+               "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("operator", "runtime", "kernels")), **self.env}
         log = open(self.log_path, "ab")
+        models = ["--local-models-dir", str(CHECKPOINTS), *HOST_PATH_ARGS] if self.demo_models else []
+        liveness = [] if any(a.startswith("--liveness") for a in self.extra) else ["--liveness", ""]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", self.kubeconfig, "--standalone",
-             "--metrics-port", "0", "--liveness", "", "--local-models-dir", str(CHECKPOINTS),
-             *HOST_PATH_ARGS, *self.extra],
+             "--metrics-port", "0", *liveness, *models, *self.extra],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def stop(self) -> None:
@@ -137,3 +142,24 @@ def start_webhook_operator(kubeconfig: str, log_path: Path) -> tuple[OperatorPro
     op = OperatorProcess(kubeconfig, log_path, ["--admission", f"127.0.0.1:{port}"])
     op.start()
     return op, port
+
+
+def token_kubeconfig(dev_cluster, kubectl, namespace: str, service_account: str, out: Path) -> Path:
+    """A kubeconfig authenticating as an existing ServiceAccount (e.g. the one a chart release
+    created, with the RBAC that release installed)."""
+    import yaml
+
+    token = kubectl("-n", namespace, "create", "token", service_account, "--duration=2h").stdout.strip()
+    kc = yaml.safe_load(Path(dev_cluster.kubeconfig).read_text())
+    for u in kc["users"]:
+        u["user"] = {"token": token}
+    out.write_text(yaml.safe_dump(kc))
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
