@@ -104,6 +104,11 @@ PRINTER_COLUMNS = [
 def crd() -> dict[str, Any]:
     spec_schema = _default_empty_objects(model_schema(MoEDeploymentSpec))
     status_schema = model_schema(MoEDeploymentStatus)
+    # Read before the operator first writes status, an object shows observedGeneration 0: kstatus
+    # (Flux) then reads InProgress (generation not observed) instead of Current, which it says of
+    # a custom resource without status (cli-utils v0.37.2 kstatus/status: checkGeneration, then
+    # "Resource is current"). The API server applies it on every read while status is absent.
+    status_schema["default"] = {"observedGeneration": 0}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -55,7 +55,12 @@ def test_ready_and_reason_columns_kstatus_and_argocd(kubectl, namespace, crd):
     obj = {"apiVersion": "moe.serving.dev/v1alpha1", "kind": "MoEDeployment",
            "metadata": {"name": "m", "namespace": namespace}, "spec": {"model": {"uri": "hf://org/m"}}}
     kubectl("apply", "-f", "-", input=json.dumps(obj))
-    gen = stored(kubectl, namespace, "m")["metadata"]["generation"]
+    fresh = stored(kubectl, namespace, "m")
+    gen = fresh["metadata"]["generation"]
+    # before the operator writes anything: the CRD's status default, so kstatus waits (not Current)
+    assert fresh["status"] == {"observedGeneration": 0}
+    (j,) = health_rules.judge(exe, [fresh])
+    assert (j["kstatus"], j["argo"]) == ("InProgress", "Progressing"), j
 
     write_status(kubectl, namespace, "m", {"observedGeneration": gen, "conditions": conds(gen, *REFUSED)})
     cols = columns(kubectl, namespace, "m")

@@ -195,3 +195,13 @@ def test_printer_columns_show_ready_and_reason():
     assert cols["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
     assert cols["Serving"]["jsonPath"] == ".status.readyReplicas" and cols["URL"]["priority"] == 1
     assert len(cols) == len(PRINTER_COLUMNS)
+
+
+def test_crd_defaults_status_to_generation_zero():
+    """A custom resource without status is Current to kstatus; the default makes a fresh object
+    InProgress until the operator's first status write (checked on the API server by
+    tests/integration/test_ready_status.py)."""
+    from moe_operator.crd import crd
+
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert schema["default"] == {"observedGeneration": 0}
