@@ -453,15 +453,18 @@ class Engine:
         r.generated.append(tok)
         if self.metrics:
             self.metrics.generation_tokens.inc()
-        stop = (tok in self.stop_ids and not r.params.ignore_eos) or tok in r.params.stop_token_ids
+        # vLLM's order (vllm/v1/core/sched/utils.py check_stop, v0.11.0): the length cap first (an EOS
+        # as the last allowed token is "length", decoded as text), then EOS, then stop_token_ids
+        length = len(r.generated) >= r.params.max_tokens or len(r.tokens) >= self.max_len
+        eos = not length and tok in self.stop_ids and not r.params.ignore_eos
+        stop = eos or (not length and tok in r.params.stop_token_ids)
         if not stop:
             r.emit(tok if lp is None else lp)  # a sampling.Sampled when the client asked for logprobs
         elif lp is not None:  # not text, but its logprob is the client's (vLLM's output keeps the token)
             r.emit(dataclasses.replace(lp, stop=True))
         if stop:
-            eos = tok in self.stop_ids and not r.params.ignore_eos
             self._finish(r, "stop", stop_reason=None if eos else tok)
-        elif len(r.generated) >= r.params.max_tokens or len(r.tokens) >= self.max_len:
+        elif length:
             self._finish(r, "length")
 
     def _finish(self, r: Request, reason: str, error: str | None = None, stop_reason: int | None = None) -> None:

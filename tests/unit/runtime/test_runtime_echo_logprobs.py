@@ -116,13 +116,16 @@ def test_echo_max_tokens_0_is_the_prompt_alone(stack):
 
 def test_the_stop_token_is_scored_when_it_ends_the_output(stack):
     """A stop token is not text but is the output's last token: its logprob is there (vLLM keeps it),
-    so echo + max_tokens 1 always has len(prompt) + 1 entries."""
+    so echo + logprobs always covers prompt + output. As the last allowed token it is "length" and
+    text (vLLM's check_stop tests the length cap first): lm-eval's max_tokens 1 gets len(prompt) + 1."""
     client, model, _, _ = stack
     gen = int(model.table[PROMPT[-1]].argmax())
-    c = ok(client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": 1,
-                                                "echo": True, "stop_token_ids": [gen]}))["choices"][0]
-    assert c["finish_reason"] == "stop" and c["stop_reason"] == gen
-    assert len(c["logprobs"]["token_logprobs"]) == len(PROMPT) + 1
+    for max_tokens, reason, stop_reason in [(2, "stop", gen), (1, "length", None)]:
+        c = ok(client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
+                                                    "logprobs": 1, "echo": True, "stop_token_ids": [gen]}))
+        c = c["choices"][0]
+        assert c["finish_reason"] == reason and c["stop_reason"] == stop_reason
+        assert len(c["logprobs"]["token_logprobs"]) == len(PROMPT) + 1
 
 
 def test_streamed_echo_equals_the_answer(stack):
