@@ -328,3 +328,22 @@ def test_crd_output_format_and_path(tmp_path, capsys, monkeypatch):
     assert rc == 1 and "is a directory" in err
     rc, _, err = run_main(operator_main, ["crd", "--format", "xml"], capsys)
     assert rc == 3
+
+
+def test_plan_model_statuses(capsys, monkeypatch):
+    """plan --model: a hub that refuses the connection is bad input (1, one line naming the uri);
+    --model and --checkpoint together, or neither, are usage (3)."""
+    import huggingface_hub.constants as c
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    closed = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    monkeypatch.setattr(c, "ENDPOINT", f"http://127.0.0.1:{closed}")
+    monkeypatch.setattr(c, "HUGGINGFACE_CO_URL_TEMPLATE", f"http://127.0.0.1:{closed}" + "/{repo_id}/resolve/{revision}/{filename}")
+    rc, out, err = run_main(operator_main, ["plan", "--model", "hf://org/m", "--gpu", "H200"], capsys)
+    assert rc == 1 and out == "" and err.startswith("error: hf://org/m") and err.count("\n") == 1, err
+    rc, _, err = run_main(operator_main, ["plan", "--model", "hf://org/m", *PLAN[1:3], "--gpu", "H200"], capsys)
+    assert rc == 3 and "not allowed with" in err
+    rc, _, err = run_main(operator_main, ["plan", "--gpu", "H200"], capsys)
+    assert rc == 3 and "one of the arguments --checkpoint --model is required" in err
