@@ -76,6 +76,9 @@ def test_owned_engine_arguments_are_refused_with_the_field_to_use(engine, arg, f
 
 def test_abbreviated_owned_flags_are_refused_and_values_are_not_flags():
     assert "abbreviates --moe-runner-backend" in engine_args.refusal("sglang", "--moe-runner=triton")
+    assert "read as -tp" in engine_args.refusal("vllm", "-tp4") and "read as -tp" in engine_args.refusal("vllm", "-t")
+    assert "spec.parallelism" in engine_args.refusal("sglang", "--pipeline-parallel-size=2")
+    assert engine_args.refusal("vllm", "-O3") is None and engine_args.refusal("vllm", "-dcp") is None
     assert engine_args.refusal("vllm", "-1") is None  # a negative value, not a flag
     assert engine_args.refusal("vllm", "--max-num-seqs") is None
     assert "newline" in engine_args.refusal("vllm", "--x\n--port")
