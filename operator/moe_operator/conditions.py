@@ -41,8 +41,9 @@ STALLED: dict[tuple[str, str], frozenset[str] | None] = {
     ("ModelCacheReady", "False"): frozenset({"Failed"}),
     ("InferencePoolReady", "False"): frozenset(EPP_BLOCKING),
 }
-# Degraded=True is Stalled except for API errors a retry usually clears (reconcile.py's Api* reasons)
-DEGRADED_TRANSIENT = frozenset({"ApiConflict", "ApiError", "ApiNotFound"})
+# Degraded=True is Stalled except for API errors a retry usually clears: reconcile.py's Api* reasons
+# and kube.py's _apply_reason for 409 and 5xx (ApplyInvalid, a 422, and ApplyFailed need a change)
+DEGRADED_TRANSIENT = frozenset({"ApiConflict", "ApiError", "ApiNotFound", "ApplyConflict", "ApiServerBusy"})
 # conditions that hold Ready at False even with Available=True (the gateway path fails)
 BLOCKING: dict[tuple[str, str], frozenset[str] | None] = {("InferencePoolReady", "False"): frozenset(EPP_BLOCKING)}
 # (type, status) whose presence at this generation means work in progress (reason is kept)
