@@ -377,7 +377,7 @@ class PodTemplateSpec(_Model):
     volumes: list[K8sObject] = Field(default_factory=list, max_length=64, description=(
         "core/v1 Volume items added to the pods (hostPath refused; the operator's volume names reserved)"))
     containers: list[K8sObject] = Field(default_factory=list, max_length=16, description=(
-        "core/v1 Container items merged by name: 'engine' (the operator's) takes only volumeMounts, lifecycle and "
+        "core/v1 Container items merged by name: 'engine' (the operator's) takes only volumeMounts and "
         "terminationMessage*; any other name is an extra container (sidecar) under the restricted security context"))
     initContainers: list[K8sObject] = Field(default_factory=list, max_length=16, description=(
         "core/v1 Container items run after the operator's init containers, under the restricted security context"))

@@ -22,7 +22,7 @@ from . import env_policy
 
 MAIN = "engine"
 # keys of the engine container a podTemplate may set (everything else is the operator's)
-MAIN_ALLOWED = ("name", "volumeMounts", "lifecycle", "terminationMessagePolicy", "terminationMessagePath")
+MAIN_ALLOWED = ("name", "volumeMounts", "terminationMessagePolicy", "terminationMessagePath")
 MAIN_FIELDS = {
     "image": "spec.engine.image", "command": "spec.engine.args", "args": "spec.engine.args",
     "env": "spec.env", "envFrom": "spec.env", "resources": "spec.resources", "ports": "spec.service.port",
@@ -31,7 +31,11 @@ MAIN_FIELDS = {
     "readinessProbe": "nothing (the operator probes the engine's readiness endpoint)",
     "startupProbe": "nothing (the operator probes the engine's /health)",
     "workingDir": "nothing (the engine image's)", "stdin": "nothing", "tty": "nothing",
+    "lifecycle": "nothing (a hook would run commands in the engine container, beside its GPUs)",
 }
+# volume sources Kubernetes' "restricted" Pod Security profile allows (no host, no network mounts of
+# the user's choosing beyond what a PVC gives: pod-security-admission policy/check_restrictedVolumes.go)
+VOLUME_TYPES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret")
 # pod spec keys a podTemplate may not set, with what to use instead
 POD_FIELDS = {
     "nodeSelector": "spec.nodeSelector", "tolerations": "spec.tolerations",
@@ -104,6 +108,12 @@ def _container_refusals(where: str, c: Any, names_taken: tuple[str, ...]) -> lis
             if "gpu" in str(k).lower():
                 out.append(f"{where} {name}: resources.{part}.{k}: GPUs are the engine's (spec.gpusPerReplica)")
     out += mount_refusals(f"{where} {name}", c.get("volumeMounts") or [], ())
+    for m in c.get("volumeMounts") or []:
+        if isinstance(m, dict) and m.get("name") in RESERVED_VOLUMES and m.get("readOnly") is not True:
+            out.append(f"{where} {name}: volumeMount of the operator's volume {m['name']} must be readOnly: true")
+    for port in c.get("ports") or []:
+        if isinstance(port, dict) and port.get("hostPort"):
+            out.append(f"{where} {name}: hostPort is refused (a Service or spec.service exposes the pods)")
     return out
 
 
@@ -136,6 +146,9 @@ def refusals(template: dict[str, Any]) -> list[str]:
             out.append(f"podTemplate.spec.volumes {name}: the name is the operator's ({', '.join(RESERVED_VOLUMES)})")
         elif "hostPath" in v:
             out.append(f"podTemplate.spec.volumes {name}: hostPath volumes are refused (use a PersistentVolumeClaim)")
+        elif len(src := [k for k in v if k != "name"]) != 1 or src[0] not in VOLUME_TYPES:
+            out.append(f"podTemplate.spec.volumes {name}: one source of {', '.join(VOLUME_TYPES)} (the restricted "
+                       f"Pod Security profile's), not {', '.join(src) or 'none'}")
     for c in spec.get("containers") or []:
         if isinstance(c, dict) and c.get("name") == MAIN:
             for k in c:
