@@ -160,3 +160,37 @@ def test_a_failed_publication_keeps_the_old_certificate(monkeypatch):
         await _stop(nxt, gen)
 
     asyncio.run(scenario())
+
+
+def test_a_certificate_directory_is_served_checked_and_reported(tmp_path, monkeypatch):
+    """cert-manager's layout (tls.crt, tls.key, ca.crt): kopf's server with the health record and
+    the self-check; the expiry reported is the mounted certificate's, no renewal of our own."""
+    from pathlib import Path
+
+    from moe_operator.webhook import server
+
+    monkeypatch.setattr(webhook_tls, "CHECK_SECONDS", 0.1)
+    webhook_tls.write(tmp_path, issue("127.0.0.1", 7200))
+    port = _free_port()
+    srv, ca = server(f"127.0.0.1:{port}", cert_dir=str(tmp_path))
+    assert isinstance(srv, webhook_tls.CheckedWebhookServer) and ca == (tmp_path / "ca.crt").read_bytes()
+    health = Health()
+    srv.health = health
+
+    async def scenario():
+        async with srv:  # kopf closes its servers' generators on exit
+            await check(srv(lambda *a, **k: None))
+        assert not health.listening
+
+    async def check(gen):
+        await gen.__anext__()
+        deadline = time.monotonic() + 3
+        while health.check_ok is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        d = detail(health)
+        assert health.check_ok is True and d["degraded"] is False and "renewInSeconds" not in d
+        assert 7100 < d["certificateExpiresInSeconds"] <= 7200
+        cert = await _served_cert(port, Path(tmp_path / "ca.crt").read_bytes())
+        assert cert == x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+
+    asyncio.run(scenario())
