@@ -60,6 +60,21 @@ def activate(h: torch.Tensor, activation: str, alpha: float = OAI_ALPHA, limit: 
     raise ValueError(f"unknown expert activation {activation!r}; known: {sorted(ACTIVATIONS)}")
 
 
+ACT_QUANTS = frozenset({"fp8"})
+
+
+def act_fp8_roundtrip(a: torch.Tensor, group: int = 128) -> torch.Tensor:
+    """Per-token-group FP8 activation quantization (W8A8, triton_w8a8.py), quantized and dequantized in
+    fp32: per row and `group` columns, s = max|a| / 448 (at least 1e-10), q = e4m3(a / s), q * s."""
+    rows, cols = a.shape
+    if cols % group:
+        raise ValueError(f"FP8 activation groups need a multiple of {group} columns, got {cols}")
+    g = a.float().reshape(rows, cols // group, group)
+    s = g.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10) / 448.0
+    q = (g / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return (q.float() * s).reshape(rows, cols)
+
+
 def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, hidden: int):
     if x.dim() != 2 or x.shape[1] != hidden:
         raise ValueError(f"x must be [T, {hidden}], got {tuple(x.shape)}")
@@ -85,8 +100,12 @@ class TorchExperts:
     supports_bias = True
 
     def __init__(self, weights: ExpertWeights, dtype: torch.dtype = torch.bfloat16, *, activation: str = "silu",
-                 alpha: float = OAI_ALPHA, limit: float = OAI_LIMIT):
+                 alpha: float = OAI_ALPHA, limit: float = OAI_LIMIT, act_quant: str | None = None):
         check_activation(activation, self.activations, "TorchExperts")
+        if act_quant is not None and act_quant not in ACT_QUANTS:
+            raise ValueError(f"unknown activation quantization {act_quant!r}; known: {sorted(ACT_QUANTS)}")
+        # act_quant="fp8": both GEMMs' inputs through act_fp8_roundtrip, products in fp32 (W8A8 semantics)
+        self.act_quant = act_quant
         self.weights = weights
         self.dtype = dtype
         self.activation, self.alpha, self.limit = activation, float(alpha), float(limit)
@@ -108,12 +127,18 @@ class TorchExperts:
             if c == 0:
                 continue
             rows = order[start:start + c]
-            w13, w2 = w.dequantize_expert(e, self.dtype)
-            h = xb[rows // k] @ w13.t()
+            w13, w2 = w.dequantize_expert(e, torch.float32 if self.act_quant else self.dtype)
+            if self.act_quant:
+                h = act_fp8_roundtrip(xb[rows // k]) @ w13.t()
+            else:
+                h = xb[rows // k] @ w13.t()
             if self.b13 is not None:
-                h = h + self.b13[e].to(self.dtype)
+                h = h + self.b13[e].to(h.dtype)
             a = activate(h, self.activation, self.alpha, self.limit).to(self.dtype)
-            y = a @ w2.t()
+            if self.act_quant:
+                y = act_fp8_roundtrip(a) @ w2.t()
+            else:
+                y = a @ w2.t()
             if self.b2 is not None:
                 y = y + self.b2[e].to(self.dtype)
             gemm2_out[start:start + c] = y

@@ -68,10 +68,21 @@ class PrefillConfig:
 
 
 @dataclass(frozen=True)
+class W8A8Config:
+    """One GEMM on the FP8 W8A8 kernel (triton_w8a8.py; fp8 weights, TritonExperts(act_quant="fp8")):
+    block_n weight rows per tile (gate/up: half gate, half up), 128-wide K steps."""
+    block_n: int = 128
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 8
+    progs_per_sm: int = 0
+
+
+@dataclass(frozen=True)
 class MoEConfig:
     block_m: int
-    gemm1: GemmConfig | FragConfig | PrefillConfig
-    gemm2: GemmConfig | FragConfig | PrefillConfig
+    gemm1: GemmConfig | FragConfig | PrefillConfig | W8A8Config
+    gemm2: GemmConfig | FragConfig | PrefillConfig | W8A8Config
     # fragment kernel, mixed blocks (triton_align.align_mixed): gemm1/gemm2 (nt=2) run the 16-row blocks
     # of experts with > 8 rows, these two (nt=1) the one 8-row block of each other expert
     small: tuple[FragConfig, FragConfig] | None = None
@@ -201,6 +212,19 @@ def default_config(fmt: str, num_pairs: int, num_experts: int, frag: bool = Fals
     return MoEConfig(128, *PREFILL[fmt])
 
 
+def default_w8a8_config(num_pairs: int, num_experts: int) -> MoEConfig:
+    """FP8 W8A8 (TritonExperts(act_quant="fp8")) by rows per touched expert. Not yet measured on a GPU:
+    block sizes by analogy with the tile kernel's (16-row blocks for decode, 64 / 128 for prefill)."""
+    rows = num_pairs / max(1, min(num_experts, num_pairs))
+    if rows <= 16:
+        return MoEConfig(16, W8A8Config(128, 4, 4), W8A8Config(128, 4, 4))
+    if rows <= 48:
+        return MoEConfig(32, W8A8Config(128, 4, 4), W8A8Config(128, 4, 4))
+    if rows <= 96:
+        return MoEConfig(64, W8A8Config(128, 4, 3), W8A8Config(128, 4, 3))
+    return MoEConfig(128, W8A8Config(256, 8, 3), W8A8Config(256, 8, 3))
+
+
 # ------------------------------------------------------------------------------- tuned tables (data)
 # A table written by `python -m moe_kernels.tune` (kernels/moe_kernels/tune.py) for one GPU model:
 #   {"format_version": 1, "device": "NVIDIA H200",
@@ -239,6 +263,8 @@ def config_to_dict(cfg: MoEConfig) -> dict:
             return {"kind": "frag", **dataclasses.asdict(g)}
         if isinstance(g, PrefillConfig):
             return {"kind": "prefill", **dataclasses.asdict(g)}
+        if isinstance(g, W8A8Config):
+            return {"kind": "w8a8", **dataclasses.asdict(g)}
         return {"kind": "tile", **dataclasses.asdict(g)}
     d = {"block_m": cfg.block_m, "gemm1": gemm(cfg.gemm1), "gemm2": gemm(cfg.gemm2)}
     d["small"] = None if cfg.small is None else [gemm(g) for g in cfg.small]
@@ -253,7 +279,7 @@ def config_from_dict(d: dict) -> MoEConfig:
     def gemm(g):
         g = dict(g)
         kind = g.pop("kind", None)
-        cls = {"frag": FragConfig, "tile": GemmConfig, "prefill": PrefillConfig}.get(kind)
+        cls = {"frag": FragConfig, "tile": GemmConfig, "prefill": PrefillConfig, "w8a8": W8A8Config}.get(kind)
         if cls is None:
             raise ValueError(f"unknown GEMM config kind {kind!r}")
         names = {f.name for f in dataclasses.fields(cls)}

@@ -28,14 +28,17 @@ import triton
 from .experts import ExpertWeights
 from .finalize import DeferredMoEOutput, _check as _check_finalize, moe_finalize_fuse_shared
 from .pdl import pdl_supported
-from .reference import ACTIVATIONS, OAI_ALPHA, OAI_LIMIT, _check_inputs, check_activation, expert_biases
+from .reference import (ACT_QUANTS, ACTIVATIONS, OAI_ALPHA, OAI_LIMIT, _check_inputs, check_activation,
+                        expert_biases)
 from .triton_align import TAIL_M, Alignment, align_by_expert, align_mixed, align_split
-from .triton_config import (FragConfig, GemmConfig, MoEConfig, PrefillConfig, choose_config,  # noqa: F401
-                            default_config, load_table, table_path, tuned_configs)
+from .triton_config import (FragConfig, GemmConfig, MoEConfig, PrefillConfig, W8A8Config,  # noqa: F401
+                            choose_config, default_config, default_w8a8_config, load_table, table_path,
+                            tuned_configs)
 from .triton_frag import STEP_K, FragWeights, coalesce_activations, frag_asm_args, frag_moe_kernel
 from .triton_layout import FMT_FP8, FMT_ID, FMT_NVFP4, FP4_KT, GROUP, Operand, prepare
 from .triton_prefill import check_config, prefill_gemm_kernel, step_bytes
 from .triton_tile import moe_gemm_kernel
+from .triton_w8a8 import GROUP_K, w8a8_gemm_kernel
 
 # The CPU interpreter (TRITON_INTERPRET=1, used to debug without a GPU) multiplies bf16 dot operands
 # wrongly (Triton 3.9) and cannot run inline PTX; there the dots run on fp32 copies and the FP4
@@ -98,7 +101,18 @@ class TritonExperts:
 
     def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None, frag: bool | None = None,
                  tuned_table: dict | None = None, *, activation: str = "silu", alpha: float = OAI_ALPHA,
-                 limit: float = OAI_LIMIT):
+                 limit: float = OAI_LIMIT, act_quant: str | None = None):
+        # act_quant="fp8": FP8 W8A8 (triton_w8a8.py) for fp8 block weights, activations quantized per
+        # token and 128-group (reference.act_fp8_roundtrip); lossy, so only when asked for
+        if act_quant is not None:
+            if act_quant not in ACT_QUANTS:
+                raise ValueError(f"unknown activation quantization {act_quant!r}; known: {sorted(ACT_QUANTS)}")
+            if weights.format != "fp8":
+                raise ValueError(f"act_quant='fp8' (W8A8) needs fp8 block weights, got {weights.format}")
+            h, i = weights.hidden_size, weights.intermediate_size
+            if h % GROUP_K or i % GROUP_K:
+                raise ValueError(f"W8A8 needs H and I multiples of {GROUP_K}, got H={h}, I={i}")
+        self.act_quant = act_quant
         if weights.device.type != "cuda" and not _INTERPRET:
             raise ValueError("TritonExperts needs the expert weights on a CUDA device")
         check_activation(activation, self.activations, "TritonExperts")
@@ -150,6 +164,8 @@ class TritonExperts:
         """The config a forward of num_pairs (token, expert) pairs runs (top_k: for the tuned table)."""
         if self.config is not None:
             return self.config
+        if getattr(self, "act_quant", None):
+            return default_w8a8_config(num_pairs, self.E)
         tuned = None
         if top_k and getattr(self, "tuned_table", None):   # (bench stubs are made without __init__)
             if top_k not in self._tuned:
@@ -246,6 +262,8 @@ class TritonExperts:
         gathered by pair, SiLU(gate) * up)."""
         if isinstance(cfg, PrefillConfig):
             return self._launch_prefill(op, a, c, al, n, k, cfg, gate_up, top_k, num_pairs, asm)
+        if isinstance(cfg, W8A8Config):
+            return self._launch_w8a8(op, a, c, al, n, k, cfg, gate_up, top_k, num_pairs)
         fp4 = self.fmt_id >= FMT_NVFP4
         bk = _fit(k, cfg.block_k, 32 if fp4 else 16)
         if self.fmt_id == FMT_FP8:
@@ -296,6 +314,28 @@ class TritonExperts:
             BLOCK_M=al.block_m, BLOCK_N=cfg.block_n, BKH=step_bytes(k // 2, cfg.bkh), GROUP_M=cfg.group_m,
             SWAP=cfg.swap, ASM=asm and not _INTERPRET, DOT_F32=_INTERPRET, FLATTEN=cfg.flatten, WS=cfg.ws,
             **self._epilogue(gate_up),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    def _launch_w8a8(self, op: Operand, a, c, al, n, k, cfg: W8A8Config, gate_up: bool, top_k: int,
+                     num_pairs: int):
+        """One GEMM on the FP8 W8A8 kernel (triton_w8a8.py; fp8 weights, the tile kernel's storage)."""
+        if self.fmt_id != FMT_FP8 or k % GROUP_K:
+            raise ValueError(f"the W8A8 kernel runs fp8 block weights with K a multiple of {GROUP_K} "
+                             f"(got {self.fmt}, K={k})")
+        bn_out = cfg.block_n // 2 if gate_up else cfg.block_n
+        tiles = al.max_blocks * triton.cdiv(n, bn_out)
+        progs = tiles if cfg.progs_per_sm <= 0 else min(tiles, cfg.progs_per_sm * _sm_count(a.device))
+        w8a8_gemm_kernel[(progs,)](
+            a, a.stride(0),
+            op.w, op.w.stride(0), op.w.stride(1),
+            op.s, op.s.stride(0), op.s.stride(1),
+            c, c.stride(0),
+            al.sorted_ids, al.expert_ids, al.num_post_pad,
+            n, k, num_pairs, self.I if gate_up else 0, progs,
+            **self._epilogue(gate_up),
+            TOP_K=top_k, GATHER_A=gate_up, GATED=gate_up, BLOCK_M=al.block_m, BLOCK_N=cfg.block_n,
+            GROUP_M=cfg.group_m, DOT_F32=_INTERPRET,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
