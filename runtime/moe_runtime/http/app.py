@@ -211,12 +211,13 @@ async def _run(state: ServerState, request: Request, prompts: list[list[int]], b
                 return error(400, str(e), param="messages" if chat else "prompt", code="context_length_exceeded")
             reqs.append(req)
     prompt_n = sum(len(p) for p in prompts)
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    rid = ("chatcmpl-" if chat else "cmpl-") + (body.request_id or uuid.uuid4().hex[:24])
     created = int(time.time())
     stops = body.stops()
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(stream(state, reqs, rid, created, chat, stops, usage,
+        continuous = usage and body.stream_options.continuous_usage_stats
+        return StreamingResponse(stream(state, reqs, rid, created, chat, stops, (usage, continuous),
                                         body.include_stop_str_in_output, body.skip_special_tokens, prompt_n,
                                         echo, getattr(body, "echo_only", False), params.logprobs is not None),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -44,12 +44,23 @@ _UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "metadata": (None, {}), "service_tier": (None, "auto", "default"), "guided_json": (None,),
     "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
     "use_beam_search": (None, False), "length_penalty": (None, 1.0),
+    # vLLM's extra fields (protocol.py ChatCompletionRequest / CompletionRequest, v0.11.0), accepted at
+    # the values that change nothing here (clients written for vLLM send its defaults)
+    "spaces_between_special_tokens": (None, True), "truncate_prompt_tokens": (None,), "allowed_token_ids": (None,),
+    "bad_words": (None, []), "include_reasoning": (None, True), "documents": (None,), "chat_template": (None,),
+    "mm_processor_kwargs": (None, {}), "structured_outputs": (None,), "structural_tag": (None,),
+    "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,), "priority": (None, 0),
+    "logits_processors": (None, []), "return_tokens_as_token_ids": (None, False), "return_token_ids": (None, False),
+    "cache_salt": (None,), "kv_transfer_params": (None,), "vllm_xargs": (None, {}),
 }
 
 
 class StreamOptions(BaseModel):
+    """vLLM's StreamOptions (protocol.py, v0.11.0): include_usage defaults to true once stream_options
+    is sent; continuous_usage_stats puts the running usage on every chunk."""
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+    include_usage: bool = True
+    continuous_usage_stats: bool = False
 
 
 class Sampling(BaseModel):
@@ -76,6 +87,7 @@ class Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     ignore_eos: bool = False
     user: str | None = None
+    request_id: str | None = Field(default=None, max_length=256)  # vLLM: the response id's suffix
     # vLLM's prompt_logprobs (protocol.py CompletionRequest / ChatCompletionRequest, v0.11.0): each
     # prompt token's logprob and the k most likely there; -1 (the whole vocabulary) is not served
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)

@@ -120,9 +120,12 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
                  echo_only: bool = False, logprobs: bool = False):
     """`echo`: each choice's prompt text, sent before its first delta (completions), with the prompt's
     logprobs when `logprobs`; `echo_only` (max_tokens 0): the prompt alone, the generated token dropped
-    (vLLM's completion_stream_generator, serving_completion.py v0.11.0)."""
+    (vLLM's completion_stream_generator, serving_completion.py v0.11.0). `include_usage`: a bool or
+    (include_usage, continuous_usage_stats): the latter puts each choice's running usage on its chunks."""
+    include_usage, continuous = include_usage if isinstance(include_usage, tuple) else (include_usage, False)
     obj = "chat.completion.chunk" if chat else "text_completion"
     offsets = [0] * len(reqs)
+    ntok = [0] * len(reqs)  # tokens each choice has produced so far (continuous usage)
     echoed = [echo is None] * len(reqs)
 
     def chunk(i: int, delta: str | None, finish: str | None, lp=None, first: bool = False,
@@ -148,7 +151,9 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
             c["stop_reason"] = stop_reason
         out = {"id": rid, "object": obj, "created": created, "model": state.model_name, "choices": [c]}
         if include_usage:
-            out["usage"] = None
+            p = len(reqs[i].prompt_ids)
+            out["usage"] = ({"prompt_tokens": p, "completion_tokens": ntok[i], "total_tokens": p + ntok[i]}
+                            if continuous else None)
         return "data: " + json.dumps(out) + "\n\n"
 
     q: asyncio.Queue = asyncio.Queue()
@@ -173,6 +178,7 @@ async def stream(state: ServerState, reqs, rid, created, chat, stops, include_us
             i, delta, lp, fin = await q.get()
             if echo_only:  # the one token generated is not the client's
                 delta, lp = "", None
+            ntok[i] = fin.completion_tokens if fin is not None else ntok[i] + 1
             if fin is not None and delta and fin.reason != "error":
                 yield chunk(i, delta, None)  # the text held back until the end
             if fin is not None:

@@ -132,3 +132,23 @@ def test_batched_prompts(sdk, stream):
     assert usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles) and usage.completion_tokens == 16
     ids = sdk.completions.create(prompt=[[5, 6], [7]], **kw)
     assert [c.index for c in ids.choices] == [0, 1] and ids.usage.prompt_tokens == 3
+
+
+def test_vllm_default_fields_request_id_and_continuous_usage(sdk):
+    """Clients written for vLLM send its extra fields at their defaults (protocol.py, v0.11.0): accepted;
+    request_id names the response; stream_options' continuous_usage_stats puts the running usage on
+    every chunk, include_usage defaults to true once stream_options is sent."""
+    defaults = {"spaces_between_special_tokens": True, "truncate_prompt_tokens": None, "bad_words": [],
+                "include_reasoning": True, "priority": 0, "return_token_ids": False, "allowed_token_ids": None,
+                "ignore_eos": True, "request_id": "abc123"}
+    r = sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                    extra_body=defaults)
+    assert r.id == "chatcmpl-abc123" and r.usage.completion_tokens == 3
+    with pytest.raises(openai.BadRequestError, match="priority"):
+        sdk.completions.create(model="tiny", prompt="Hi", max_tokens=1, extra_body={"priority": 5})
+    chunks = list(sdk.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0, stream=True,
+                                         stream_options={"continuous_usage_stats": True},
+                                         extra_body={"ignore_eos": True}))
+    running = [c.usage.completion_tokens for c in chunks if c.choices and c.usage is not None]
+    assert running and running == sorted(running) and running[-1] == 4
+    assert chunks[-1].usage.completion_tokens == 4 and not chunks[-1].choices  # the final usage chunk
