@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
 
     say("installing the Helm chart (CRDs, RBAC; operator replicas=0: it runs on this machine)")
     r = subprocess.run([str(helm), "upgrade", "--install", "moe-operator", str(ROOT / "charts" / "moe-operator"),
-                        "-n", "moe-system", "--create-namespace", "--set", "replicas=0", "--wait", "--timeout", "120s"],
+                        "-n", "moe-system", "--create-namespace", "--set", "replicas=0", "--wait", "--timeout", "120s",
+                        # the CRD may exist already (an earlier demo, a kubectl apply): adopt it
+                        "--take-ownership"],
                        env=env, capture_output=True, text=True)
     if r.returncode != 0:
         print(r.stderr, file=sys.stderr)

@@ -68,7 +68,7 @@ def release(dev_cluster, kubectl):
 def crds_installed(kubectl):
     """The chart's CRDs (the same file the generator writes), established."""
     kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=moe-it",
-            "-f", str(CHART / "crds"))
+            "-f", str(CHART / "crds"), "-f", str(ROOT / "crds" / "moedeployments.yaml"))
     kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{c}" for c in OUR_CRDS])
 
 
@@ -76,7 +76,8 @@ def crds_installed(kubectl):
 def test_helm_install_and_uninstall(dev_cluster, kubectl, release):
     rel, ns = release
     sa = f"system:serviceaccount:{ns}:{rel}-moe-operator"
-    _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace",
+    # the session applied the CRD with kubectl: this release adopts it (crds.install, the default)
+    _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace", "--take-ownership",
           "--set", "replicas=2", "--set", "nodeProbe.enabled=true", "--wait", "--timeout", "240s")
     try:
         for c in OUR_CRDS:
@@ -128,16 +129,20 @@ def test_helm_install_and_uninstall(dev_cluster, kubectl, release):
     for kind in ("clusterrole", "clusterrolebinding"):
         assert not _exists(kubectl, kind, f"{rel}-moe-operator")
     assert not _exists(kubectl, "clusterkopfpeering", f"{rel}-moe-operator")
-    # Helm never deletes CRDs (that would delete every MoEDeployment): they stay
+    # Helm never deletes CRDs (that would delete every MoEDeployment): they stay; the MoEDeployment
+    # one, a template of the release, by its helm.sh/resource-policy keep
     for c in OUR_CRDS:
         assert _exists(kubectl, "crd", c)
+    ann = kubectl_json(kubectl, "get", "crd", OUR_CRDS[0])["metadata"].get("annotations", {})
+    assert ann.get("helm.sh/resource-policy") == "keep", ann
 
 
 def test_helm_install_watching_namespaces(dev_cluster, kubectl, release, namespace):
     rel, ns = release
     sa = f"system:serviceaccount:{ns}:{rel}-moe-operator"
     _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace",
-          "--set", f"watchNamespaces={{{namespace}}}", "--set", "replicas=2", "--wait", "--timeout", "240s")
+          "--set", f"watchNamespaces={{{namespace}}}", "--set", "replicas=2", "--set", "crds.install=false",
+          "--wait", "--timeout", "240s")
     args = kubectl_json(kubectl, "-n", ns, "get", "deployment", f"{rel}-moe-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--namespace={namespace}" in args
     assert _exists(kubectl, "-n", namespace, "kopfpeering", f"{rel}-moe-operator")
@@ -206,7 +211,7 @@ def test_operator_runs_with_only_the_chart_rbac(dev_cluster, kubectl, release, n
     the samples with no request refused: the least-privilege RBAC is enough. replicas=0 keeps the
     in-cluster Deployment from competing; the operator runs here, as the demo runs it."""
     rel, ns = release
-    sets = ["--set", "replicas=0"] + (["--set", f"watchNamespaces={{{namespace}}}"] if mode == "watched-namespace" else [])
+    sets = ["--set", "replicas=0", "--set", "crds.install=false"] + (["--set", f"watchNamespaces={{{namespace}}}"] if mode == "watched-namespace" else [])
     _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace", *sets)
     token = kubectl("-n", ns, "create", "token", f"{rel}-moe-operator", "--duration=1h").stdout.strip()
     kc = yaml.safe_load(Path(dev_cluster.kubeconfig).read_text())
@@ -256,7 +261,7 @@ def test_two_peered_operators_elect_one(dev_cluster, kubectl, release, namespace
     """replicas > 1 renders --peering: of two operators on the same peering exactly one must act."""
     rel, ns = release
     _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace", "--set", "replicas=2",
-          "--set", f"watchNamespaces={{{namespace}}}")
+          "--set", f"watchNamespaces={{{namespace}}}", "--set", "crds.install=false")
     # the chart's in-cluster pods only pretend to run (kwok); two real operators run here instead
     kubectl("-n", ns, "scale", "deployment", f"{rel}-moe-operator", "--replicas=0")
     peering = f"{rel}-moe-operator"
