@@ -158,16 +158,23 @@ def _prec(dtype: torch.dtype) -> str:
 
 def gqa_prefill_config(group: int, head_dim: int) -> tuple[int, int, int, int, int]:
     """(tokens per program T, heads per program HB, keys per tile, warps, stages): 128 rows of the MMA,
-    all G heads of the KV head when G <= 16 (their K/V tiles loaded once)."""
+    all G heads of the KV head when G <= 16 (their K/V tiles loaded once). Keys per tile, warps and
+    stages: the best of bench_attention.py --sweep-prefill on one H200 (2026-12-02) at 1 x 8k and
+    4 x 512 over a 4k prefix: 128 keys, 4 warps, 3 stages at head dim 64 (2.53 ms vs 3.28 ms with
+    64 keys, 2 stages); 32 keys, 4 warps, 3 stages at head dim 128 (1.95 ms vs 2.39 ms)."""
     hb = min(_pow2(group), 16)
-    return max(1, 128 // hb), hb, 64, 8 if head_dim > 64 else 4, 2
+    return max(1, 128 // hb), hb, (128 if head_dim <= 64 else 32), 4, 3
 
 
 def mla_prefill_config(heads: int) -> tuple[int, int, int, int, int]:
     """(T, HB, keys per tile, warps, stages) for the absorbed MLA prefill: 64 rows (4 tokens x 16
-    heads) against a [32, 512] latent tile: the fp32 [64, 512] accumulator is the decode kernel's."""
+    heads) against a [64, 512] latent tile (the same sweep: 39.4 ms vs 52.5 ms with 32 keys at
+    128 heads, 1 x 8k); the fp32 [64, 512] accumulator is the decode kernel's."""
     hb = min(_pow2(heads), 16)
-    return max(1, 64 // hb), hb, 32, 8, 2
+    return max(1, 64 // hb), hb, 64, 8, 2
+
+
+MHA_CONFIG = (128, 64, 8, 3)  # (T, keys per tile, warps, stages) of the non-absorbed MLA: the same sweep, 9.9 vs 10.7 ms
 
 
 def _check_rows(q: torch.Tensor, positions: torch.Tensor, name: str) -> None:
@@ -190,6 +197,8 @@ def prefill_gqa(q, k_cache, v_cache, block_tables, positions, kv_len: int, scale
         raise ValueError(f"prefill_gqa: kv_len {kv_len} exceeds the block tables ({block_tables.shape[1]} x {bs})")
     G = H // kvh
     T, HB, bn, warps, stages = config or gqa_prefill_config(G, d)
+    if config is None and k_cache.element_size() == 4:
+        bn = max(16, bn // 2)  # fp32: the same shared-memory bytes as bf16
     bt = block_tables.contiguous()
     pos = positions.contiguous()
     o = torch.empty_like(q)
@@ -218,7 +227,7 @@ def prefill_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, positions, kv
     if kv_len > block_tables.shape[1] * bs:
         raise ValueError(f"prefill_mla: kv_len {kv_len} exceeds the block tables ({block_tables.shape[1]} x {bs})")
     T, HB, bn, warps, stages = config or mla_prefill_config(H)
-    if q_abs.element_size() == 4:
+    if config is None and q_abs.element_size() == 4:
         bn = max(16, bn // 2)  # fp32: the same shared-memory bytes as bf16
     bt = block_tables.contiguous()
     pos = positions.contiguous()
@@ -282,7 +291,7 @@ def prefill_mla_mha(q_nope, q_rot, ckv_cache, krot_cache, w_uk, w_uv, block_tabl
         raise ValueError(f"prefill_mla_mha: kv_len {kv_len} exceeds the block tables")
     k, v, kr, bt = mla_decompress(ckv_cache, krot_cache, w_uk, w_uv, block_tables, kv_len, q_nope.dtype, kv_scale)
     dt = q_nope.dtype
-    T, bn, warps, stages = config or (64, 64, 4, 2)
+    T, bn, warps, stages = config or MHA_CONFIG
     if q_nope.stride(-1) != 1 or q_rot.stride(-1) != 1:
         raise ValueError("prefill_mla_mha: q_nope and q_rot must be contiguous in their last dim")
     pos = positions.contiguous()
