@@ -279,6 +279,9 @@ def test_configure_sets_the_process_defaults(ckpt):
         pod = rendered(ckpt, spec(engine={"name": "bundled"}, parallelism={"tp": 8, "ep": 8}))["Deployment"]
         assert pod["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "p"}]
         assert pod["spec"]["template"]["spec"]["containers"][0]["image"] == "r.example/rt:9.9.9-cu13"
+        from moe_operator.render import inspection_job
+        job = inspection_job("ns", "m-inspect", "pvc://claim/m", images.runtime_image(from_name("sm90")), Owner("m", "ns", "u"))
+        assert job["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "p"}]
     finally:
         images.configure(old)
 
