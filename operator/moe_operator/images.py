@@ -95,3 +95,11 @@ def engine_image(engine: str, version: str, gpu: GpuClass, registries: Registrie
     if gpu.arch == "arm64":
         return base + ARM64_TAG_SUFFIX[engine]
     return base
+
+
+def default_image(engine: str, version: str, gpu: GpuClass, registries: Registries | None = None) -> str:
+    """The image a plan for `engine` on `gpu` runs when spec.engine.image is unset (render and `moe-operator plan`)."""
+    if engine in ENGINE_REPOSITORIES:
+        return engine_image(engine, version, gpu, registries)
+    r = registries or REGISTRIES
+    return runtime_image(gpu, r.runtime_repository, r.runtime_tag)

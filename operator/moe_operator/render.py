@@ -100,10 +100,10 @@ def engine_image(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, runtime_rep
     registries (images.Registries: the chart's runtimeImage/engineImages)."""
     if spec.engine.image:
         return spec.engine.image
-    if spec.engine.name in ("sglang", "vllm"):
-        return images.engine_image(spec.engine.name, plan.engine.version, gpu, registries)  # per CPU arch
-    r = registries or images.REGISTRIES
-    return runtime_image(gpu, runtime_repository or r.runtime_repository, r.runtime_tag)
+    if runtime_repository and spec.engine.name == "bundled":  # the caller's repository (reconcile's Config)
+        r = registries or images.REGISTRIES
+        return runtime_image(gpu, runtime_repository, r.runtime_tag)
+    return images.default_image(spec.engine.name, plan.engine.version, gpu, registries)  # per CPU arch
 
 
 def served_name(spec: MoEDeploymentSpec, name: str) -> str:

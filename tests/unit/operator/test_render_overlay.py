@@ -339,3 +339,15 @@ def test_chart_image_values_become_the_run_flags():
     defaults = subprocess.run([str(helm), "template", "x", str(chart), "-s", "templates/deployment.yaml"],
                               capture_output=True, text=True, timeout=60, check=True).stdout
     assert "--runtime-image-tag=0.1.0" in defaults and "--image-pull-secret" not in defaults  # appVersion
+
+
+def test_default_image_is_what_the_pods_get(ckpt):
+    """images.default_image (what `moe-operator plan` can print) is the image render gives the pods."""
+    for kw in ({}, {"engine": {"name": "vllm"}, "moe": {"runnerBackend": "auto"}},
+               {"engine": {"name": "bundled"}, "parallelism": {"tp": 8, "ep": 8}}):
+        s = spec(**kw)
+        p = place(s, ckpt, build([node_info(node("h200-0"))], {}))
+        assert p.ok, p.explain()
+        pod = pods(rendered(ckpt, s))[0]
+        assert pod["spec"]["containers"][0]["image"] == images.default_image(
+            s.engine.name, p.plan.engine.version, p.inventory.gpu_class)
