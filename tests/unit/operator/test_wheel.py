@@ -85,6 +85,13 @@ def test_wheel_holds_every_package_folder_and_its_data(dist):
     assert sdist.stat().st_size > 0
 
 
+# the webhook's serving certificate (moe_operator.webhook_tls), verified against its CA
+ISSUE_CERT = ("from cryptography import x509\n"
+              "from moe_operator.webhook_tls import issue\n"
+              "i = issue('moe-operator-webhook.moe-system.svc', 3600)\n"
+              "x509.load_pem_x509_certificate(i.cert_pem).verify_directly_issued_by(x509.load_pem_x509_certificate(i.ca_pem))\n")
+
+
 def test_base_install_of_the_wheel_imports_and_plans(dist, tmp_path):
     py = _venv(tmp_path / "base")
     _run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(_wheel(dist))])
@@ -105,6 +112,7 @@ def test_base_install_of_the_wheel_imports_and_plans(dist, tmp_path):
     assert planned["moe"]["runnerBackend"] == "flashinfer_trtllm" and planned["errors"] == []
     crd = _run([str(cli), "crd"], cwd=tmp_path)
     assert "kind: CustomResourceDefinition" in crd.stdout and "MoEDeployment" in crd.stdout
+    _run([str(py), "-c", ISSUE_CERT], cwd=tmp_path)  # no openssl binary: cryptography, a base dependency
 
 
 def test_runtime_modules_of_the_wheel_import(dist, tmp_path):
@@ -170,3 +178,4 @@ def test_base_install_at_the_declared_floors(dist, tmp_path):
     crd = _run([str(cli), "crd"], cwd=tmp_path).stdout
     assert crd == (ROOT / "crds" / "moedeployments.yaml").read_text(), \
         "the CRD generated at the dependency floors differs from the shipped one"
+    _run([str(py), "-c", ISSUE_CERT], cwd=tmp_path)  # cryptography at its floor makes the webhook's certificate
