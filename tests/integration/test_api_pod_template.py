@@ -178,3 +178,20 @@ def test_status_names_the_endpoint_the_model_id_and_the_image(kubectl, namespace
     assert st["image"] == dep["spec"]["template"]["spec"]["containers"][0]["image"]
     wide = kubectl("get", "moed", name, "-n", namespace, "-o", "wide").stdout
     assert st["endpoint"] in wide, wide
+
+
+def test_kubectl_explain_describes_every_spec_field(kubectl, crd):
+    """`kubectl explain moed.spec` (issue 32 item 4) from the API server's published OpenAPI: every
+    top-level spec field is listed with its description, and the escape hatches are explained."""
+    from moe_operator.api import MoEDeploymentSpec
+
+    def explain(path):
+        return wait_for(lambda: (r := kubectl("explain", path, check=False)).returncode == 0 and r.stdout, 30,
+                        f"kubectl explain {path}")
+    out = explain("moed.spec")
+    for name, field in MoEDeploymentSpec.model_fields.items():
+        words = " ".join(field.description.split()[:4])
+        assert name in out and words in " ".join(out.split()), (name, words)
+    assert "refused with the field to use" in " ".join(explain("moed.spec.engine.args").split())
+    assert "strategic" in " ".join(explain("moed.spec.podTemplate.spec").split())
+    assert "--served-model-name" in explain("moed.spec.model.servedName")
