@@ -253,6 +253,21 @@ def mla_mha_flops_cheaper(q_tokens: int, heads: int, kv_lora: int, nope: int, ro
     return mha < absorbed
 
 
+MHA_MIN_FLOPS = 2e11  # absorbed FLOPs below which the decompression's fixed cost (~0.2-0.5 ms on one H200) loses
+
+
+def mla_prefill_form(batch: int, q_tokens: int, kv_len: int, heads: int, kv_lora: int, nope: int, rope: int,
+                     v_dim: int) -> str:
+    """"mha" (non-absorbed) or "absorbed" for one MLA prefill call: mha where it needs fewer FLOPs per
+    key and the call is big enough to pay for the decompression (bench_attention.py --prefill,
+    2026-12-02: at 16 heads, 1 x 1024 new tokens absorbed took 109 us against 723 us; 8 x 1024 746
+    against 646 us; 1 x 2048 over 6k cached 2.2 ms against 0.74 ms)."""
+    absorbed = batch * q_tokens * kv_len * heads * 2 * (2 * kv_lora + rope)
+    if absorbed >= MHA_MIN_FLOPS and mla_mha_flops_cheaper(q_tokens, heads, kv_lora, nope, rope, v_dim):
+        return "mha"
+    return "absorbed"
+
+
 MHA_BLOCK = 16  # the decompressed K/V's page size: a plain [B, L] layout read through an identity table
 
 

@@ -124,7 +124,7 @@ def paged_attention_mla_ref(q_abs: torch.Tensor, q_rot: torch.Tensor, ckv_cache:
 # tensor-core kernels in moe_kernels.attention_decode; prefill/extend in moe_kernels.attention_prefill
 
 from moe_kernels.attention_decode import decode_gqa, decode_mla, triton  # noqa: E402  (triton: None on CPU-only installs)
-from moe_kernels.attention_prefill import mla_mha_flops_cheaper, prefill_gqa, prefill_mla, prefill_mla_mha  # noqa: E402
+from moe_kernels.attention_prefill import mla_prefill_form, prefill_gqa, prefill_mla, prefill_mla_mha  # noqa: E402
 
 
 def paged_decode_gqa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -173,9 +173,10 @@ def paged_attention_mla_heads(q_nope: torch.Tensor, q_rot: torch.Tensor, ckv_cac
                               kv_scale: float = 1.0) -> torch.Tensor:
     """MLA prefill to the per-head output before o_proj: q_nope [B, S, h, nope], w_uk [h, nope, c],
     w_uv [h, v, c] -> [B, S, h, v]. On CUDA the non-absorbed kernel where it needs fewer FLOPs (long
-    chunks), else the absorbed form (Triton on CUDA, the reference elsewhere) and then W_uv."""
+    chunks: mla_prefill_form), else the absorbed form (Triton on CUDA, the reference elsewhere) and then W_uv."""
     H, nope, c = w_uk.shape
-    if _triton_ok(q_nope) and mla_mha_flops_cheaper(q_nope.shape[1], H, c, nope, q_rot.shape[-1], w_uv.shape[1]):
+    B, S = q_nope.shape[:2]
+    if _triton_ok(q_nope) and mla_prefill_form(B, S, kv_len, H, c, nope, q_rot.shape[-1], w_uv.shape[1]) == "mha":
         return prefill_mla_mha(q_nope, q_rot, ckv_cache, krot_cache, w_uk, w_uv, block_tables, positions, kv_len,
                                scale, kv_scale)
     q_abs = torch.einsum("bshd,hdc->bshc", q_nope, w_uk)

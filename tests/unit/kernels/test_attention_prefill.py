@@ -142,6 +142,16 @@ def test_mla_form_is_chosen_by_flops():
     assert mla_mha_flops_cheaper(8192, 16, 512, 128, 64, 128)
 
 
+def test_mla_prefill_form_needs_a_big_enough_call():
+    from moe_kernels.attention_prefill import mla_prefill_form
+
+    dims = (512, 128, 64, 128)
+    assert mla_prefill_form(1, 1024, 1024, 16, *dims) == "absorbed"  # 37 GFLOP: the decompression's fixed cost loses
+    assert mla_prefill_form(8, 1024, 1024, 16, *dims) == "mha"
+    assert mla_prefill_form(1, 2048, 8192, 16, *dims) == "mha"
+    assert mla_prefill_form(64, 100, 8192, 128, *dims) == "absorbed"  # short chunks over a long prefix
+
+
 def test_mla_heads_on_cpu_is_the_absorbed_reference():
     from moe_kernels import paged_attention as pa
 
