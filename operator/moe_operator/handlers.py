@@ -127,7 +127,7 @@ class QuietLibraries(logging.Filter):
 
         msg = record.getMessage()
         head = re.split(r"[:(]| -> ", msg, maxsplit=1)[0]
-        return record.name + ":" + re.sub(r"[0-9]+", "N", head)
+        return re.sub(r"[0-9]+", "N", head)  # kopf logs one retry under several loggers: one kind
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or record.name.startswith(self._OURS):

@@ -27,10 +27,14 @@ log = logging.getLogger("moe_operator.watch_cache")
 
 SELECTOR = "app.kubernetes.io/managed-by=moe-operator"
 WATCH_SECONDS = 300  # the API server ends a watch after this; it is resumed from its resourceVersion
-RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # backoff of a failed list/watch
+RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0)  # backoff of a failed list/watch (an outage over: back within 10 s)
 REFUSED_RETRY_SECONDS = 60.0  # a kind whose list is refused (403, no CRD) is tried again after this
 
 Key = tuple[str, str]  # (namespace, name)
+# Watches failing now, across every cache of the process (kind -> cause): an outage fails them all
+# the same way, so it is one log line when the first fails and one when the last is back.
+_failing: dict[str, str] = {}
+_failing_lock = threading.Lock()
 # (kind, event type, object): ADDED / MODIFIED / DELETED as the API server says, and the same
 # types for what a relist found changed or gone (a watch gap is not lost)
 OnEvent = Callable[[str, str, dict[str, Any]], None]
@@ -153,7 +157,6 @@ class OwnedCache:
             try:
                 rv = self._relist(sc)
                 failures = 0
-                self.failures.pop(sc.kind, None)
                 while not self._stop.is_set():
                     rv = self._watch(sc, rv)
                     if rv is None:
@@ -188,11 +191,14 @@ class OwnedCache:
                 self._stop.wait(RETRY_SECONDS[min(failures, len(RETRY_SECONDS)) - 1])
 
     def _failed(self, sc: _Scope, why: str) -> None:
-        """One line per kind while it keeps failing (an outage fails every watch the same way)."""
-        if sc.kind not in self.failures:
-            log.warning("watch of %s failed (%s); reads of it go to the API until it is back, retried with backoff",
-                        sc.kind, why)
+        """One line while any watch keeps failing (an outage fails every watch the same way)."""
         self.failures[sc.kind] = why
+        with _failing_lock:
+            first = not _failing
+            _failing[sc.kind] = why
+        if first:
+            log.warning("watches of the operator's objects failed (%s: %s); their reads go to the API until they "
+                        "are back, retried with backoff", sc.kind, why)
 
     def _relist(self, sc: _Scope) -> str:
         res = self.resource(sc.kind)
@@ -201,9 +207,12 @@ class OwnedCache:
         with self._lock:
             changes = relist_changes(sc.objects, new) if sc.synced or sc.objects else []
             sc.objects, sc.synced, sc.refused = new, True, None
-        was_failing = sc.kind in self.failures
-        if was_failing:
-            log.info("watch of %s: back (%d objects)", sc.kind, len(new))
+        if self.failures.pop(sc.kind, None) is not None:
+            with _failing_lock:
+                _failing.pop(sc.kind, None)
+                last = not _failing
+            if last:
+                log.info("watches of the operator's objects: back")
         for type_, obj in changes:
             self._emit(sc.kind, type_, obj)
         return (listed.get("metadata") or {}).get("resourceVersion") or ""
