@@ -228,7 +228,9 @@ def prefill_mla(q_abs, q_rot, ckv_cache, krot_cache, block_tables, positions, kv
         raise ValueError(f"prefill_mla: kv_len {kv_len} exceeds the block tables ({block_tables.shape[1]} x {bs})")
     T, HB, bn, warps, stages = config or mla_prefill_config(H)
     if config is None and q_abs.element_size() == 4:
-        bn = max(16, bn // 2)  # fp32: the same shared-memory bytes as bf16
+        # fp32: the latent tile and the [64, 512] q tile both double (64 keys: ~256 KiB of the H200's
+        # 227); 16-key tiles passed on the H200 (2026-12-02, first run)
+        bn = max(16, bn // 4)
     bt = block_tables.contiguous()
     pos = positions.contiguous()
     o = torch.empty_like(q_abs)
