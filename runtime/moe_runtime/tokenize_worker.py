@@ -40,8 +40,8 @@ def _exit_with(parent: int) -> None:
     os._exit(0)
 
 
-def _encode(text: str) -> bytes:
-    return array("I", _tok.encode_batch([text], add_special_tokens=False)[0].ids).tobytes()
+def _encode(text: str, add_special_tokens: bool = False) -> bytes:
+    return array("I", _tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids).tobytes()
 
 
 class LongEncoder:
@@ -63,12 +63,12 @@ class LongEncoder:
                                                  initargs=(self.path, os.getpid()))
             return self._pool
 
-    def encode(self, text: str) -> array:
+    def encode(self, text: str, add_special_tokens: bool = False) -> array:
         from concurrent.futures.process import BrokenProcessPool
 
         pool = self._executor()
         try:
-            data = pool.submit(_encode, text).result()
+            data = pool.submit(_encode, text, add_special_tokens).result()
         except BrokenProcessPool:  # the child was killed (OOM, say): the next call starts another
             with self._lock:
                 if self._pool is pool:

@@ -103,10 +103,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Without the GIL (the batch API releases it), so the HTTP event loop keeps answering while
-        another thread tokenizes a long prompt."""
-        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
+        another thread tokenizes a long prompt. `add_special_tokens`: tokenizer.json's post-processor
+        (a BOS template, where the checkpoint has one) runs, as transformers' tokenizer(text) does."""
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     @functools.cached_property
     def max_token_chars(self) -> int:

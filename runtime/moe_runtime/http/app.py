@@ -266,13 +266,15 @@ async def _run(state: ServerState, request: Request, prompts: list[list[int]], b
     return out
 
 
-async def _encode(state: ServerState, text: str, packed: bool = False):
+async def _encode(state: ServerState, text: str, packed: bool = False, add_special_tokens: bool = False):
     """Token ids of `text`, in a worker thread; a long text in the tokenizer's child process
-    (tokenize_worker: the GIL stays free), as an array('I') with `packed` (for /tokenize's JSON)."""
+    (tokenize_worker: the GIL stays free), as an array('I') with `packed` (for /tokenize's JSON).
+    `add_special_tokens`: vLLM's field (true by default for completions and /tokenize, false for chat,
+    whose template writes them)."""
     if state.long_encoder is not None and len(text) >= LONG_TEXT_CHARS:
-        ids = await asyncio.to_thread(state.long_encoder.encode, text)
+        ids = await asyncio.to_thread(state.long_encoder.encode, text, add_special_tokens)
         return ids if packed else await asyncio.to_thread(ids.tolist)
-    return await asyncio.to_thread(state.tokenizer.encode, text)
+    return await asyncio.to_thread(state.tokenizer.encode, text, add_special_tokens)
 
 
 async def completions(body: CompletionRequest, request: Request):
@@ -288,7 +290,7 @@ async def completions(body: CompletionRequest, request: Request):
         if isinstance(p, str):
             if (resp := _too_long(state, len(p), "prompt")) is not None:
                 return resp
-            ids = await _encode(state, p)
+            ids = await _encode(state, p, add_special_tokens=body.add_special_tokens)
         else:
             vocab = _vocab(state)
             if any(t < 0 or t >= vocab for t in p):
@@ -312,7 +314,8 @@ async def chat(body: ChatRequest, request: Request):
                                 body.chat_template_kwargs)
     if isinstance(prompt, JSONResponse):
         return prompt
-    return await _run(state, request, [await _encode(state, prompt)], body, chat=True)
+    return await _run(state, request, [await _encode(state, prompt, add_special_tokens=body.add_special_tokens)], body,
+                      chat=True)
 
 
 async def tokenize(body: TokenizeRequest, request: Request):
@@ -330,8 +333,12 @@ async def tokenize(body: TokenizeRequest, request: Request):
             return text
     else:
         text = body.prompt
-    ids = await _encode(state, text, packed=True)
+    # vLLM's defaults: specials added for a prompt, not for messages (TokenizeCompletionRequest / TokenizeChatRequest)
+    special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
+    ids = await _encode(state, text, packed=True, add_special_tokens=special)
     head = {"count": len(ids), "max_model_len": _max_len(state)}
+    if body.return_token_strs and len(ids) <= _JSON_PIECE:
+        head["token_strs"] = await asyncio.to_thread(lambda: [state.tokenizer.token_text(t) for t in ids])
     if len(ids) <= _JSON_PIECE:
         return {**head, "tokens": list(ids)}
 

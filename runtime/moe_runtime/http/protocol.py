@@ -124,6 +124,7 @@ class CompletionRequest(Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False  # the prompt before the completion, with its logprobs when logprobs is set
+    add_special_tokens: bool = True  # vLLM's CompletionRequest default (the tokenizer's BOS template)
 
     @field_validator("prompt")
     @classmethod
@@ -194,6 +195,7 @@ class ChatRequest(Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False  # vLLM's chat default: the template writes the special tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
@@ -209,6 +211,10 @@ class TokenizeRequest(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    # vLLM's TokenizeCompletionRequest / TokenizeChatRequest fields (protocol.py, v0.11.0); None:
+    # true for a prompt, false for messages, as there
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
 
 
 class DetokenizeRequest(BaseModel):

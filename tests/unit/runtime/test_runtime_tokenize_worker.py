@@ -52,9 +52,9 @@ def test_server_sends_only_long_texts_to_the_child(model):
     calls = []
 
     class Spy(LongEncoder):
-        def encode(self, text):
+        def encode(self, text, add_special_tokens=False):
             calls.append(len(text))
-            return super().encode(text)
+            return super().encode(text, add_special_tokens)
 
     state = ServerState(model_name="m", metrics=Metrics(), tokenizer=Tokenizer(model), long_encoder=Spy(model / "tokenizer.json"))
     try:
