@@ -60,6 +60,14 @@ _MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name"
                "volumeMounts": "mountPath", "env": "name", "topologySpreadConstraints": "topologyKey"}
 
 
+def _shape(where: str, obj: dict[str, Any], lists: tuple[str, ...], maps: tuple[str, ...]) -> list[str]:
+    """Type errors the checks below would trip over (the API server would refuse them later, as an
+    apply error on the workload instead of a refusal at admission)."""
+    out = [f"{where}.{k} must be a list of objects" for k in lists
+           if k in obj and not (isinstance(obj[k], list) and all(isinstance(i, dict) for i in obj[k]))]
+    return out + [f"{where}.{k} must be an object" for k in maps if k in obj and not isinstance(obj[k], dict)]
+
+
 def _under(path: str, roots: tuple[str, ...]) -> str | None:
     p = path.rstrip("/") or "/"
     for r in roots:
@@ -82,7 +90,12 @@ def mount_refusals(where: str, mounts: list[Any], reserved: tuple[str, ...]) -> 
 def _container_refusals(where: str, c: Any, names_taken: tuple[str, ...]) -> list[str]:
     if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
         return [f"{where}: every container needs a name"]
-    name, out = c["name"], []
+    name = c["name"]
+    out = _shape(f"{where} {name}", c, ("env", "ports", "volumeMounts", "envFrom"), ("securityContext", "resources"))
+    if isinstance(c.get("resources"), dict):
+        out += _shape(f"{where} {name}.resources", c["resources"], ("claims",), ("requests", "limits"))
+    if out:
+        return out
     if name in names_taken:
         return [f"{where} {name}: the name is the operator's"]
     if not isinstance(c.get("image"), str) or not c["image"]:
@@ -94,9 +107,9 @@ def _container_refusals(where: str, c: Any, names_taken: tuple[str, ...]) -> lis
         except ValueError as e:
             out.append(f"{where} {name}: {e}")
     sec = c.get("securityContext") or {}
-    if not isinstance(sec, dict) or (bad := sorted(set(sec) - set(SIDECAR_SECURITY_ALLOWED))):
+    if (bad := sorted(set(sec) - set(SIDECAR_SECURITY_ALLOWED))):
         out.append(f"{where} {name}: securityContext may set only {', '.join(SIDECAR_SECURITY_ALLOWED)} "
-                   f"(privilege escalation, capabilities and privileged mode stay off), not {', '.join(bad or ['?'])}")
+                   f"(privilege escalation, capabilities and privileged mode stay off), not {', '.join(bad)}")
     if "envFrom" in c:
         out.append(f"{where} {name}: envFrom is refused (its names cannot be checked): list the variables in env")
     for e in c.get("env") or []:
@@ -127,6 +140,12 @@ def refusals(template: dict[str, Any]) -> list[str]:
                 out.append(f"podTemplate.metadata.{part}: {k} is reserved for the operator "
                            f"(prefixes {', '.join(RESERVED_LABEL_PREFIXES)})")
     spec = template.get("spec") or {}
+    aff = spec.get("affinity") or {}
+    if (bad := _shape("podTemplate.spec.affinity", aff, (), ("nodeAffinity", "podAffinity", "podAntiAffinity"))):
+        return bad
+    for c in spec.get("containers") or []:
+        if isinstance(c, dict) and (bad := _shape(f"podTemplate.spec.containers {c.get('name')}", c, ("volumeMounts",), ())):
+            return bad
     for k, use in POD_FIELDS.items():
         if spec.get(k) not in (None, False) or (k == "hostUsers" and spec.get(k) is not None):
             out.append(f"podTemplate.spec.{k} is the operator's: use {use}")
@@ -134,13 +153,12 @@ def refusals(template: dict[str, Any]) -> list[str]:
     if (bad := sorted(set(sec) - set(POD_SECURITY_ALLOWED))):
         out.append(f"podTemplate.spec.securityContext may set only {', '.join(POD_SECURITY_ALLOWED)} "
                    f"(the rest is the operator's restricted profile), not {', '.join(bad)}")
-    aff = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-    if aff.get("requiredDuringSchedulingIgnoredDuringExecution"):
+    if (aff.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution"):
         out.append("podTemplate.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution is the "
                    "planner's (its terms would widen the GPU class it chose): use spec.nodeSelector or spec.gpu")
     for v in spec.get("volumes") or []:
         name = v.get("name") if isinstance(v, dict) else None
-        if not name:
+        if not isinstance(name, str) or not name:
             out.append("podTemplate.spec.volumes: every volume needs a name")
         elif name in RESERVED_VOLUMES:
             out.append(f"podTemplate.spec.volumes {name}: the name is the operator's ({', '.join(RESERVED_VOLUMES)})")
@@ -161,7 +179,7 @@ def refusals(template: dict[str, Any]) -> list[str]:
     for c in spec.get("initContainers") or []:
         out += _container_refusals("podTemplate.spec.initContainers", c, (MAIN, *RESERVED_INIT))
     names = [c.get("name") for part in ("containers", "initContainers") for c in spec.get(part) or []
-             if isinstance(c, dict)]
+             if isinstance(c, dict) and isinstance(c.get("name"), str)]
     if (dup := sorted({n for n in names if names.count(n) > 1})):
         out.append(f"podTemplate.spec: container names must be unique across containers and initContainers: {dup}")
     return out

@@ -219,6 +219,18 @@ def test_pod_template_refusals_name_the_field(template, words):
     assert words in msg, msg
 
 
+@pytest.mark.parametrize("template", [
+    {"spec": {"affinity": {"nodeAffinity": "x"}}}, {"spec": {"containers": [{"name": "engine", "volumeMounts": ["x"]}]}},
+    {"spec": {"containers": [{"name": "s", "image": "a:1", "env": "x"}]}},
+    {"spec": {"containers": [{"name": "s", "image": "a:1", "resources": {"limits": ["nvidia.com/gpu"]}}]}},
+    {"spec": {"containers": [{"name": "s", "image": "a:1", "securityContext": "x"}]}},
+    {"spec": {"containers": [{"name": ["x"], "image": "a:1"}, {"name": ["x"], "image": "a:1"}]}},
+    {"spec": {"initContainers": [{"name": "s", "image": "a:1", "volumeMounts": [3]}]}},
+])
+def test_malformed_pod_templates_are_refused_not_crashed_on(template):
+    assert "podTemplate" in refused(podTemplate=template)  # a ValidationError naming the field, no TypeError
+
+
 def test_engine_mounts_may_not_hide_a_file_model():
     msg = refused(model={"uri": "file:///data/models/x"},
                   podTemplate={"spec": {"containers": [{"name": "engine", "volumeMounts": [{"name": "v", "mountPath": "/data"}]}]}})
