@@ -347,9 +347,9 @@ class PodSecurityOverlay(_Model):
 
 class PodTemplateMetadata(_Model):
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, description=(
-        "labels added to the pods (moe.serving.dev/, leaderworkerset.sigs.k8s.io/ and app.kubernetes.io/ are the operator's)"))
+        "labels added to the pods (moe.serving.dev/*, leaderworkerset.sigs.k8s.io/* and the operator's selector labels are refused)"))
     annotations: dict[LabelKey, Annotated[str, Field(max_length=32768)]] = Field(
-        default_factory=dict, max_length=64, description="annotations added to the pods (the same prefixes are the operator's)")
+        default_factory=dict, max_length=64, description="annotations added to the pods (moe.serving.dev/* and leaderworkerset.sigs.k8s.io/* are the operator's)")
 
 
 class PodTemplateSpec(_Model):

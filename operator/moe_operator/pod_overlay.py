@@ -51,7 +51,10 @@ RESERVED_VOLUMES = ("plan", "dshm", "hf-cache", "engine-cache", "model", "model-
 RESERVED_INIT = ("fetch-model", "model-cache-ready")
 # mount paths the operator's containers use (a mount at or under one would hide it)
 RESERVED_MOUNTS = ("/etc/moe", "/dev/shm", "/models", "/root/.cache/huggingface", "/var/cache/moe")
-RESERVED_LABEL_PREFIXES = ("moe.serving.dev/", "leaderworkerset.sigs.k8s.io/", "app.kubernetes.io/")
+RESERVED_LABEL_PREFIXES = ("moe.serving.dev/", "leaderworkerset.sigs.k8s.io/")
+# the operator's selector labels, and what the workload controllers set on their pods
+RESERVED_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/name", "app.kubernetes.io/managed-by",
+                   "pod-template-hash", "controller-revision-hash", "statefulset.kubernetes.io/pod-name")
 # a user container's securityContext: only what narrows it (the restricted defaults fill the rest)
 SIDECAR_SECURITY_ALLOWED = ("runAsUser", "runAsGroup", "runAsNonRoot", "readOnlyRootFilesystem")
 POD_SECURITY_ALLOWED = ("fsGroup", "fsGroupChangePolicy", "supplementalGroups")
@@ -136,9 +139,9 @@ def refusals(template: dict[str, Any]) -> list[str]:
     meta = template.get("metadata") or {}
     for part in ("labels", "annotations"):
         for k in meta.get(part) or {}:
-            if k.startswith(RESERVED_LABEL_PREFIXES):
+            if k.startswith(RESERVED_LABEL_PREFIXES) or k in RESERVED_LABELS:
                 out.append(f"podTemplate.metadata.{part}: {k} is reserved for the operator "
-                           f"(prefixes {', '.join(RESERVED_LABEL_PREFIXES)})")
+                           f"({', '.join(RESERVED_LABEL_PREFIXES)}* and {', '.join(RESERVED_LABELS)})")
     spec = template.get("spec") or {}
     aff = spec.get("affinity") or {}
     if (bad := _shape("podTemplate.spec.affinity", aff, (), ("nodeAffinity", "podAffinity", "podAntiAffinity"))):

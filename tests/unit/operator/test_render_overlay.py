@@ -134,7 +134,7 @@ def test_served_name_pattern_and_endpoint():
 # --- pod template ---------------------------------------------------------------------------------
 
 TEMPLATE = {
-    "metadata": {"labels": {"team": "a"}, "annotations": {"example.com/cost-center": "42"}},
+    "metadata": {"labels": {"team": "a", "app.kubernetes.io/part-of": "search"}, "annotations": {"example.com/cost-center": "42"}},
     "spec": {
         "serviceAccountName": "reader", "priorityClassName": "inference", "imagePullSecrets": [{"name": "mine"}],
         "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
@@ -213,6 +213,7 @@ def test_pod_template_merges_into_every_pod(ckpt, layout):
     ({"spec": {"initContainers": [{"name": "fetch-model", "image": "busybox:1"}]}}, "the name is the operator's"),
     ({"metadata": {"labels": {"moe.serving.dev/role": "x"}}}, "reserved for the operator"),
     ({"metadata": {"annotations": {"moe.serving.dev/inputs-hash": "x"}}}, "reserved for the operator"),
+    ({"metadata": {"labels": {"app.kubernetes.io/instance": "other"}}}, "reserved for the operator"),
 ])
 def test_pod_template_refusals_name_the_field(template, words):
     msg = refused(podTemplate=template)
