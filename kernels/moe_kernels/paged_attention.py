@@ -176,7 +176,9 @@ def paged_attention_mla_heads(q_nope: torch.Tensor, q_rot: torch.Tensor, ckv_cac
     chunks: mla_prefill_form), else the absorbed form (Triton on CUDA, the reference elsewhere) and then W_uv."""
     H, nope, c = w_uk.shape
     B, S = q_nope.shape[:2]
-    if _triton_ok(q_nope) and mla_prefill_form(B, S, kv_len, H, c, nope, q_rot.shape[-1], w_uv.shape[1]) == "mha":
+    v_dim = w_uv.shape[1]
+    pow2 = not (nope & (nope - 1) or v_dim & (v_dim - 1))  # the non-absorbed kernel's aranges; else absorbed
+    if _triton_ok(q_nope) and pow2 and mla_prefill_form(B, S, kv_len, H, c, nope, q_rot.shape[-1], v_dim) == "mha":
         return prefill_mla_mha(q_nope, q_rot, ckv_cache, krot_cache, w_uk, w_uv, block_tables, positions, kv_len,
                                scale, kv_scale)
     q_abs = torch.einsum("bshd,hdc->bshc", q_nope, w_uk)
