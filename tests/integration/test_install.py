@@ -76,7 +76,8 @@ def crds_installed(kubectl):
 def test_helm_install_and_uninstall(dev_cluster, kubectl, release):
     rel, ns = release
     sa = f"system:serviceaccount:{ns}:{rel}-moe-operator"
-    # the session applied the CRD with kubectl: this release adopts it (crds.install, the default)
+    # the session may have applied the CRD with kubectl: each release here adopts it (crds.install,
+    # the default, with --take-ownership; the CRD is kept when the release goes)
     _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace", "--take-ownership",
           "--set", "replicas=2", "--set", "nodeProbe.enabled=true", "--wait", "--timeout", "240s")
     try:
@@ -141,7 +142,7 @@ def test_helm_install_watching_namespaces(dev_cluster, kubectl, release, namespa
     rel, ns = release
     sa = f"system:serviceaccount:{ns}:{rel}-moe-operator"
     _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace",
-          "--set", f"watchNamespaces={{{namespace}}}", "--set", "replicas=2", "--set", "crds.install=false",
+          "--set", f"watchNamespaces={{{namespace}}}", "--set", "replicas=2", "--take-ownership",
           "--wait", "--timeout", "240s")
     args = kubectl_json(kubectl, "-n", ns, "get", "deployment", f"{rel}-moe-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--namespace={namespace}" in args
@@ -211,7 +212,7 @@ def test_operator_runs_with_only_the_chart_rbac(dev_cluster, kubectl, release, n
     the samples with no request refused: the least-privilege RBAC is enough. replicas=0 keeps the
     in-cluster Deployment from competing; the operator runs here, as the demo runs it."""
     rel, ns = release
-    sets = ["--set", "replicas=0", "--set", "crds.install=false"] + (["--set", f"watchNamespaces={{{namespace}}}"] if mode == "watched-namespace" else [])
+    sets = ["--set", "replicas=0", "--take-ownership"] + (["--set", f"watchNamespaces={{{namespace}}}"] if mode == "watched-namespace" else [])
     _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace", *sets)
     token = kubectl("-n", ns, "create", "token", f"{rel}-moe-operator", "--duration=1h").stdout.strip()
     kc = yaml.safe_load(Path(dev_cluster.kubeconfig).read_text())
@@ -261,7 +262,7 @@ def test_two_peered_operators_elect_one(dev_cluster, kubectl, release, namespace
     """replicas > 1 renders --peering: of two operators on the same peering exactly one must act."""
     rel, ns = release
     _helm(dev_cluster, "install", rel, str(CHART), "-n", ns, "--create-namespace", "--set", "replicas=2",
-          "--set", f"watchNamespaces={{{namespace}}}", "--set", "crds.install=false")
+          "--set", f"watchNamespaces={{{namespace}}}", "--take-ownership")
     # the chart's in-cluster pods only pretend to run (kwok); two real operators run here instead
     kubectl("-n", ns, "scale", "deployment", f"{rel}-moe-operator", "--replicas=0")
     peering = f"{rel}-moe-operator"
