@@ -1,5 +1,9 @@
 """Check engine_rules rows against an unpacked engine wheel (maintenance; not run by the tests).
 
+Recording a release is scripts/engine_rules_extract.py's job (it writes engine_rules/data/, which the
+rows read); this prints, per row, where its marker is in one wheel and whether the row's cited line
+numbers still hold, for moving the citations to a new release.
+
     mkdir -p /tmp/wheels && cd /tmp/wheels && pip download --no-deps sglang==0.5.24
     unzip -q sglang-0.5.24-*.whl 'sglang/srt/*' -d sg0.5.24
     .venv/bin/python scripts/engine_rules_check.py sglang 0.5.24 /tmp/wheels/sg0.5.24

@@ -23,28 +23,30 @@ from moe_core.gpu import BLACKWELL, GpuClass
 from moe_core.plan import Decision, Plan, PlanCheckpoint, PlanEngine, PlanGpu, PlanMoE
 
 from . import engine_rules
+from .engine_rules import recorded
 
 ENGINES = ("bundled", "sglang", "vllm")
 DEFAULT_VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0", "bundled": "0.1.0"}
 
-# sglang release -> pinned flashinfer-python (tuning-rules.md 0.1). Used when the image's
-# flashinfer version is not given explicitly.
-SGLANG_FLASHINFER_PIN = {
-    "0.5.10": "0.6.7.post2", "0.5.14": "0.6.12", "0.5.15": "0.6.12", "0.5.16": "0.6.14",
-    "0.5.17": "0.6.15.post1", "0.5.18": "0.6.17", "0.5.19": "0.6.18", "0.5.20": "0.6.18",
-    "0.5.21": "0.6.18", "0.5.22": "0.7.1", "0.5.23": "0.7.2",
-}
+# sglang release -> pinned flashinfer-python (the wheel's Requires-Dist, engine_rules/data/sglang.json).
+# Used when the image's flashinfer version is not given explicitly.
+SGLANG_FLASHINFER_PIN = {v: r["flashinfer_pin"] for v, r in recorded.releases("sglang").items() if r.get("flashinfer_pin")}
 
-# sglang --moe-runner-backend values and the first release that has them (tuning-rules.md 1.3).
-SGLANG_RUNNERS = {
-    **{r: "0.5.10" for r in ("auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm",
-                             "flashinfer_trtllm_routed", "flashinfer_cutlass", "flashinfer_mxfp4",
-                             "flashinfer_cutedsl", "cutlass")},
-    "experimental_sgl_trtllm": "0.5.14", "aiter": "0.5.14", "marlin": "0.5.14",
-    "humming": "0.5.16", "experimental_sgl_marlin": "0.5.16", "hpc_ops": "0.5.17", "megamoe": "0.5.18",
-    "intel_xpu": "0.5.19", "flashinfer_megamoe": "0.5.20",
-    "lora_cutedsl": "0.5.23", "lora_triton": "0.5.23", "lora_marlin": "0.5.23",
-}
+# sglang --moe-runner-backend values (this order is the CRD enum's) and the first release read that
+# accepts each (its --moe-runner-backend choices, engine_rules/data/sglang.json).
+_SGLANG_RUNNER_ORDER = (
+    "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "flashinfer_trtllm_routed",
+    "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl", "cutlass", "experimental_sgl_trtllm", "aiter",
+    "marlin", "humming", "experimental_sgl_marlin", "hpc_ops", "megamoe", "intel_xpu", "flashinfer_megamoe",
+    "lora_cutedsl", "lora_triton", "lora_marlin",
+)
+
+
+def _first_accepting(runner: str) -> str:
+    return next(v for v, r in recorded.releases("sglang").items() if runner in r["runner_choices"]["values"])
+
+
+SGLANG_RUNNERS = {r: _first_accepting(r) for r in _SGLANG_RUNNER_ORDER}
 SGLANG_A2A = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe",
               "deepep_v2", "pplx", "ascend_tp", "flashinfer_megamoe")
 VLLM_MOE_BACKENDS = (
@@ -1044,6 +1046,10 @@ def auto_fallbacks(p: Plan) -> list[str]:
 def default_flashinfer(engine: str, version: str, gpu: GpuClass) -> str | None:
     """flashinfer-python in the engine's image when the user did not say."""
     if engine == "sglang":
+        read = engine_rules.read_as("sglang", version)
+        if read is not None:  # a release read (post releases are their own: 0.5.10.post1 pins another)
+            return SGLANG_FLASHINFER_PIN.get(read)
+        # not read: the planner assumes the pin of the newest release read below it (the plan warns ER0)
         key = ".".join(str(x) for x in vtuple(version)[:3])
         known = sorted(SGLANG_FLASHINFER_PIN, key=vtuple)
         below = [k for k in known if vtuple(k) <= vtuple(key)]

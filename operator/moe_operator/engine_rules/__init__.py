@@ -21,29 +21,15 @@ the nearest releases read named (`coverage_note`, warning ER0, also an admission
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-# Releases whose wheels were unpacked and read for these rows.
-VERSIONS_READ: dict[str, tuple[str, ...]] = {
-    # newest first is not required; kept in ascending order
-    "sglang": ("0.5.10", "0.5.14", "0.5.17", "0.5.19", "0.5.21", "0.5.22", "0.5.23"),
-    "vllm": ("0.22.1", "0.33.0"),
-}
+from . import recorded
+from .recorded import release_key, vt  # noqa: F401  (the version helpers, re-exported)
 
-
-def vt(v: str | None) -> tuple[int, ...]:
-    """'0.5.23' -> (0, 5, 23); suffixes (rc, post, +local) are ignored."""
-    if not v:
-        return ()
-    out = []
-    for part in v.split("+")[0].split("."):
-        m = re.match(r"\d+", part)
-        if not m:
-            break
-        out.append(int(m.group()))
-    return tuple(out + [0] * (3 - len(out))) if out else ()
+# Releases whose wheels were unpacked and read for these rows: the releases recorded in
+# engine_rules/data/<engine>.json by scripts/engine_rules_extract.py (ascending).
+VERSIONS_READ: dict[str, tuple[str, ...]] = {e: tuple(recorded.releases(e)) for e in ("sglang", "vllm")}
 
 
 @dataclass(frozen=True)
@@ -116,19 +102,6 @@ class Refusal:
     text: str
 
 
-_RELEASE = re.compile(r"v?(\d+(?:\.\d+)*)(?:[.-]?(rc|post)(\d+))?(?:\+.*)?")
-
-
-def release_key(v: str) -> tuple | None:
-    """Sort key of a release string ('0.5.23' < '0.5.23.post1' < '0.5.24rc0' < '0.5.24'); None when
-    the string is not a release number. A post release is a release of its own, not its base's."""
-    m = _RELEASE.fullmatch((v or "").strip())
-    if not m:
-        return None
-    tag = {"rc": 0, None: 1, "post": 2}[m.group(2)]
-    return (vt(m.group(1)), tag, int(m.group(3) or 0))
-
-
 def read_as(engine: str, version: str) -> str | None:
     """The entry of VERSIONS_READ that is this very release, or None when it was not read."""
     key = release_key(version)
@@ -170,7 +143,14 @@ def coverage_note(engine: str, version: str) -> str | None:
 
 
 def _applies(rule: Rule, case: Case) -> bool:
-    return read_as(case.engine, case.version) is not None and vt(rule.source.since) <= vt(case.version)
+    """The release was read and has the row's check: its marker was found in that very release
+    (recorded data), so a check that appeared and went applies only where it is; rows without a
+    marker apply from `since`."""
+    read = read_as(case.engine, case.version)
+    if read is None:
+        return False
+    has = recorded.has_check(case.engine, read, rule.id)
+    return has if has is not None else vt(rule.source.since) <= vt(case.version)
 
 
 def _rules(engine: str) -> tuple[Rule, ...]:
@@ -212,8 +192,12 @@ def check(case: Case, skip_same_as: frozenset[str] = frozenset()) -> list[Refusa
             continue
         if rule.when(case):
             msg = rule.message.format(**_fields(case), **(rule.extra(case) if rule.extra else {}))
+            src = rule.source
+            first = recorded.first_with(case.engine, rule.id)
+            if first is not None and first != src.since:  # the releases read say where the check starts
+                src = replace(src, since=first)
             out.append(Refusal(rule, f"[{rule.id}] {case.engine} {case.version} refuses this at start-up: {msg} "
-                                     f"({rule.source.cite(case.engine)})"))
+                                     f"({src.cite(case.engine)})"))
     return out
 
 

@@ -1,8 +1,11 @@
 """sglang's start-up checks of `--moe-runner-backend` / `--moe-a2a-backend`, as rows.
 
-Read from the released wheels sglang==0.5.10, 0.5.14, 0.5.17, 0.5.19, 0.5.21, 0.5.22, 0.5.23
-(PyPI). Line numbers are 0.5.23's; `since` is the first of those releases whose code has the check
-(found by the row's `marker`, a literal piece of the upstream message). Paths are inside the wheel.
+Every release from 0.5.10 to 0.5.23, post releases included, is read from its wheel (PyPI) into
+data/sglang.json by scripts/engine_rules_extract.py: the choices, the fused-function registrations,
+the flashinfer pin, and for every row whether (and where) the release has its check; a check whose
+code differs from every other release read carries the reader's note there. A row applies to a
+release that has its check (engine_rules._applies); line numbers here are 0.5.23's, and a refusal
+cites the first release read that has the check. Paths are inside the wheel.
 
 Where the checks run (0.5.23):
   * server arguments: `srt/arg_groups/moe_hook.py` `handle_moe_kernel_config` (runner x quantization,
@@ -26,32 +29,16 @@ Where the checks run (0.5.23):
 
 from __future__ import annotations
 
-from . import Case, Rule, Source, server_quantization, vt
+from . import Case, Rule, Source, recorded, server_quantization, vt
 
 V = "0.5.23"
 
-# --moe-runner-backend choices per release read (MOE_RUNNER_BACKEND_CHOICES: server_args.py in
-# 0.5.10-0.5.19, srt/arg_groups/choices.py:136-159 from 0.5.21).
-_R_0510 = ("auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "flashinfer_trtllm_routed",
-           "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl", "cutlass")
-_R_0514 = _R_0510[:5] + ("experimental_sgl_trtllm",) + _R_0510[5:] + ("aiter", "marlin")
-_R_0517 = _R_0514 + ("humming", "experimental_sgl_marlin", "hpc_ops")
-_R_0519 = _R_0517 + ("megamoe", "intel_xpu")
-_R_0521 = _R_0519 + ("flashinfer_megamoe",)
-_R_0523 = _R_0521 + ("lora_cutedsl", "lora_triton", "lora_marlin")
-RUNNER_CHOICES = {"0.5.10": _R_0510, "0.5.14": _R_0514, "0.5.17": _R_0517, "0.5.19": _R_0519,
-                  "0.5.21": _R_0521, "0.5.22": _R_0521, "0.5.23": _R_0523}
-
-# --moe-a2a-backend choices per release read (server_args.py `moe_a2a_backend: Literal[...]` in
-# 0.5.10, MOE_A2A_BACKEND_CHOICES in 0.5.14-0.5.17, the field in 0.5.19 server_args.py:2222,
-# srt/arg_groups/fields/exec_.py:836-866 in 0.5.23).
-_A_0510 = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer")
-_A_0514 = _A_0510 + ("megamoe",)
-_A_0517 = _A_0514 + ("pplx", "ascend_tp")
-_A_0519 = _A_0517 + ("deepep_v2",)
-_A_0521 = _A_0519 + ("flashinfer_megamoe",)
-A2A_CHOICES = {"0.5.10": _A_0510, "0.5.14": _A_0514, "0.5.17": _A_0517, "0.5.19": _A_0519,
-               "0.5.21": _A_0521, "0.5.22": _A_0521, "0.5.23": _A_0521}
+# --moe-runner-backend / --moe-a2a-backend choices per release read, extracted from each wheel by
+# scripts/engine_rules_extract.py (MOE_RUNNER_BACKEND_CHOICES / MOE_A2A_BACKEND_CHOICES in server_args.py
+# to 0.5.19, the fields' Arg(choices=...) in srt/arg_groups/fields/exec_.py from 0.5.20; data/sglang.json
+# names the line per release).
+RUNNER_CHOICES = {v: tuple(r["runner_choices"]["values"]) for v, r in recorded.releases("sglang").items()}
+A2A_CHOICES = {v: tuple(r["a2a_choices"]["values"]) for v, r in recorded.releases("sglang").items()}
 
 
 def _of_release(table: dict, version: str):
@@ -108,25 +95,10 @@ DEEPEP_V2_ARCHS = frozenset({
 # then needs a fused function for (a2a, runner) (runner.py:166-180).
 FUSED_ONLY = frozenset({"marlin", "flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutedsl",
                         "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_megamoe", "hpc_ops"})
-# @register_fused_func(a2a, runner) registrations in 0.5.23:
-#   moe_runner/flashinfer_cutedsl.py:438,515,624; flashinfer_cutlass.py:399,419,451;
-#   flashinfer_trtllm.py:1820,1844,1876,1877; hpc_ops.py:126; marlin.py:115;
-#   layers/moe/flashinfer_megamoe.py:651.
-FUSED_FUNCS = frozenset({
-    ("none", "flashinfer_cutedsl"), ("flashinfer", "flashinfer_cutedsl"), ("deepep", "flashinfer_cutedsl"),
-    ("none", "flashinfer_cutlass"), ("flashinfer", "flashinfer_cutlass"), ("none", "flashinfer_mxfp4"),
-    ("none", "flashinfer_trtllm"), ("none", "flashinfer_trtllm_routed"), ("flashinfer", "flashinfer_trtllm"),
-    ("flashinfer", "flashinfer_trtllm_routed"), ("none", "hpc_ops"), ("none", "marlin"),
-    ("flashinfer_megamoe", "flashinfer_megamoe"),
-})
-# Per release read (the registrations grew): 0.5.17 has no ('flashinfer', 'flashinfer_trtllm') (first in 0.5.19)
-# and no FlashInfer MegaMOE (first in 0.5.21). The fused-only set of MoeRunner.__init__ matches 0.5.23's from
-# 0.5.17 on; 0.5.10 / 0.5.14 built their runners differently, so the row starts at 0.5.17.
-FUSED_FUNCS_BY_RELEASE = {
-    "0.5.17": FUSED_FUNCS - {("flashinfer", "flashinfer_trtllm"), ("flashinfer_megamoe", "flashinfer_megamoe")},
-    "0.5.19": FUSED_FUNCS - {("flashinfer_megamoe", "flashinfer_megamoe")},
-    "0.5.21": FUSED_FUNCS, "0.5.22": FUSED_FUNCS, "0.5.23": FUSED_FUNCS,
-}
+# Per release read: every @register_fused_func(a2a, runner) of the wheel (data/sglang.json, extracted).
+# The row that uses them (SG-FUSED) applies where its check is (from 0.5.15: MoeRunner.__init__ with
+# fused-only runners; 0.5.10-0.5.14 built their runners differently).
+FUSED_FUNCS_BY_RELEASE = {v: frozenset(tuple(p) for p in r["fused_funcs"]) for v, r in recorded.releases("sglang").items()}
 
 
 def _fused_funcs(version: str) -> frozenset:
@@ -146,6 +118,10 @@ MXFP4_METHOD = frozenset({"mxfp4"})  # Mxfp4MoEMethod (mxfp4.py:387), serialized
 FP8_METHOD = frozenset({"fp8", "dsv4_fp8", "dsv4_fp4"})  # Fp8MoEMethod (fp8.py:1490; DSV4 FP4 experts: is_fp4_experts)
 SM90_SM100_SM12X = frozenset({"sm90", "sm100", "sm120", "sm121"})  # is_sm90 / is_sm100 / platform is_sm120 (major 12)
 BLACKWELL = frozenset({"sm100", "sm110", "sm120", "sm121"})  # platform is_blackwell (major 10, 11, 12)
+
+
+def _cutedsl_a2a(c: Case) -> tuple[str, ...]:
+    return ("none", "deepep") if vt(c.version) < (0, 5, 13) else ("none", "deepep", "flashinfer")
 
 
 def _runner_substituted(c: Case) -> bool:
@@ -257,8 +233,10 @@ RULES: tuple[Rule, ...] = (
          "The expert parallel size must be 1 or the same as the tensor parallel size (ep={ep}, tp={tp})",
          _src(_MH, "89-92", "handle_moe_kernel_config", "0.5.10",
               "The expert parallel size must be 1 or the same as the tensor parallel size")),
+    # the hybrid-NVFP4 exception (nvfp4_moe_meta) is in the assert from 0.5.15 (0.5.14 server_args.py:5122
+    # accepts modelopt_fp4 only; 0.5.15 server_args.py:4945 adds it)
     Rule("SG-CUTEDSL-Q", "sglang",
-         lambda c: c.runner == "flashinfer_cutedsl" and c.fmt != "dsv4_nvfp4"
+         lambda c: c.runner == "flashinfer_cutedsl" and not (c.fmt == "dsv4_nvfp4" and vt(c.version) >= (0, 5, 15))
          and _quant_not_in(("modelopt_fp4", "modelopt_mixed", "nvfp4_online"))(c),
          "Invalid quantization '{quant}'. FlashInfer CuteDSL MOE currently supports only: 'modelopt_fp4', "
          "'modelopt_mixed' (with NVFP4 MoE layers), 'nvfp4_online', or hybrid NVFP4 models. (The planner passes no "
@@ -267,11 +245,13 @@ RULES: tuple[Rule, ...] = (
     Rule("SG-CUTEDSL-EP", "sglang", lambda c: c.runner == "flashinfer_cutedsl" and c.ep not in (1, c.tp),
          "The expert parallel size must be 1 or the same as the tensor parallel size (ep={ep}, tp={tp})",
          _src(_MH, "94-105", "handle_moe_kernel_config", "0.5.14", "FlashInfer CuteDSL MOE currently supports only")),
+    # 0.5.11-0.5.12.post1 accept none and deepep only (server_args.py:2986 in 0.5.11, :3120 in 0.5.12);
+    # flashinfer from 0.5.13 (the digest of 0.5.13's assert equals 0.5.14's)
     Rule("SG-CUTEDSL-A2A", "sglang",
-         lambda c: c.runner == "flashinfer_cutedsl" and c.a2a not in ("none", "deepep", "flashinfer"),
-         "flashinfer_cutedsl supports moe_a2a_backend='none', 'deepep', or 'flashinfer', got '{a2a}'.",
+         lambda c: c.runner == "flashinfer_cutedsl" and c.a2a not in _cutedsl_a2a(c),
+         "flashinfer_cutedsl supports moe_a2a_backend={allowed}, got '{a2a}'.",
          _src(_MH, "106-113", "handle_moe_kernel_config", "0.5.14", "flashinfer_cutedsl supports moe_a2a_backend="),
-         flag="both"),
+         flag="both", extra=lambda c: {"allowed": " or ".join(repr(a) for a in _cutedsl_a2a(c))}),
     Rule("SG-CUTEDSL-PERTOKEN", "sglang",
          lambda c: c.runner == "flashinfer_cutedsl" and c.a2a == "deepep" and c.truthy("SGLANG_FLASHINFER_NVFP4_PER_TOKEN_ACTIVATION"),
          "flashinfer_cutedsl per-token NVFP4 activation requires moe_a2a_backend='none' or 'flashinfer'.",

@@ -428,8 +428,8 @@ def test_rules_apply_from_their_release_only():
 
 
 def test_an_unread_release_is_not_judged_and_names_the_nearest_read_ones():
-    note = engine_rules.coverage_note("sglang", "0.5.20")
-    assert "not judged" in note and "0.5.19 (older)" in note and "0.5.21 (newer)" in note
+    note = engine_rules.coverage_note("sglang", "0.5.9")
+    assert "older" in note and "not judged" in note and "0.5.10" in note
     note = engine_rules.coverage_note("sglang", "0.5.30")
     assert "newer" in note and "not judged" in note and "0.5.23" in note
     assert "older" in engine_rules.coverage_note("vllm", "0.16.0") and "0.22.1" in engine_rules.coverage_note("vllm", "0.16.0")
@@ -440,13 +440,13 @@ def test_an_unread_release_is_not_judged_and_names_the_nearest_read_ones():
     # no start-up row runs for a release not read, not even one both neighbours have
     both = Case("sglang", "0.5.22", "mxfp4", GPTOSS, "sm100", "flashinfer_trtllm")
     assert "SG-MXFP4-RUNNER" in [r.rule.id for r in engine_rules.check(both)]  # 0.5.21 and 0.5.22 (read) refuse it
-    for v in ("0.5.21.post1", "0.5.24", "0.5.20"):
+    for v in ("0.5.21.post1", "0.5.24", "0.5.9"):
         assert not engine_rules.check(dataclasses.replace(both, version=v)), v
         assert engine_rules.alternatives(dataclasses.replace(both, version=v)) == {}
     assert "not judged" in engine_rules.describe_alternatives(dataclasses.replace(both, version="0.5.24"), {},
                                                              "--moe-runner-backend")
     with pytest.raises(ValueError, match="not read"):
-        sg_rules.choices("0.5.20")
+        sg_rules.choices("0.5.24")
     with pytest.raises(ValueError, match="not read"):
         vl_rules.release("0.25.0")
 
@@ -471,9 +471,9 @@ def test_vllm_release_between_two_read_ones_is_not_judged():
 
 
 def test_a_plan_for_an_unread_release_warns_at_admission_even_with_auto():
-    p = _plan("sglang", "0.5.20", "H200", "fp8", DSV3, "auto", "none", (8, 1, 1))
+    p = _plan("sglang", "0.5.24", "H200", "fp8", DSV3, "auto", "none", (8, 1, 1))
     assert not p.errors
-    assert [w for w in auto_fallbacks(p) if w.startswith("[ER0]") and "0.5.19 (older)" in w]
+    assert [w for w in auto_fallbacks(p) if w.startswith("[ER0]") and "nearest release read: 0.5.23" in w]
     assert not [w for w in auto_fallbacks(_plan("sglang", "0.5.21", "H200", "fp8", DSV3, "auto", "none", (8, 1, 1)))
                 if w.startswith("[ER0]")]
 
@@ -482,9 +482,10 @@ def test_a2a_choices_per_release():
     assert "deepep_v2" not in sg_rules.choices("0.5.17")[1]
     assert "deepep_v2" in sg_rules.choices("0.5.19")[1]
     assert "flashinfer_megamoe" in sg_rules.choices("0.5.21")[1]
-    # 0.5.20 (not read) lies between 0.5.19 and 0.5.21: its choices are not guessed from either
+    assert "deepep_v2" in sg_rules.choices("0.5.20")[1] and "flashinfer_megamoe" in sg_rules.choices("0.5.20")[0]
+    # a release not read (newer than every one read) is not guessed from its neighbour
     with pytest.raises(ValueError, match="not judged"):
-        sg_rules.choices("0.5.20")
+        sg_rules.choices("0.5.24")
     assert "lora_marlin" in sg_rules.choices("0.5.23")[0] and "lora_marlin" not in sg_rules.choices("0.5.22")[0]
 
 

@@ -1,0 +1,120 @@
+"""Every engine release in the supported range is read, from its wheel, into data (issue 30 items 1-2):
+engine_rules/data/<engine>.json is written by scripts/engine_rules_extract.py, the rows read it, and a
+check whose code differs from every other release read was read by a person (its review is recorded)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from moe_operator import engine_rules, planner
+from moe_operator.engine_rules import Case, recorded
+from moe_operator.engine_rules import sglang as sg_rules
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+import engine_rules_extract as extract  # noqa: E402
+
+# PyPI's sglang releases from 0.5.10 to 0.5.23, post releases included (pip index versions sglang,
+# 2026-12-01); vLLM: the releases read so far (0.23-0.32 are not yet: they are "not judged").
+SGLANG_RANGE = ("0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14",
+                "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22",
+                "0.5.23")
+
+
+def test_every_sglang_release_in_the_range_was_read():
+    assert tuple(recorded.releases("sglang")) == SGLANG_RANGE
+    assert engine_rules.VERSIONS_READ["sglang"] == SGLANG_RANGE
+    for v in SGLANG_RANGE:
+        assert engine_rules.coverage_note("sglang", v) is None, v
+        r = recorded.release("sglang", v)
+        assert r["runner_choices"]["values"] and r["a2a_choices"]["values"] and r["flashinfer_pin"], v
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_check_that_reads_differently_from_every_other_release_was_read_by_a_person(engine):
+    rel = recorded.releases(engine)
+    for v, r in rel.items():
+        others = [o for w, o in rel.items() if w != v]
+        unique = [rid for rid, m in r["markers"].items() if m["at"] and m["digest"] not in
+                  {(o["markers"].get(rid) or {}).get("digest") for o in others}]
+        unique += [k for k, d in r["hand_kept"].items() if d and d not in {o["hand_kept"].get(k) for o in others}]
+        assert set(unique) <= set(r.get("reviewed", ())), (v, sorted(set(unique) - set(r.get("reviewed", ()))))
+        assert r.get("note"), v  # what the reader found
+
+
+def test_rows_apply_where_their_check_is_and_cite_the_first_release_that_has_it():
+    c = Case("sglang", "0.5.12", "nvfp4", "DeepseekV3ForCausalLM", "sm100", "flashinfer_cutedsl", a2a="flashinfer",
+             tp=8, ep=8)
+    ids = lambda case: {r.rule.id for r in engine_rules.check(case)}  # noqa: E731
+    assert "SG-CUTEDSL-A2A" in ids(c)  # 0.5.11-0.5.12.post1 accept none and deepep only
+    import dataclasses
+    assert "SG-CUTEDSL-A2A" not in ids(dataclasses.replace(c, version="0.5.13"))
+    [text] = [r.text for r in engine_rules.check(c) if r.rule.id == "SG-CUTEDSL-A2A"]
+    assert "'none' or 'deepep', got 'flashinfer'" in text and "present since sglang 0.5.11" in text
+    # a check absent from a release read does not apply there (SG-FUSED starts with 0.5.15's MoeRunner)
+    assert recorded.has_check("sglang", "0.5.14", "SG-FUSED") is False
+    assert recorded.has_check("sglang", "0.5.15", "SG-FUSED") is True
+
+
+def test_planner_facts_per_release_come_from_the_wheels():
+    assert planner.SGLANG_RUNNERS["aiter"] == "0.5.11" and planner.SGLANG_RUNNERS["marlin"] == "0.5.12"
+    assert set(planner.SGLANG_RUNNERS) == {x for r in recorded.releases("sglang").values()
+                                           for x in r["runner_choices"]["values"]}
+    assert planner.default_flashinfer("sglang", "0.5.10.post1", None) == "0.6.7.post3"  # its own pin, not 0.5.10's
+    assert planner.default_flashinfer("sglang", "0.5.10", None) == "0.6.7.post2"
+    assert sg_rules.choices("0.5.11")[0] == tuple(recorded.release("sglang", "0.5.11")["runner_choices"]["values"])
+
+
+def _fake_wheel(root: Path, runners, pin="0.6.1"):
+    pkg = root / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (pkg / "server_args.py").write_text(textwrap.dedent(f'''
+        MOE_RUNNER_BACKEND_CHOICES = {list(runners)!r}
+        MOE_A2A_BACKEND_CHOICES = ["none", "deepep"]
+
+        def add_cli_args(parser):
+            parser.add_argument("--moe-a2a-backend", type=str, choices=MOE_A2A_BACKEND_CHOICES)
+            parser.add_argument("--moe-runner-backend", type=str, choices=MOE_RUNNER_BACKEND_CHOICES)
+
+        def check(self):
+            if self.moe_runner_backend == "flashinfer_cutedsl":
+                assert self.moe_a2a_backend in ["none", "deepep"], (
+                    f"flashinfer_cutedsl supports moe_a2a_backend='none', got {{self.moe_a2a_backend}}")
+        '''))
+    (pkg / "fused.py").write_text('@register_fused_func("none", "marlin")\ndef f():\n    pass\n')
+    meta = root / "sglang-0.0.1.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Name: sglang\nRequires-Dist: flashinfer_python[cu13]=={pin}\n")
+
+
+def test_the_extraction_reads_choices_registrations_pins_and_checks_from_the_code(tmp_path):
+    _fake_wheel(tmp_path / "a", ["auto", "triton", "marlin"])
+    got = extract.extract("sglang", "0.0.1", tmp_path / "a")
+    assert got["runner_choices"]["values"] == ["auto", "triton", "marlin"]
+    assert got["runner_choices"]["at"].startswith("sglang/srt/server_args.py:")
+    assert got["a2a_choices"]["values"] == ["none", "deepep"]
+    assert got["fused_funcs"] == [["none", "marlin"]]
+    assert got["flashinfer_pin"] == "0.6.1"
+    m = got["markers"]["SG-CUTEDSL-A2A"]
+    assert m["at"] == "sglang/srt/server_args.py:12" and m["digest"]
+    assert got["markers"]["SG-FUSED"]["at"] is None  # a check the code does not have
+    # the same check reformatted keeps its digest; a changed condition does not
+    _fake_wheel(tmp_path / "b", ["auto", "triton", "marlin"])
+    src = (tmp_path / "b/sglang/srt/server_args.py")
+    src.write_text(src.read_text().replace('["none", "deepep"], (', '[\n "none",\n "deepep"], ('))
+    assert extract.extract("sglang", "0.0.1", tmp_path / "b")["markers"]["SG-CUTEDSL-A2A"]["digest"] == m["digest"]
+    src.write_text(src.read_text().replace('"deepep"], (', '"deepep", "flashinfer"], ('))
+    changed = extract.extract("sglang", "0.0.2", tmp_path / "b")
+    assert changed["markers"]["SG-CUTEDSL-A2A"]["digest"] != m["digest"]
+    assert extract.flagged("sglang", "0.0.2", changed, {"0.0.1": got}) == ["SG-CUTEDSL-A2A"]
+
+
+def test_the_committed_data_is_what_the_rows_read():
+    data = json.loads(recorded.path("sglang").read_text())
+    assert list(data["releases"]) == sorted(data["releases"], key=engine_rules.release_key)
+    for v, r in data["releases"].items():
+        assert set(r["markers"]) == {rule.id for rule in engine_rules._rules("sglang") if rule.source.marker}, v
