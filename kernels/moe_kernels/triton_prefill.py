@@ -146,7 +146,8 @@ def prefill_gemm_kernel(
 def check_config(fmt: str, gated: bool, block_n: int, swap: bool) -> None:
     """Refuse the combination measured wrong: MXFP4 gate/up with swap at 256 weight rows gave rel err
     1.1e-2 / 2.8e-2 against the torch reference on the H200 (Triton 3.6; NVFP4 with the same config,
-    and MXFP4 at 128 rows or without swap: 4.6e-3), 2026-12-02. Cause not found."""
+    and MXFP4 at 128 rows or without swap: 4.6e-3), 2026-12-02. The CPU interpreter computes that
+    config right (7e-3 against the reference), so the fault is in the GPU build; cause not found."""
     if fmt == "mxfp4" and gated and swap and block_n >= 256:
         raise ValueError("prefill kernel: MXFP4 gate/up with swap at block_n >= 256 computes wrong results "
                          "(measured on the H200); use block_n=128 or swap=False")
