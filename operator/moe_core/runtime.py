@@ -14,7 +14,7 @@ from .formats import TABLE, expert_format
 class RuntimeCapabilities(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    # config.json architectures[0] -> the runtime model module (moe_runtime.models.<module>)
+    # config.json architectures[0] -> the runtime's architecture folder (moe_runtime.models.<module>: its Arch)
     architectures: dict[str, str]
     # checkpoint formats (moe_core.formats) whose tensors the loader reads, for some architecture
     checkpoint_formats: tuple[str, ...]
@@ -23,7 +23,7 @@ class RuntimeCapabilities(BaseModel):
     # architectures whose experts only some MoE backends compute (absent: any backend the registry
     # fits to the expert format)
     arch_backends: dict[str, tuple[str, ...]] = {}
-    # architectures served on one GPU only (moe_runtime.parallel has no shard rules for them; none today)
+    # architectures served on one GPU only (moe_runtime.dist has no shard rules for them; none today)
     single_rank: tuple[str, ...] = ()
     # parallelism inside one replica
     max_tp: int = 1
@@ -50,19 +50,19 @@ BUNDLED = RuntimeCapabilities(
     checkpoint_formats=("bf16", "fp8", "nvfp4", "mxfp4"),
     # gpt-oss: its release layout (MXFP4 experts as `*_blocks` / `*_scales`, everything else bf16) and
     # the bf16 one transformers writes (fused `experts.gate_up_proj`); no FP8/NVFP4 gpt-oss layouts.
-    # Its experts (biases, the clamped SwiGLU) run on moe_runtime.models.gpt_oss's own torch path:
+    # Its experts (biases, the clamped SwiGLU) run on moe_runtime.models.gpt_oss's own torch path (GptOssArch.experts):
     # no kernel backend computes that activation, so the plan says torch rather than a backend the
-    # model would not use. Sharded like the others (moe_runtime.parallel.ShardPlan): heads with their
+    # model would not use. Sharded like the others (moe_runtime.dist.shard.ShardPlan, its Arch's rules): heads with their
     # q/k/v biases and sinks over tp (o_proj's bias added once), experts with their biases over ep,
     # the intermediate split inside the experts for the rest (MXFP4: whole 32-blocks of down's input).
     arch_formats={"GptOssForCausalLM": ("bf16", "mxfp4")},
     arch_backends={"GptOssForCausalLM": ("torch",)},
-    # moe_runtime.parallel: tensor parallel (attention heads, dense layers, vocab) and expert parallel
+    # moe_runtime.dist: tensor parallel (attention heads, dense layers, vocab) and expert parallel
     # (E/ep experts per rank, TP inside experts for the rest), one process per GPU over NCCL, on one node
     # or on up to max_nodes nodes of a LeaderWorkerSet (the runtime's rendezvous reads LWS_LEADER_ADDRESS /
     # LWS_GROUP_SIZE / LWS_WORKER_INDEX; the operator renders the leader and worker pods). tp is the
     # replica's GPU count (the API's convention), ep divides it. The combine of the routed experts is the
-    # runtime's own (moe_runtime.dispatch: all-reduce, or all_to_all_single for large batches), not an
+    # runtime's own (moe_runtime.dist.combine: all-reduce, or all_to_all_single for large batches), not an
     # all-to-all backend of the engines (moe.a2aBackend none).
     max_tp=64,
     max_ep=64,
@@ -101,7 +101,7 @@ def parallelism_problems(tp: int = 1, dp: int = 1, ep: int = 1, a2a: str = "none
     out = []
     if a2a not in caps.a2a_backends:
         out.append(f"[B5] the bundled runtime has no all-to-all backend (moe.a2aBackend={a2a}; its expert "
-                   f"parallelism combines with its own all-reduce / all-to-all, moe_runtime.dispatch: moe.a2aBackend none); {ELSEWHERE} for all-to-all dispatch")
+                   f"parallelism combines with its own all-reduce / all-to-all, moe_runtime.dist.combine: moe.a2aBackend none); {ELSEWHERE} for all-to-all dispatch")
     if architecture in caps.single_rank and max(tp, ep, nodes) > 1:
         out.append(f"[B6] the bundled runtime serves {architecture} on one GPU only (here tp={tp} ep={ep} "
                    f"nodes={nodes}); {ELSEWHERE} to shard it")

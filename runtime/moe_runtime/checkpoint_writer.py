@@ -12,22 +12,19 @@ Layouts written (formats-and-kernels.md section 4):
          gate_proj and up_proj of one expert share weight_scale_2 and input_scale (ModelOpt fuses
          their amax because they are one GEMM at run time). Both `hf_quant_config.json` and the
          newer in-config `quantization_config {quant_method: modelopt, quant_algo: NVFP4, ...}`.
-- mxfp4: OCP MXFP4 on routed experts only (our documented layout, per expert like ModelOpt rather than
-         gpt-oss's fused blocks): `weight` U8 [out, in/2] packed E2M1 (low nibble = even element),
-         `weight_scale` U8 E8M0 [out, in/32]; `quantization_config = {quant_method: mxfp4,
-         modules_to_not_convert: [...]}`. gpt-oss instead gets its release layout: per layer
-         `experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] / `_scales` U8 [E, 2I, H/32] and
-         `experts.down_proj_blocks` [E, H, I/32, 16] / `_scales` [E, H, I/32] (quantize_gpt_oss_experts),
-         biases in BF16.
-gpt-oss is written in bf16 and mxfp4 only (moe_core.runtime: the formats the runtime reads for it),
-with its own tensor names (model_spec.gpt_oss_shapes: fused, transposed, biased experts).
+- mxfp4: OCP MXFP4 on routed experts only (our documented layout, per expert like ModelOpt):
+         `weight` U8 [out, in/2] packed E2M1 (low nibble = even element), `weight_scale` U8 E8M0
+         [out, in/32]; `quantization_config = {quant_method: mxfp4, modules_to_not_convert: [...]}`.
+An architecture with a layout of its own (fused experts, its release's MXFP4 blocks, its release's
+quantization_config) says so in its folder: Arch.quantize_tensor / Arch.quant_config; its config is
+Arch.writer_config, its tensors Arch.dense_shapes, and it is written only in the formats the runtime
+reads for it (moe_core.runtime).
 Attention, dense MLPs, shared experts, router, norms and embeddings are BF16 except under fp8.
 
-Sizes: `tiny` (hidden 64, 3 layers, 8 experts; CPU tests in seconds) and `small`
-(DeepSeek-V3-shaped: hidden 2048, 4 layers of which 3 MoE, 256 experts top-8 in 8 groups (top-4
-groups), moe_intermediate 768, MLA q_lora 768/kv_lora 256; about 7.4 GB in bf16, 2.2 GB NVFP4 —
-small enough to write and load in seconds on an H200 host, big enough that decode reads are
-expert-dominated like the real model).
+Sizes: `tiny` (hidden 64, a few layers, 8 experts; CPU tests in seconds) and `small` (each
+architecture's real layer shapes over 4 layers: small enough to write and load in seconds on an
+H200 host, big enough that decode reads are expert-dominated like the real model); each
+architecture's folder holds its sizes.
 """
 
 from __future__ import annotations
@@ -42,75 +39,24 @@ from moe_core.runtime import BUNDLED
 from moe_kernels.formats import quantize_fp8_block, quantize_mxfp4, quantize_nvfp4
 from safetensors.torch import save_file
 
+from . import models
 from .errors import RuntimeFailure
 from .model_spec import dense_shapes, is_fp8_linear, is_routed_expert_weight
 from .tokenizer import build_tokenizer_files
 
 # every architecture and checkpoint format the runtime serves (moe_core.runtime), and no other
-ARCHS = tuple(BUNDLED.architectures.values())
+ARCHS = models.names()
 FORMATS = BUNDLED.checkpoint_formats
 SIZES = ("tiny", "small")
 
 _COMMON = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "initializer_range": 0.02, "attention_bias": False,
            "attention_dropout": 0.0, "use_cache": True, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 
-_DEEPSEEK = {
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                 num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4,
-                 q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
-                 n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
-                 max_position_embeddings=1024),
-    "small": dict(vocab_size=16384, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=768,
-                  num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=16, num_key_value_heads=16,
-                  q_lora_rank=768, kv_lora_rank=256, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-                  n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4,
-                  max_position_embeddings=4096),
-}
-_QWEN = {
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 num_experts=8, num_experts_per_tok=2, max_position_embeddings=1024),
-    "small": dict(vocab_size=16384, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                  num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-                  num_experts=128, num_experts_per_tok=8, max_position_embeddings=4096),
-}
-
-
-_GPT_OSS = {
-    # sliding_window 8 (real: 128) so that short CPU prompts cross it; YaRN as the release writes it,
-    # scaled down (factor 32 over 4096 positions there)
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
-                 max_position_embeddings=1024,
-                 rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                               "truncate": False, "original_max_position_embeddings": 256}),
-    # gpt-oss-20b's layer (hidden 2880, 32 experts top-4, 64 heads / 8 KV of 64), 4 layers, small vocab
-    "small": dict(vocab_size=16384, hidden_size=2880, intermediate_size=2880, num_hidden_layers=4,
-                  num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
-                  num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072,
-                  rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                "truncate": False, "original_max_position_embeddings": 4096}),
-}
-
-
 def make_config(arch: str, size: str) -> dict[str, Any]:
-    if arch == "deepseek_v3":
-        return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", **_COMMON, **_DEEPSEEK[size],
-                "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
-                "norm_topk_prob": True, "rope_theta": 10000.0, "rope_scaling": None, "rope_interleave": True,
-                "num_nextn_predict_layers": 0}
-    if arch == "qwen3_moe":
-        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **_COMMON, **_QWEN[size],
-                "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "rope_theta": 1000000.0,
-                "rope_scaling": None, "use_sliding_window": False, "sliding_window": None,
-                "output_router_logits": False, "router_aux_loss_coef": 0.001}
-    if arch == "gpt_oss":
-        c = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", **_COMMON, **_GPT_OSS[size],
-             "rms_norm_eps": 1e-5, "attention_bias": True, "rope_theta": 150000.0, "swiglu_alpha": 1.702,
-             "swiglu_limit": 7.0, "router_aux_loss_coef": 0.9, "output_router_logits": False}
-        c["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(c["num_hidden_layers"])]
-        return c
-    raise RuntimeFailure(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    """config.json of `arch` (a runtime module) at `size`: the architecture's own (Arch.writer_config)."""
+    if arch not in ARCHS:
+        raise RuntimeFailure(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    return models.get(arch).writer_config(size, _COMMON)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -125,10 +71,10 @@ def iter_dense_weights(cfg: dict[str, Any], gen: torch.Generator, device: str):
         for name, shape in shapes.items():
             if name == "model.embed_tokens.weight":
                 v = torch.randn(*shape, generator=gen, device=device)
-            elif name.endswith((".bias", "_proj_bias", ".sinks")):  # gpt-oss biases and attention sinks
+            elif name.endswith((".bias", "_proj_bias", ".sinks")):  # linear / expert biases and attention sinks
                 v = (1.0 if name.endswith("sinks") else 0.1) * torch.randn(*shape, generator=gen, device=device)
             elif name.endswith("e_score_correction_bias"):
-                # noaux_tc bias, kept F32 as DeepSeek-V3 stores it; positive so that HF's masking of
+                # noaux_tc bias, kept F32 as its release stores it; positive so that HF's masking of
                 # dropped groups cannot change the pick
                 t[name] = 0.1 * torch.rand(*shape, generator=gen, device=device)
                 continue
@@ -147,7 +93,9 @@ def _to_cpu(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True).contiguous()  # own storage: safetensors refuses shared memory
 
 
-def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str, arch=None) -> dict[str, torch.Tensor]:
+    """One layer's tensors in `fmt`'s on-disk layout; `arch` (a models Arch) may have its own for some
+    tensors (Arch.quantize_tensor)."""
     out: dict[str, torch.Tensor] = {}
     if fmt == "bf16":
         return {k: _to_cpu(v) for k, v in tensors.items()}
@@ -164,8 +112,8 @@ def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torc
     for k, v in tensors.items():
         if k in done:
             continue
-        if fmt == "mxfp4" and k.endswith(("experts.gate_up_proj", "experts.down_proj")):  # gpt-oss
-            out.update(quantize_gpt_oss_experts(k, v))
+        if arch is not None and (own := arch.quantize_tensor(k, v, fmt)) is not None:
+            out.update(own)
             continue
         if not is_routed_expert_weight(k):
             out[k] = _to_cpu(v)
@@ -199,21 +147,11 @@ def quantize_layer(tensors: dict[str, torch.Tensor], fmt: str) -> dict[str, torc
     return out
 
 
-def quantize_gpt_oss_experts(name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
-    """gpt-oss's fused expert weight `name` as held in bf16, [E, K, N] (gate_up: [E, H, 2I] with gate
-    and up interleaved; down: [E, I, H]), in the release's MXFP4 layout: the blocks run along K of
-    the [E, N, K] weight, `name_blocks` U8 [E, N, K/32, 16] (byte j of a block holds elements 2j (low
-    nibble) and 2j+1) and `name_scales` U8 E8M0 [E, N, K/32]. The interleaved rows stay interleaved."""
-    q = quantize_mxfp4(w.float().transpose(1, 2))  # packed [E, N, K/2], scale [E, N, K/32]
-    E, N, half = q.packed.shape
-    return {name + "_blocks": _to_cpu(q.packed.reshape(E, N, half // 16, 16)), name + "_scales": _to_cpu(q.scale)}
-
-
 def quant_config(fmt: str, cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(config.json quantization_config, hf_quant_config.json) as the real producers write them."""
-    if fmt == "mxfp4" and cfg.get("model_type") == "gpt_oss":  # openai/gpt-oss-20b's config.json
-        return {"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}, None
+    """(config.json quantization_config, hf_quant_config.json) as the real producers write them (the
+    architecture's own release first: Arch.quant_config)."""
+    if (own := models.arch_for(cfg).quant_config(fmt)) is not None:
+        return own
     not_converted = ["lm_head", "model.embed_tokens", "*.mlp.gate", "*self_attn*", "*shared_experts*", "*mlp.gate_proj",
                      "*mlp.up_proj", "*mlp.down_proj"]
     if fmt == "bf16":
@@ -243,6 +181,7 @@ def make_checkpoint(out_dir: str | Path, arch: str, fmt: str, size: str = "tiny"
     if size not in SIZES:
         raise RuntimeFailure(f"unknown --size {size!r}; choose one of {', '.join(SIZES)}")
     cfg = make_config(arch, size)
+    arch_obj = models.get(arch)
     if fmt not in BUNDLED.formats_for(cfg["architectures"][0]):
         raise RuntimeFailure(f"--arch {arch} is written in {', '.join(BUNDLED.formats_for(cfg['architectures'][0]))}, "
                              f"not {fmt} (the formats the runtime reads for it)")
@@ -266,7 +205,7 @@ def make_checkpoint(out_dir: str | Path, arch: str, fmt: str, size: str = "tiny"
     shards: list[dict[str, torch.Tensor]] = [{}]
     t0 = time.time()
     for layer, dense in iter_dense_weights(cfg, gen, device):
-        q = quantize_layer(dense, fmt)
+        q = quantize_layer(dense, fmt, arch_obj)
         cur = sum(v.numel() * v.element_size() for v in shards[-1].values())
         if shards[-1] and cur + sum(v.numel() * v.element_size() for v in q.values()) > shard_bytes:
             shards.append({})

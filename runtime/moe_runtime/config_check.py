@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config_keys import ALIASES
+from . import models
 from .errors import BadInput
+from .model_spec import is_moe_layer, num_experts
 
 MAX_INT = 2**31 - 1  # beyond int32 a dimension or count is an overflow or a typo, not a model
 SUPPORTED_ROPE = ("default", "yarn")  # models.common.rope_parameters
@@ -76,14 +77,8 @@ ROPE_KEYS: dict[str, Key] = {
     "original_max_position_embeddings": POSITIVE, "beta_fast": POS_FLOAT, "beta_slow": POS_FLOAT,
     "mscale": Key("float", 0), "mscale_all_dim": Key("float", 0), "attention_factor": POS_FLOAT, "truncate": BOOL,
 }
-# What each architecture cannot be built without (model_spec.dense_shapes and the models index
-# them); the experts' keys only when the model has experts, intermediate_size only with a dense layer.
-REQUIRED: dict[str, tuple[str, ...]] = {
-    "deepseek_v3": ("hidden_size", "vocab_size", "num_attention_heads", "num_hidden_layers", "qk_nope_head_dim",
-                    "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"),
-    "qwen3_moe": ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers"),
-    "gpt_oss": ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers"),
-}
+# What each architecture cannot be built without is its Arch.required (models/<arch>/arch.py); the
+# experts' keys only when the model has experts, intermediate_size only with a dense layer.
 MOE_REQUIRED = ("moe_intermediate_size", "num_experts_per_tok")
 
 
@@ -111,18 +106,17 @@ def type_problems(cfg: dict[str, Any]) -> list[str]:
 def consistency_problems(cfg: dict[str, Any], module: str) -> list[str]:
     """What the keys of a typed, normalized config (config_keys.normalize) say together that cannot
     run: missing keys, top-k above the experts, groups that do not divide them, heads that do not
-    share, odd rope dims, rope or routing variants the models do not implement."""
-    from .model_spec import is_moe_layer, num_experts
-
+    share, odd rope dims, rope or routing variants the models do not implement (the architecture's
+    own checks: its Arch.config_problems)."""
+    arch = models.get(module)
     layers = cfg.get("num_hidden_layers") or 0
     moe = [i for i in range(layers) if is_moe_layer(cfg, i)]
-    need = REQUIRED.get(module, ()) + (MOE_REQUIRED if moe else ()) + (
-        ("intermediate_size",) if module in REQUIRED and len(moe) < layers else ())
+    need = arch.required + (MOE_REQUIRED if moe else ()) + (("intermediate_size",) if len(moe) < layers else ())
     if (missing := [k for k in need if cfg.get(k) is None]):
         return [f"missing {', '.join(missing)} (required by {module})"]
     out: list[str] = []
     E, k = num_experts(cfg), cfg.get("num_experts_per_tok")
-    experts_key = next(iter(ALIASES.get(module, {"num_experts": ()})))
+    experts_key = arch.experts_key
     if moe and k > E:
         out.append(f"num_experts_per_tok = {k}: more than the {E} routed experts ({experts_key})")
     rope = cfg.get("rope_parameters") or {}
@@ -131,37 +125,7 @@ def consistency_problems(cfg: dict[str, Any], module: str) -> list[str]:
                    f"(supported: {', '.join(SUPPORTED_ROPE)})")  # (models.common's words, as before)
     elif rope.get("rope_type") == "yarn" and rope.get("factor") is None:
         out.append("rope_scaling type 'yarn' without a factor")
-    if module == "deepseek_v3":
-        if cfg.get("qk_rope_head_dim") % 2:
-            out.append(f"qk_rope_head_dim = {cfg['qk_rope_head_dim']}: must be even (rope rotates pairs)")
-        for key, want in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
-            if cfg.get(key, want) != want:
-                out.append(f"{key} = {cfg[key]!r}: the bundled runtime routes DeepSeek-V3 with {want} only")
-        g, tg = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
-        if moe and E % g:
-            out.append(f"n_group = {g}: does not divide the {E} routed experts")
-        elif moe:
-            if tg > g:
-                out.append(f"topk_group = {tg}: more than n_group = {g}")
-            elif E // g < 2:
-                out.append(f"n_group = {g}: {E} experts give groups of {E // g}; a group's score is its top-2 experts")
-            elif E >= k > tg * (E // g):
-                out.append(f"num_experts_per_tok = {k}: more than the {tg * (E // g)} experts of the topk_group = {tg} "
-                           f"groups kept")
-    if module == "gpt_oss" and (types := cfg.get("layer_types")) is not None and (
-            len(types) != layers or set(types) - {"sliding_attention", "full_attention"}):
-        out.append(f"layer_types = {_show(types)}: must name sliding_attention or full_attention for each of the "
-                   f"{layers} layers")
-    if module in ("qwen3_moe", "gpt_oss"):
-        nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        if nh % nkv:
-            out.append(f"num_key_value_heads = {nkv}: does not divide num_attention_heads = {nh}")
-        hd = cfg.get("head_dim")
-        if hd is None and cfg["hidden_size"] % nh:
-            out.append(f"hidden_size = {cfg['hidden_size']}: not a multiple of num_attention_heads = {nh} (and no head_dim)")
-        elif (hd or cfg["hidden_size"] // nh) % 2:
-            out.append(f"head_dim = {hd or cfg['hidden_size'] // nh}: must be even (rope rotates pairs)")
-    return out
+    return out + arch.config_problems(cfg, moe)
 
 
 def check_types(cfg: dict[str, Any], where: str | Path) -> None:

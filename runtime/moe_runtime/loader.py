@@ -9,7 +9,6 @@ byte of weight data is read, and raises RuntimeFailure naming the tensor and the
 from __future__ import annotations
 
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +21,13 @@ from moe_core.runtime import BUNDLED
 from moe_kernels.experts import ExpertWeights, dequantize
 from moe_kernels.formats import Fp8BlockTensor, MxFp4Tensor, NvFp4Tensor
 
+from . import models
 from .config_check import check_consistency, check_types
 from .config_keys import normalize as normalize_config
+from .dist.reads import read_sharded
 from .errors import BadInput, RuntimeFailure
 from .log import log as _log
+from .progress import Progress
 from .model_spec import arch_of, fused_expert_layers, is_fp8_linear, is_moe_layer, is_routed_expert_weight, num_experts, tensor_specs
 
 _TORCH_DTYPE = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "U8": torch.uint8,
@@ -61,7 +63,7 @@ def validate_checkpoint(path: str | Path) -> Validated:
     arch = arch_of(config)
     config = normalize_config(config, arch)  # every spelling transformers has written (config_keys)
     check_consistency(config, arch, cfg_path)
-    loads = BUNDLED.formats_for(info.architecture)  # per architecture (gpt-oss: bf16, mxfp4)
+    loads = BUNDLED.formats_for(info.architecture)  # per architecture (moe_core.runtime.arch_formats)
     if info.format not in loads:
         raise RuntimeFailure(
             f"{root}: unsupported checkpoint format {info.format!r} ({info.formatSource}); the bundled runtime "
@@ -121,7 +123,7 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def check_layers_present(config: dict[str, Any], headers: dict[str, Any], where: dict[str, str], cfg_path: Path) -> None:
-    """A checkpoint with tensors of more layers than num_hidden_layers (plus DeepSeek's MTP layers,
+    """A checkpoint with tensors of more layers than num_hidden_layers (plus the MTP layers,
     num_nextn_predict_layers, which follow the decoder's) would be served without them: refused.
     (Fewer layers than the config says are missing tensors, refused by the tensor specs.)"""
     served = config["num_hidden_layers"] + int(config.get("num_nextn_predict_layers") or 0)
@@ -134,29 +136,6 @@ def check_layers_present(config: dict[str, Any], headers: dict[str, Any], where:
 
 # ------------------------------------------------------------------------------------------------
 # Reading data
-
-class Progress:
-    """Bytes/s progress: a bar on a terminal, a structured log line per file always."""
-
-    def __init__(self, total: int, log: Callable[..., None]):
-        self.total, self.done, self.t0, self.log = total, 0, time.time(), log
-        self.tty = sys.stderr.isatty()
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        if self.tty:
-            el = max(time.time() - self.t0, 1e-9)
-            pct = 100 * self.done / max(self.total, 1)
-            print(f"\rloading weights {pct:5.1f}% {self.done / 1e9:.2f}/{self.total / 1e9:.2f} GB "
-                  f"{self.done / el / 1e9:.2f} GB/s", end="", file=sys.stderr, flush=True)
-
-    def file_done(self, name: str, i: int, n: int) -> None:
-        el = max(time.time() - self.t0, 1e-9)
-        if self.tty:
-            print(file=sys.stderr)
-        self.log("load_progress", f"shard {i}/{n} {name}", bytes_done=self.done, bytes_total=self.total,
-                 gb_per_s=round(self.done / el / 1e9, 3), elapsed_s=round(el, 2))
-
 
 def read_tensors(v: Validated, device: str, log: Callable[..., None]) -> tuple[dict[str, torch.Tensor], float]:
     from safetensors import safe_open
@@ -182,59 +161,6 @@ def read_tensors(v: Validated, device: str, log: Callable[..., None]) -> tuple[d
     return out, time.time() - prog.t0
 
 
-# ------------------------------------------------------------------------------------------------
-# Stacking routed experts into the kernels' ExpertWeights
-
-def _stack_experts(t: dict[str, torch.Tensor], prefix: str, E: int, fmt: str, log) -> dict[str, torch.Tensor]:
-    def get(e: int, proj: str, suffix: str) -> torch.Tensor:
-        return t.pop(f"{prefix}experts.{e}.{proj}.{suffix}")
-
-    def w13(suffix: str) -> torch.Tensor:
-        return torch.stack([torch.cat([get(e, "gate_proj", suffix), get(e, "up_proj", suffix)], 0) for e in range(E)])
-
-    def w2(suffix: str) -> torch.Tensor:
-        return torch.stack([get(e, "down_proj", suffix) for e in range(E)])
-
-    if fmt == "bf16" and f"{prefix}experts.gate_up_proj" in t:  # fused layout (model_spec.fused_expert_layers)
-        return {"w13_weight": t.pop(f"{prefix}experts.gate_up_proj").to(torch.bfloat16).contiguous(),
-                "w2_weight": t.pop(f"{prefix}experts.down_proj").to(torch.bfloat16).contiguous()}
-    if fmt == "bf16":
-        return {"w13_weight": w13("weight").to(torch.bfloat16), "w2_weight": w2("weight").to(torch.bfloat16)}
-    if fmt == "mxfp4":
-        return {"w13_weight": w13("weight"), "w13_weight_scale": w13("weight_scale"),
-                "w2_weight": w2("weight"), "w2_weight_scale": w2("weight_scale")}
-    if fmt == "nvfp4":
-        gs = torch.stack([torch.stack([get(e, "gate_proj", "weight_scale_2").reshape(()),
-                                       get(e, "up_proj", "weight_scale_2").reshape(())]) for e in range(E)]).float()
-        for e in range(E):  # W4A16: static activation scales are not used by the weight-only kernels
-            for proj in ("gate_proj", "up_proj", "down_proj"):
-                t.pop(f"{prefix}experts.{e}.{proj}.input_scale", None)
-        out = {"w13_weight": w13("weight"), "w13_weight_scale": w13("weight_scale"),
-               "w2_weight": w2("weight"), "w2_weight_scale": w2("weight_scale"),
-               "w2_weight_scale_2": torch.stack([get(e, "down_proj", "weight_scale_2").reshape(()) for e in range(E)]).float()}
-        # ModelOpt gives gate and up one shared global scale; keep [E, 2] only when they differ
-        out["w13_weight_scale_2"] = gs[:, 0].contiguous() if torch.equal(gs[:, 0], gs[:, 1]) else gs
-        return out
-    if fmt == "fp8":
-        inter = t[f"{prefix}experts.0.gate_proj.weight"].shape[0]
-        pad = -inter % 128
-        if pad:
-            # gate|up blocks would straddle the fused w13's 128-row grid: zero-pad I to a multiple of
-            # 128 instead (exact: silu(0)*0 = 0 and the padded w2 columns are zero); real models have
-            # I % 128 == 0 and take no padding
-            log("load_pad", f"{prefix}experts: moe_intermediate_size {inter} zero-padded to {inter + pad} for the "
-                "128x128 FP8 block grid")
-            for e in range(E):
-                for p in ("gate_proj", "up_proj"):
-                    k = f"{prefix}experts.{e}.{p}.weight"
-                    t[k] = torch.nn.functional.pad(t[k].view(torch.uint8), (0, 0, 0, pad)).view(torch.float8_e4m3fn)
-                k = f"{prefix}experts.{e}.down_proj.weight"
-                t[k] = torch.nn.functional.pad(t[k].view(torch.uint8), (0, pad)).view(torch.float8_e4m3fn)
-        return {"w13_weight": w13("weight"), "w13_weight_scale_inv": w13("weight_scale_inv").float(),
-                "w2_weight": w2("weight"), "w2_weight_scale_inv": w2("weight_scale_inv").float()}
-    raise RuntimeFailure(f"unsupported expert weight format {fmt!r}")
-
-
 @dataclass
 class LoadedCheckpoint:
     validated: Validated
@@ -251,30 +177,25 @@ class LoadedCheckpoint:
 def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.bfloat16,
                     log: Callable[..., None] = _log, validated: Validated | None = None,
                     shard=None) -> LoadedCheckpoint:
-    """`shard` (a moe_runtime.parallel.ShardPlan): read only this rank's slices (tensor/expert parallel)."""
+    """`shard` (a moe_runtime.dist.shard.ShardPlan): read only this rank's slices (tensor/expert parallel)."""
     v = validated or validate_checkpoint(path)
     if v.ignored:
         log("load_ignored", f"{len(v.ignored)} tensors not used by the model (e.g. {v.ignored[0]})")
     if shard is not None:
-        from .parallel import read_sharded
-
         raw, secs = read_sharded(v, device, log, shard, shard.lay.rank)
     else:
         raw, secs = read_tensors(v, device, log)
     log("load_done", f"{v.nbytes / 1e9:.3f} GB in {secs:.2f}s", gb_per_s=round(v.nbytes / max(secs, 1e-9) / 1e9, 3))
     cfg = v.config
     experts: dict[int, Any] = {}
+    arch = models.get(v.arch)
     for i in range(cfg["num_hidden_layers"]):
         if is_moe_layer(cfg, i):
             E = shard.local_experts if shard is not None else num_experts(cfg)
-            if v.arch == "gpt_oss":  # fused, transposed, interleaved, biased: its own layout
-                from .models.gpt_oss import stack_experts as gpt_oss_stack
-
-                # TP inside the experts: one rank of the expert group adds down's bias (the combine sums them)
-                stacked = gpt_oss_stack(raw, f"model.layers.{i}.mlp.", v.expert_format, dtype,
-                                        down_bias=shard is None or shard.lay.etp_rank == 0)
-            else:
-                stacked = _stack_experts(raw, f"model.layers.{i}.mlp.", E, v.expert_format, log)
+            # the architecture's layout (Arch.stack_experts); with TP inside the experts, biases that the
+            # combine sums are added by the expert group's first rank only (expert_rank0)
+            stacked = arch.stack_experts(raw, f"model.layers.{i}.mlp.", E, v.expert_format, dtype, log,
+                                         shard is None or shard.lay.etp_rank == 0)
             experts[i] = ExpertWeights.from_quantized(v.expert_format, **stacked)
     dense: dict[str, torch.Tensor] = {}
     for n in [n for n in raw if n.endswith(".weight")]:
@@ -291,14 +212,14 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
                 t = dequantize(MxFp4Tensor(t, bs), torch.float32)
         dense[n] = t.to(dtype)
     dense.update({n: t for n, t in raw.items() if n.endswith("e_score_correction_bias")})  # kept fp32
-    dense.update({n: t.to(dtype) for n, t in raw.items() if n.endswith((".bias", ".sinks"))})  # gpt-oss
+    dense.update({n: t.to(dtype) for n, t in raw.items() if n.endswith((".bias", ".sinks"))})  # biases, attention sinks
     return LoadedCheckpoint(v, dense, experts, secs, v.nbytes)
 
 
-def build_model(ck: LoadedCheckpoint, experts_factory: Callable[[Any], Any], deferred: bool):
-    """Instantiate the architecture (moe_runtime.models) over loaded tensors. experts_factory(ExpertWeights) -> backend."""
-    from . import models
-
-    if ck.validated.arch in models.OWN_EXPERTS:  # the model computes its experts itself (models.OWN_EXPERTS)
-        return models.build(ck.validated.arch, ck.config, ck.dense, lambda i: ck.experts[i], deferred)
-    return models.build(ck.validated.arch, ck.config, ck.dense, lambda i: experts_factory(ck.experts[i]), deferred)
+def build_model(ck: LoadedCheckpoint, experts_factory: Callable[[Any], Any], deferred: bool, group=None):
+    """Instantiate the architecture (moe_runtime.models) over loaded tensors. experts_factory(ExpertWeights) -> backend.
+    `group` (moe_runtime.dist.group.Group): the tensor/expert-parallel group the model's layers reduce over
+    (None: one process). Each layer's backend is the architecture's choice over the factory (Arch.experts)."""
+    arch = models.get(ck.validated.arch)
+    return models.build(ck.validated.arch, ck.config, ck.dense,
+                        lambda i: arch.experts(ck.config, ck.experts[i], experts_factory), deferred, group)

@@ -104,9 +104,9 @@ class Prepared:
 
 @dataclass(frozen=True)
 class RankPlace:
-    """One process's place in a tensor/expert-parallel group (what parallel.launch hands each rank)."""
+    """One process's place in a tensor/expert-parallel group (what dist.launch.launch hands each rank)."""
 
-    layout: Any  # parallel.Layout: tp, ep, this rank's global rank
+    layout: Any  # dist.layout.Layout: tp, ep, this rank's global rank
     local_rank: int
     device: str
     rendezvous: Any  # addr, port of rank 0's process group store
@@ -121,7 +121,7 @@ def prepare(args) -> Prepared:
 
 def load(prep: Prepared, shard=None):
     """Stage 3: the weights (progress in the log), routed experts stacked into ExpertWeights; with
-    `shard` (parallel.ShardPlan) only this rank's slices."""
+    `shard` (dist.shard.ShardPlan) only this rank's slices."""
     from .loader import load_checkpoint
 
     return load_checkpoint(prep.validated.root, prep.device, prep.dtype, validated=prep.validated,
@@ -162,8 +162,9 @@ def select_backend(res, device: str, metrics, skip: bool = False) -> tuple[str, 
                          + (" (explicit backend choice: no fallback)" if res.explicit else ""))
 
 
-def build(ck, backend: str, deferred: bool, dtype):
-    """Stage 5: the model over the loaded tensors, each MoE layer on the chosen backend."""
+def build(ck, backend: str, deferred: bool, dtype, group=None):
+    """Stage 5: the model over the loaded tensors, each MoE layer on the chosen backend; `group` the
+    process group its layers reduce over (None: one process)."""
     import functools
 
     import torch
@@ -173,7 +174,7 @@ def build(ck, backend: str, deferred: bool, dtype):
     from .loader import build_model
 
     factory = functools.partial(TorchExperts, dtype=dtype) if dtype != torch.bfloat16 else load_backend(backend)
-    model = build_model(ck, factory, deferred)
+    model = build_model(ck, factory, deferred, group)
     ck.dense.clear()
     return model
 
@@ -214,7 +215,7 @@ def forward_selftest(model, device: str, block: int, block_size: int, vocab: int
 
 def _shard_plan(v, layout):
     """The shard plan of validated checkpoint `v` over `layout`, or a RuntimeFailure naming why not."""
-    from .parallel import ShardPlan
+    from .dist.shard import ShardPlan
 
     from moe_core.runtime import BUNDLED
 
@@ -229,27 +230,28 @@ def _shard_plan(v, layout):
 
 
 def _join(args, place: RankPlace):
-    """This process's place in the group (moe_runtime.parallel), on its device (cuda:<local rank>)."""
-    from . import parallel
+    """This process's place in the group (moe_runtime.dist.group), on its device (cuda:<local rank>)."""
+    from .dist.group import init
 
     rdv = place.rendezvous
-    return parallel.init(place.layout, place.local_rank, place.device, rdv.addr, rdv.port, args.dist_init_timeout,
+    return init(place.layout, place.local_rank, place.device, rdv.addr, rdv.port, args.dist_init_timeout,
                          args.dist_timeout)
 
 
 def serve_parallel(args) -> int:
     """`serve --tp N --ep M` (world max(N, M) > 1): refuse what cannot work here, then one process per
-    local rank (parallel.launch); global rank 0 serves HTTP, the others follow its engine steps."""
-    from . import parallel
+    local rank (dist.launch); global rank 0 serves HTTP, the others follow its engine steps."""
+    from .dist.launch import launch
+    from .dist.layout import Layout
     from .flags import check_bind
 
     if os.environ.get("LWS_WORKER_INDEX") in (None, "", "0"):  # the node whose rank 0 serves HTTP
         check_bind(args.host, args.port)  # a busy port before any rank spawns (rank 0 binds it again)
     prep = prepare(args)  # headers and plan only; refused before anything is spawned
-    _shard_plan(prep.validated, parallel.Layout(args.tp, args.ep))
+    _shard_plan(prep.validated, Layout(args.tp, args.ep))
     log("decision", f"tensor parallel {args.tp}, expert parallel {args.ep}: {max(args.tp, args.ep)} ranks "
         f"({'NCCL' if str(prep.device).startswith('cuda') else 'gloo'})", tp=args.tp, ep=args.ep)
-    return parallel.launch(args, prep.device, _rank_main)
+    return launch(args, prep.device, _rank_main)
 
 
 def _rank_main(args, lay, local_rank, device, rdv) -> int:
@@ -261,20 +263,21 @@ def _rank_main(args, lay, local_rank, device, rdv) -> int:
 
 def follow(args, place: RankPlace) -> int:
     """A rank other than 0: load its shard, self-test, build, then run rank 0's model calls."""
-    from . import parallel
+    from .dist.group import group_ready, shutdown
+    from .dist.leader import follow as follow_leader
     from .metrics import Metrics
 
     prep = prepare(args).on(place.device)
     group = _join(args, place)
     ck = load(prep, _shard_plan(prep.validated, place.layout))
     backend, deferred = select_backend(prep.resolution, prep.device, Metrics(), args.skip_selftest)
-    model = build(ck, backend, deferred, prep.dtype)
-    parallel.group_ready(group, args.dist_init_timeout)
+    model = build(ck, backend, deferred, prep.dtype, group)
+    group_ready(group, args.dist_init_timeout)
     log("ready", f"rank {place.layout.rank}: following rank 0", rank=place.layout.rank, backend=backend)
     try:
-        return parallel.follow(model, group)
+        return follow_leader(model, group)
     finally:
-        parallel.shutdown()
+        shutdown()
 
 
 def serve(args, place: RankPlace | None = None) -> int:
@@ -356,9 +359,10 @@ def _serve(args, place: RankPlace | None, sock) -> int:
             backend, deferred = select_backend(prep.resolution, prep.device, metrics, args.skip_selftest)
             log("decision", f"MoE backend {backend}, deferred finalize {'on' if deferred else 'off'}",
                 backend=backend, deferred_finalize=deferred)
-            model = build(ck, backend, deferred, prep.dtype)
+            model = build(ck, backend, deferred, prep.dtype, group)
             if group is not None:
-                from .parallel import LeaderModel, group_ready
+                from .dist.group import group_ready
+                from .dist.leader import LeaderModel
 
                 group_ready(group, args.dist_init_timeout)  # /ready only once every rank (every node) is up
                 model = leader[0] = LeaderModel(model, group)  # every engine step reaches the other ranks
@@ -390,10 +394,10 @@ def _serve(args, place: RankPlace | None, sock) -> int:
     if state.engine is not None:
         state.engine.stop()
     if leader[0] is not None:
-        from . import parallel
+        from .dist.group import shutdown
 
         leader[0].stop()
-        parallel.shutdown()
+        shutdown()
     if failure:
         raise failure[0]
     return 0

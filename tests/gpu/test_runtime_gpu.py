@@ -62,7 +62,7 @@ def test_triton_moe_blocks_match_torch_reference_in_model(medium, arch, fmt):
     captured hidden states. (Whole-model logits are not compared: in bf16 a random MoE model is
     chaotic - a tiny difference flips a top-k choice downstream; transformers' own bf16 run differs
     from its fp32 run by ~15% of the logit range on these shapes.)"""
-    from moe_runtime.models.moe import MoEBlock
+    from moe_runtime.models.common.moe import MoEBlock
 
     ck = load_checkpoint(medium(arch, fmt), "cuda", torch.bfloat16, log=_quiet)
     for deferred in (True, False):

@@ -1,4 +1,4 @@
-"""The parallel runtime (moe_runtime.parallel) on NVIDIA GPUs over NCCL.
+"""The parallel runtime (moe_runtime.dist) on NVIDIA GPUs over NCCL.
 
 - world size 1 on one GPU: the process group is NCCL, every parallel layer calls its collective (a
   group of one), and the logits equal the run without any process group;

@@ -2,7 +2,7 @@
 checkpoints of test_gpt_oss_parity (bf16 experts as save_pretrained writes them, and the same model
 with MXFP4 experts) give the single-process logits and greedy tokens.
 
-Sharding (moe_runtime.parallel.ShardPlan): attention heads over tp with their q/k/v biases and sinks
+Sharding (moe_runtime.ShardPlan): attention heads over tp with their q/k/v biases and sinks
 (the 2 KV heads split at tp2, replicated at tp4), o_proj's bias added once; experts over ep with
 their biases; TP inside the experts (world / ep ranks) splits the intermediate: gate_up's interleaved
 2I columns (MXFP4: rows of blocks), down's I (MXFP4: whole 32-blocks, parts uneven where the blocks
@@ -27,8 +27,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from moe_runtime import parallel
-from moe_runtime.checkpoint_writer import quantize_gpt_oss_experts
+from moe_runtime.dist.layout import Layout
+from moe_runtime.dist.shard import ShardPlan
+from moe_runtime.models.gpt_oss.arch import quantize_experts as quantize_gpt_oss_experts
 
 transformers = pytest.importorskip("transformers")
 
@@ -103,7 +104,7 @@ def test_shard_plan_rules_for_gpt_oss(ckpt):
 
     v = validate_checkpoint(ckpt["mxfp4_i96"])
     a, m = "model.layers.0.self_attn.", "model.layers.0.mlp."
-    p = parallel.ShardPlan(v.config, v.expert_format, parallel.Layout(2, 1, rank=1))
+    p = ShardPlan(v.config, v.expert_format, Layout(2, 1, rank=1))
     assert p.problems() == []
     assert p.rule(a + "q_proj.bias") == p.rule(a + "q_proj.weight") == ("part", 0, 2, 1)
     assert p.rule(a + "k_proj.bias") == ("part", 0, 2, 1)
@@ -115,15 +116,15 @@ def test_shard_plan_rules_for_gpt_oss(ckpt):
     assert p.rule(m + "experts.gate_up_proj_bias") == ("range", 1, 64, 192)
     assert p.rule(m + "experts.down_proj_blocks") == ("range", 2, 1, 3)
     assert p.rule(m + "experts.down_proj_bias") is None
-    q = parallel.ShardPlan(v.config, v.expert_format, parallel.Layout(4, 2, rank=3))  # etp 2, expert group 1
+    q = ShardPlan(v.config, v.expert_format, Layout(4, 2, rank=3))  # etp 2, expert group 1
     assert q.rule(a + "v_proj.bias") == ("range", 0, 16, 32)  # tp4 > 2 KV heads: rank 3 reads KV head 1
     assert q.rule(m + "experts.down_proj_scales") == ("all", ("range", 0, 4, 8), ("range", 2, 1, 3))
     assert q.rule(m + "experts.down_proj_bias") == ("range", 0, 4, 8)
     # MXFP4 with intermediate 32 (one 32-block of down's input) cannot split inside the experts
     w = validate_checkpoint(ckpt["mxfp4"])
-    probs = parallel.ShardPlan(w.config, w.expert_format, parallel.Layout(2, 1)).problems()
+    probs = ShardPlan(w.config, w.expert_format, Layout(2, 1)).problems()
     assert any("intermediate_size 32 split 2 ways" in s and "(1 blocks); use --ep 2" in s for s in probs), probs
-    assert parallel.ShardPlan(w.config, w.expert_format, parallel.Layout(2, 2)).problems() == []
+    assert ShardPlan(w.config, w.expert_format, Layout(2, 2)).problems() == []
 
 
 
@@ -158,7 +159,7 @@ def test_bf16_compute_matches_single_process(ckpt, tmp_path, which, tp, ep):
 
 
 def test_alltoall_combine(ckpt, tmp_path, monkeypatch):
-    """The all-to-all combine (dispatch.combine_alltoall, rows only of tokens with an expert on the
+    """The all-to-all combine (dist.combine.combine_alltoall, rows only of tokens with an expert on the
     sending rank: gpt-oss has no shared expert) gives the same fp32 logits as one process."""
     monkeypatch.setenv("MOE_EP_DISPATCH", "alltoall")  # inherited by the spawned ranks
     path = ckpt["mxfp4"]

@@ -13,7 +13,7 @@ the window):
   that test);
 - the clamp and the window change the logits (so the parity above tests them);
 - MXFP4: the same model rewritten with its experts as `*_blocks` / `*_scales` (the release layout,
-  moe_runtime.checkpoint_writer.quantize_gpt_oss_experts). The layout is checked bit for bit:
+  moe_runtime.models.gpt_oss.arch.quantize_experts). The layout is checked bit for bit:
   transformers' own decoder (integrations.mxfp4.convert_moe_packed_tensors) and the kernels' MXFP4
   decoder give identical weights, hand-packed bytes come out where the layout says, and transformers
   loads the checkpoint itself (Mxfp4Config(dequantize=True)). The runtime's logits on it equal that
@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from moe_kernels.formats import MxFp4Tensor, dequantize_mxfp4, e2m1_lut
-from moe_runtime.checkpoint_writer import quantize_gpt_oss_experts
+from moe_runtime.models.gpt_oss.arch import quantize_experts as quantize_gpt_oss_experts
 from moe_runtime.engine import Engine, Finished, Request, SamplingParams
 from moe_runtime.loader import build_model, load_checkpoint
 
@@ -91,7 +91,7 @@ def saved(tmp_path_factory):
 
 def _runtime(path, dtype=torch.float32):
     ck = load_checkpoint(path, "cpu", dtype, log=_quiet)
-    m = build_model(ck, None, False)  # gpt-oss computes its own experts (models.OWN_EXPERTS): no factory
+    m = build_model(ck, None, False)  # gpt-oss computes its own experts (GptOssArch.experts): no factory
     m.allocate_kv(8, 8)
     return m
 

@@ -1,4 +1,4 @@
-"""The MoE combine under expert/tensor parallelism (moe_runtime.dispatch, issue 19 item 1): the pure choice
+"""The MoE combine under expert/tensor parallelism (moe_runtime.dist.combine, issue 19 item 1): the pure choice
 between the all-reduce ("allgather": replicated tokens, one fp32 all-reduce) and the all-to-all
 (all_to_all_single of the partial rows to the tokens' owners, fp32 sum there, all_gather_into_tensor),
 and both paths over gloo giving the single-process logits and greedy tokens.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from moe_runtime.checkpoint_writer import make_checkpoint
-from moe_runtime.dispatch import bytes_per_token, choose
+from moe_runtime.dist.combine import bytes_per_token, choose
 from test_runtime_parallel import ATOL_FP32, _run_group, _single
 
 pytestmark = pytest.mark.timeout(400)

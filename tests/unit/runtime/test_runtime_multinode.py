@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from moe_runtime import parallel
+from moe_runtime.dist.launch import rendezvous
 from moe_runtime.checkpoint_writer import make_checkpoint
 from test_runtime_parallel import PROMPTS, _free_port, _rank_pids
 
@@ -120,8 +120,8 @@ def test_two_lws_nodes_serve_the_same_greedy_completions_as_one_process(tmp_path
 
 def test_rendezvous_needs_the_leader_address_on_several_nodes():
     with pytest.raises(Exception, match="no LWS_LEADER_ADDRESS"):
-        parallel.rendezvous(4, 29500, {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1"})
-    r = parallel.rendezvous(4, 29500, {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1", "MASTER_ADDR": "10.0.0.1"})
+        rendezvous(4, 29500, {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1"})
+    r = rendezvous(4, 29500, {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1", "MASTER_ADDR": "10.0.0.1"})
     assert (r.addr, r.node_index, r.local_world) == ("10.0.0.1", 1, 2)
     with pytest.raises(Exception, match="must be integers"):
-        parallel.rendezvous(4, 29500, {"LWS_GROUP_SIZE": "two"})
+        rendezvous(4, 29500, {"LWS_GROUP_SIZE": "two"})

@@ -32,7 +32,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from moe_runtime import parallel
+from moe_runtime.dist import group as dgroup
+from moe_runtime.dist.launch import rendezvous
+from moe_runtime.dist.layout import Layout
+from moe_runtime.dist.leader import LeaderModel, follow
+from moe_runtime.dist.shard import ShardPlan
 from moe_runtime.checkpoint_writer import make_checkpoint
 
 pytestmark = pytest.mark.timeout(240)
@@ -89,7 +93,7 @@ def _greedy(model, steps: int, forced: torch.Tensor | None = None):
     return torch.stack(all_logits).cpu(), torch.stack(toks).cpu()
 
 
-def _build(path, dtype, shard=None, device="cpu"):
+def _build(path, dtype, shard=None, device="cpu", group=None):
     import functools
 
     from moe_kernels.reference import TorchExperts
@@ -98,29 +102,29 @@ def _build(path, dtype, shard=None, device="cpu"):
     v = validate_checkpoint(path)
     plan = None
     if shard is not None:
-        plan = parallel.ShardPlan(v.config, v.expert_format, shard)
+        plan = ShardPlan(v.config, v.expert_format, shard)
         assert plan.problems() == [], plan.problems()
     seen: dict = {}
     ck = load_checkpoint(path, device, dtype, log=lambda ev, msg="", **k: seen.update({ev: k}), validated=v, shard=plan)
     ck.shard_log = seen.get("load_shard")
-    return build_model(ck, functools.partial(TorchExperts, dtype=dtype), deferred=True), ck
+    return build_model(ck, functools.partial(TorchExperts, dtype=dtype), deferred=True, group=group), ck
 
 
 def _rank(rank, tp, ep, port, path, dtype_name, out, forced=None, device="cpu"):
     torch.set_num_threads(1)
     dtype = getattr(torch, dtype_name)
-    lay = parallel.Layout(tp, ep, rank)
+    lay = Layout(tp, ep, rank)
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
-    g = parallel.init(lay, rank, dev, "127.0.0.1", port, init_timeout=60, collective_timeout=60)
+    g = dgroup.init(lay, rank, dev, "127.0.0.1", port, init_timeout=60, collective_timeout=60)
     assert (g.backend == "nccl") == dev.startswith("cuda") and os.environ["NCCL_NVLS_ENABLE"] == "0"
     try:
-        model, ck = _build(path, dtype, lay, dev)
+        model, ck = _build(path, dtype, lay, dev, g)
         logits, toks = _greedy(model, STEPS, forced)
         torch.save({"logits": logits, "tokens": toks, "bytes": ck.shard_log["bytes_total"],
                     "read": ck.shard_log["bytes_rank"]},
                    os.path.join(out, f"rank{rank}.pt"))
     finally:
-        parallel.shutdown()
+        dgroup.shutdown()
     del g
 
 
@@ -187,14 +191,14 @@ def test_shard_plan_reads_only_local_experts_and_slices(ckpts):
     from moe_runtime.loader import validate_checkpoint
 
     v = validate_checkpoint(ckpts[("deepseek_v3", "bf16")])
-    p = parallel.ShardPlan(v.config, v.expert_format, parallel.Layout(2, 2, rank=1))
+    p = ShardPlan(v.config, v.expert_format, Layout(2, 2, rank=1))
     assert (p.expert_lo, p.expert_hi) == (4, 8)
     assert p.rule("model.layers.1.mlp.experts.0.gate_proj.weight") == "skip"
     assert p.rule("model.layers.1.mlp.experts.5.down_proj.weight") is None  # whole experts (etp 1)
     assert p.rule("model.layers.0.self_attn.o_proj.weight") == ("part", 1, 2, 1)
     assert p.rule("model.layers.0.self_attn.kv_a_proj_with_mqa.weight") is None  # the MLA latent is not split
     assert p.rule("model.embed_tokens.weight") == ("part", 0, 2, 1)
-    q = parallel.ShardPlan(v.config, v.expert_format, parallel.Layout(2, 1, rank=1))
+    q = ShardPlan(v.config, v.expert_format, Layout(2, 1, rank=1))
     assert q.rule("model.layers.1.mlp.experts.5.down_proj.weight") == ("part", 1, 2, 1)
 
 
@@ -202,20 +206,20 @@ def test_shard_plan_refuses_what_does_not_divide(ckpts):
     from moe_runtime.loader import validate_checkpoint
 
     v = validate_checkpoint(ckpts[("deepseek_v3", "bf16")])
-    assert "one must divide the other" in parallel.ShardPlan(v.config, "bf16", parallel.Layout(2, 3)).problems()[0]
-    probs = parallel.ShardPlan(v.config, "bf16", parallel.Layout(8, 1)).problems()
+    assert "one must divide the other" in ShardPlan(v.config, "bf16", Layout(2, 3)).problems()[0]
+    probs = ShardPlan(v.config, "bf16", Layout(8, 1)).problems()
     assert any("num_attention_heads 4" in p for p in probs), probs
     # mxfp4 blocks of 32: moe_intermediate 32 cannot be split inside the experts
-    probs = parallel.ShardPlan(v.config, "mxfp4", parallel.Layout(2, 1)).problems()
+    probs = ShardPlan(v.config, "mxfp4", Layout(2, 1)).problems()
     assert any("moe_intermediate_size 32" in p and "--ep 2" in p for p in probs), probs
 
 
 def test_rendezvous_reads_leaderworkerset_env():
-    r = parallel.rendezvous(8, 29500, {"LWS_LEADER_ADDRESS": "g-0.g.ns", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1"})
+    r = rendezvous(8, 29500, {"LWS_LEADER_ADDRESS": "g-0.g.ns", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1"})
     assert (r.addr, r.port, r.nodes, r.node_index, r.local_world) == ("g-0.g.ns", 29500, 2, 1, 4)
     with pytest.raises(Exception, match="does not split"):
-        parallel.rendezvous(3, 29500, {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "0"})
-    assert parallel.rendezvous(2, 0, {}).local_world == 2
+        rendezvous(3, 29500, {"LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "0"})
+    assert rendezvous(2, 0, {}).local_world == 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -337,9 +341,9 @@ def _leader_follower(rank, port, path, out, die_after):
     """Rank 0 drives a LeaderModel; rank 1 follows and, with die_after, exits abruptly after that many
     calls (a rank on another node dying: no launcher here to take the group down)."""
     torch.set_num_threads(1)
-    lay = parallel.Layout(2, 1, rank)
-    g = parallel.init(lay, rank, "cpu", "127.0.0.1", port, init_timeout=60, collective_timeout=8)
-    model, _ = _build(path, torch.float32, lay)
+    lay = Layout(2, 1, rank)
+    g = dgroup.init(lay, rank, "cpu", "127.0.0.1", port, init_timeout=60, collective_timeout=8)
+    model, _ = _build(path, torch.float32, lay, group=g)
     if rank == 1:
         if die_after is not None:
             calls = [0]
@@ -351,8 +355,8 @@ def _leader_follower(rank, port, path, out, die_after):
                     os._exit(17)
                 return inner(*a, **k)
             model.forward = forward
-        os._exit(parallel.follow(model, g))
-    leader = parallel.LeaderModel(model, g)
+        os._exit(follow(model, g))
+    leader = LeaderModel(model, g)
     logits, _ = _greedy(leader, STEPS)
     torch.save(logits, os.path.join(out, "leader.pt"))
     leader.stop()

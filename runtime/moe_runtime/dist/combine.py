@@ -1,6 +1,6 @@
-"""How the routed experts' outputs come back to every rank under expert/tensor parallelism.
+"""The MoE combine: how the routed experts' outputs come back to every rank under expert/tensor parallelism.
 
-In the bundled runtime's layout (moe_runtime.parallel) the MoE block's input is replicated: every rank
+In the bundled runtime's layout (moe_runtime.dist) the MoE block's input is replicated: every rank
 holds every token after the attention all-reduce, and every rank computes the same routing. So the
 dispatch itself moves no bytes: each rank takes, from its own copy, the (token, expert) pairs whose
 expert it holds, which is exactly what an all-to-all dispatch from the tokens' owners would deliver
@@ -9,7 +9,7 @@ on this rank + this rank's slice of the shared expert) must be summed per token,
 the sum. Two ways, chosen per batch by `choose()`:
 
 - "allgather" (the all-gather + reduce kind the issue names for small batches): one all-reduce over the
-  world of the [T, H] partials, in fp32 (parallel._reduce), one collective.
+  world of the [T, H] partials, in fp32 (group.all_reduce_world), one collective.
 - "alltoall": token t is owned by rank t // ceil(T/W). One `torch.distributed.all_to_all_single` sends
   each owner the rows of its tokens (in the activation dtype): with a shared expert every row (each rank
   holds a slice of it: a reduce-scatter carried by the all-to-all); without one only the rows of tokens
@@ -30,9 +30,11 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from . import parallel
-from .log import log
+from ..log import log
+from .group import Group, all_reduce_world
+from .layers import num_local_experts
 
 # alpha: latency of one NCCL collective inside an NVLink node (launch + protocol), ~10-25 us measured by
 # nccl-tests at small sizes on H100/H200; beta: the per-rank bandwidth a large all-reduce / all-to-all
@@ -92,11 +94,12 @@ def choose(tokens: int, hidden: int, top_k: int, world: int, ep: int, shared: bo
 _logged: set[str] = set()
 
 
-def combine(y: torch.Tensor, ids: torch.Tensor, experts, shared: bool, top_k: int | None = None) -> torch.Tensor:
+def combine(y: torch.Tensor, ids: torch.Tensor, experts, shared: bool, group: Group | None,
+            top_k: int | None = None) -> torch.Tensor:
     """Sum this rank's MoE partial `y` [T, H] (routed experts on this rank + its slice of the shared expert,
     x's dtype) over the world; every rank gets the sum. `ids` [T, K]: the global expert ids (the same on
     every rank). Without a process group: y."""
-    g = parallel.STATE
+    g = group
     if g is None or g.layout.world == 1:
         return y
     lay = g.layout
@@ -108,14 +111,14 @@ def combine(y: torch.Tensor, ids: torch.Tensor, experts, shared: bool, top_k: in
         log("dispatch", f"rank {lay.rank}: MoE combine {mode}" + (f" (MOE_EP_DISPATCH={forced})" if forced in MODES
                                                                   else f": {c.reason}"), rank=lay.rank, mode=mode)
     if mode == "allgather":
-        return parallel.all_reduce_world(y)
+        return all_reduce_world(y, g)
     hit = None if shared else _rank_hits(ids, experts, lay)
     return combine_alltoall(y, hit, g.world_pg)
 
 
 def _rank_hits(ids: torch.Tensor, experts, lay) -> torch.Tensor:
     """[T, W] bool: token t has at least one expert on rank r (the experts of r's expert-parallel group)."""
-    n = parallel._num_local_experts(experts)
+    n = num_local_experts(experts)
     groups = (ids // n).clamp(0, lay.ep - 1)
     hit = torch.zeros(ids.shape[0], lay.ep, dtype=torch.bool, device=ids.device)
     hit.scatter_(1, groups, True)
@@ -128,8 +131,6 @@ def combine_alltoall(y: torch.Tensor, hit: torch.Tensor | None, group=None) -> t
     reduce-scatter by all-to-all); else only rows t with hit[t, this rank] (the others are zero: no expert
     of this rank was routed to). The owner sums in fp32, rounds to y's dtype, and all_gather_into_tensor
     returns the [T, H] sum to every rank (bit-identical on all ranks: each token is summed once)."""
-    import torch.distributed as dist
-
     W, r = dist.get_world_size(group), dist.get_rank(group)
     T, H = y.shape
     chunk = -(-T // W)

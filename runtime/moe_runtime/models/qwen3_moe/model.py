@@ -1,29 +1,29 @@
 """Qwen3MoeForCausalLM: GQA attention with per-head q/k RMSNorm, softmax top-k MoE (norm_topk_prob),
-no shared expert. The decoder layer and the LM top are the shared ones of models.common."""
+no shared expert. The decoder layer, the LM top and the paged GQA tail are the shared ones of
+models.common."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .. import parallel
-from moe_kernels import paged_attention as pa
-
-from .common import AttnContext, CausalLM, GqaKvCache, Linear, RMSNorm, Rope, build_layers, rope_parameters
-from .moe import MoEBlock, RoutingConfig
+from ...dist.layers import RowParallelLinear
+from ..common.attention import GqaKvCache
+from ..common.layers import AttnContext, CausalLM, Linear, RMSNorm, build_layers
+from ..common.moe import MoEBlock, RoutingConfig
+from ..common.rope import Rope, rope_parameters
 
 
 class GQAttention(GqaKvCache, nn.Module):
-    def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], p: str, rope: Rope):
+    def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], p: str, rope: Rope, group=None):
         super().__init__()
         self.hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.q_proj, self.k_proj = Linear(w(p + "q_proj.weight")), Linear(w(p + "k_proj.weight"))
         self.v_proj = Linear(w(p + "v_proj.weight"))
-        self.o_proj = parallel.RowParallelLinear(w(p + "o_proj.weight"), "attn")
+        self.o_proj = RowParallelLinear(w(p + "o_proj.weight"), "attn", group)
         # heads on this rank, from the (possibly tensor-parallel) slices the loader gave
         self.nh, self.nkv = self.q_proj.weight.shape[0] // self.hd, self.k_proj.weight.shape[0] // self.hd
         self.q_norm, self.k_norm = RMSNorm(w(p + "q_norm.weight"), eps), RMSNorm(w(p + "k_norm.weight"), eps)
@@ -38,27 +38,19 @@ class GQAttention(GqaKvCache, nn.Module):
         v = self.v_proj(x).view(B, S, self.nkv, self.hd)
         cos, sin = cos_sin
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
-        pa.write_kv(self.k_cache, ctx.slots, k)
-        pa.write_kv(self.v_cache, ctx.slots, v)
-        if ctx.decode_kernel:
-            o = pa.paged_decode_gqa(q[:, 0].contiguous(), self.k_cache, self.v_cache, ctx.block_tables, ctx.seq_lens,
-                                    self.hd ** -0.5)[:, None]
-        else:
-            o = pa.paged_attention_gqa_ref(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.positions, ctx.kv_len,
-                                           self.hd ** -0.5)
-        return self.o_proj(o.reshape(B, S, self.nh * self.hd))
+        return self.o_proj(self.attend(q, k, v, ctx, self.hd ** -0.5))
 
 
 def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], experts: Callable[[int], Any],
-          deferred: bool) -> CausalLM:
+          deferred: bool, group=None) -> CausalLM:
     """Softmax top-k routing (norm_topk_prob), no shared expert, so nothing to defer into the finalize."""
     r = RoutingConfig("softmax", cfg["num_experts_per_tok"], bool(cfg.get("norm_topk_prob", False)))
 
     def make_moe(i: int, p: str) -> MoEBlock:
-        return MoEBlock(w(p + "gate.weight"), None, r, experts(i), None, deferred)
+        return MoEBlock(w(p + "gate.weight"), None, r, experts(i), None, deferred, group)
 
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     inv_freq, cs_scale, _ = rope_parameters(cfg, hd)
     rope = Rope(inv_freq, cs_scale, interleave=False)
-    layers = build_layers(cfg, w, lambda p: GQAttention(cfg, w, p + "self_attn.", rope), make_moe)
-    return CausalLM(cfg, w, layers, rope)
+    layers = build_layers(cfg, w, lambda p: GQAttention(cfg, w, p + "self_attn.", rope, group), make_moe, group)
+    return CausalLM(cfg, w, layers, rope, group)

@@ -1,7 +1,7 @@
 """The shared model top of every architecture: the causal LM (embeddings, decoder layers, final
-norm, lm_head, cache allocation), the decoder-layer assembly, RMSNorm, RoPE (default and YaRN), the
-SwiGLU MLP and the masked attention helpers. An architecture module (deepseek_v3, qwen3_moe)
-supplies only its attention and its MoE block; no architecture imports another's module.
+norm, lm_head, cache allocation), the decoder-layer assembly, RMSNorm, the SwiGLU MLP and the
+attention context of one forward call. An architecture's folder supplies its attention and its
+routing; no architecture imports another's.
 
 Batching model: a paged KV cache (moe_runtime.kv_cache keeps the books). A forward call takes
 `input_ids [B, S]`, `positions [B, S]` and `block_tables [B, nb]` (each row's block ids); new
@@ -14,7 +14,6 @@ decode (B=running, S=1).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
@@ -22,10 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from moe_kernels import paged_attention as pa
 
-from ..config_keys import rope_dict
-from .. import parallel
-from ..errors import RuntimeFailure
-from ..model_spec import is_moe_layer
+from ...dist.layers import RowParallelLinear, embed, gather_vocab
+from ...model_spec import is_moe_layer
+from .rope import Rope
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,106 +54,19 @@ class Linear(nn.Module):
         return F.linear(x, self.weight)
 
 
-class GqaKvCache:
-    """The paged K and V caches of a GQA attention layer: [blocks, block size, KV heads, head dim]
-    each (the layer sets self.nkv and self.hd, its rank's KV heads and the head size)."""
-
-    nkv: int
-    hd: int
-    k_cache: torch.Tensor | None = None
-    v_cache: torch.Tensor | None = None
-
-    def kv_values_per_token(self) -> int:
-        return 2 * self.nkv * self.hd
-
-    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> None:
-        self.k_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(num_blocks, block_size, self.nkv, self.hd, dtype=dtype, device=device)
-
-
 class SwiGLU(nn.Module):
     """Dense MLP / shared expert: down(silu(gate(x)) * up(x)). `reduce` ("world"): the weights are this
-    rank's intermediate slice and down's output is all-reduced (parallel.RowParallelLinear); None: the
-    caller reduces (the shared expert, inside the MoE block's one all-reduce)."""
+    rank's intermediate slice and down's output is all-reduced over `group` (dist.layers.RowParallelLinear);
+    None: the caller reduces (the shared expert, inside the MoE block's one all-reduce)."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, reduce: str | None = None):
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, reduce: str | None = None,
+                 group=None):
         super().__init__()
         self.gate_proj, self.up_proj = Linear(gate), Linear(up)
-        self.down_proj = parallel.RowParallelLinear(down, reduce) if reduce else Linear(down)
+        self.down_proj = RowParallelLinear(down, reduce, group) if reduce else Linear(down)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-# ------------------------------------------------------------------------------------------------
-# RoPE
-
-def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def rope_parameters(cfg: dict[str, Any], dim: int) -> tuple[torch.Tensor, float, float]:
-    """(inv_freq [dim/2], cos/sin scale, softmax-scale multiplier) for the config's rope.
-
-    Supports the default rope and YaRN (DeepSeek-V3's `rope_scaling: {type: yarn, factor, ...}`, with
-    its mscale/mscale_all_dim softmax correction). Other scaling types are rejected clearly rather than
-    served with silently wrong positions."""
-    rs = rope_dict(cfg, "")  # both spellings (rope_parameters / rope_theta + rope_scaling): config_keys
-    base = rs["rope_theta"]
-    kind = rs["rope_type"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    if kind == "default":
-        return inv_freq, 1.0, 1.0
-    if kind != "yarn":
-        raise RuntimeFailure(f"config.json rope_scaling type {kind!r} is not supported by the bundled runtime "
-                             "(supported: default, yarn)")
-    factor = float(rs["factor"])
-    orig = int(rs.get("original_max_position_embeddings") or cfg.get("max_position_embeddings"))
-    beta_fast, beta_slow = float(rs.get("beta_fast") or 32), float(rs.get("beta_slow") or 1)
-    mscale, mscale_all = rs.get("mscale"), rs.get("mscale_all_dim")
-    attn_factor = rs.get("attention_factor")
-    if attn_factor is None:
-        attn_factor = (yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all)
-                       if mscale and mscale_all else yarn_get_mscale(factor))
-
-    def corr_dim(n_rot: float) -> float:
-        return (dim * math.log(orig / (n_rot * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
-    if rs.get("truncate", True):  # transformers' yarn: `truncate` (default true) floors/ceils the range
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    extrap = 1 - ramp
-    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrap) + (1.0 / pos_freqs) * extrap
-    softmax_mult = yarn_get_mscale(factor, mscale_all) ** 2 if mscale_all else 1.0
-    return inv_freq, float(attn_factor), softmax_mult
-
-
-class Rope(nn.Module):
-    def __init__(self, inv_freq: torch.Tensor, scale: float, interleave: bool):
-        super().__init__()
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.scale, self.interleave = scale, interleave
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)
-        return (freqs.cos() * self.scale).to(dtype), (freqs.sin() * self.scale).to(dtype)
-
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [B, S, heads, d]; cos/sin [B, S, d/2]."""
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-        if self.interleave:
-            # DeepSeek pairs (x0, x1), (x2, x3)...; output de-interleaved like HF (q and k alike, so
-            # dot products are those of the interleaved rotation)
-            x1, x2 = x[..., 0::2], x[..., 1::2]
-        else:
-            half = x.shape[-1] // 2
-            x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,11 +103,13 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Shared top: embeddings, layers, final norm, lm_head, paged-cache allocation and forward."""
+    """Shared top: embeddings, layers, final norm, lm_head, paged-cache allocation and forward. `group`
+    (moe_runtime.dist.group.Group, None for one process): the vocab-parallel embedding and LM head's."""
 
-    def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], layers: list[nn.Module], rope: Rope):
+    def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], layers: list[nn.Module], rope: Rope,
+                 group=None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.group = cfg, group
         self.embed_tokens = nn.Parameter(w("model.embed_tokens.weight"), requires_grad=False)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(w("model.norm.weight"), cfg.get("rms_norm_eps", 1e-6))
@@ -230,7 +143,7 @@ class CausalLM(nn.Module):
         `last_only` (the last column) or `last_index` [B] (each row's own last token). `kv_len` fixes how
         many cache positions are attended (CUDA graphs: no host sync, static shapes); by default the
         longest position in the batch + 1."""
-        x = parallel.embed(input_ids, self.embed_tokens)  # vocab-parallel under tensor parallelism
+        x = embed(input_ids, self.embed_tokens, self.group)  # vocab-parallel under tensor parallelism
         ctx = AttnContext(positions, block_tables, self.block_size, kv_len or int(positions.max()) + 1)
         cos_sin = self.rope.cos_sin(positions, x.dtype)
         for layer in self.layers:
@@ -239,11 +152,11 @@ class CausalLM(nn.Module):
             x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
         elif last_only:
             x = x[:, -1:]
-        return parallel.gather_vocab(self.lm_head(self.norm(x))).float()
+        return gather_vocab(self.lm_head(self.norm(x)), self.group).float()
 
 
 def build_layers(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_attn: Callable[[str], nn.Module],
-                 make_moe: Callable[[int, str], nn.Module]) -> list[DecoderLayer]:
+                 make_moe: Callable[[int, str], nn.Module], group=None) -> list[DecoderLayer]:
     """Decoder layers of either family: attention by `make_attn(prefix)`, MoE or dense SwiGLU MLP."""
     eps = cfg.get("rms_norm_eps", 1e-6)
     layers = []
@@ -253,7 +166,7 @@ def build_layers(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], make_att
             mlp = make_moe(i, p + "mlp.")
         else:
             mlp = SwiGLU(w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight"), w(p + "mlp.down_proj.weight"),
-                         reduce="world")
+                         reduce="world", group=group)
         layers.append(DecoderLayer(make_attn(p), mlp, w(p + "input_layernorm.weight"),
                                    w(p + "post_attention_layernorm.weight"), eps))
     return layers

@@ -15,16 +15,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import parallel
-from ..errors import RuntimeFailure
 from moe_kernels import paged_attention as pa
 
-from .common import AttnContext, CausalLM, Linear, RMSNorm, Rope, SwiGLU, build_layers, rope_parameters
-from .moe import MoEBlock, RoutingConfig
+from ...dist.layers import RowParallelLinear
+from ...errors import RuntimeFailure
+from ..common.layers import AttnContext, CausalLM, Linear, RMSNorm, SwiGLU, build_layers
+from ..common.moe import MoEBlock, RoutingConfig
+from ..common.rope import Rope, rope_parameters
 
 
 class MLAttention(nn.Module):
-    def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], p: str, rope: Rope, softmax_mult: float):
+    def __init__(self, cfg: dict[str, Any], w: Callable[[str], torch.Tensor], p: str, rope: Rope, softmax_mult: float,
+                 group=None):
         super().__init__()
         self.nope, self.rope_dim = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
         self.v_dim, self.kv_lora = cfg["v_head_dim"], cfg["kv_lora_rank"]
@@ -43,7 +45,7 @@ class MLAttention(nn.Module):
         kv_b = w(p + "kv_b_proj.weight").view(self.nh, self.nope + self.v_dim, self.kv_lora)
         self.w_uk = nn.Parameter(kv_b[:, : self.nope].contiguous(), requires_grad=False)  # [h, nope, c]
         self.w_uv = nn.Parameter(kv_b[:, self.nope:].contiguous(), requires_grad=False)  # [h, v, c]
-        self.o_proj = parallel.RowParallelLinear(w(p + "o_proj.weight"), "attn")
+        self.o_proj = RowParallelLinear(w(p + "o_proj.weight"), "attn", group)
         self.rope = rope
         self.scale = (self.nope + self.rope_dim) ** -0.5 * softmax_mult
         self.cache_ckv: torch.Tensor | None = None
@@ -91,7 +93,7 @@ def routing(cfg: dict[str, Any]) -> RoutingConfig:
 
 
 def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], experts: Callable[[int], Any],
-          deferred: bool) -> CausalLM:
+          deferred: bool, group=None) -> CausalLM:
     """`w(name)` returns a loaded dense tensor (`w.get(name)` one that may be absent); `experts(layer)`
     the experts backend of an MoE layer; `deferred`: fuse the shared expert into the finalize."""
     r = routing(cfg)
@@ -101,9 +103,11 @@ def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], experts: Callab
         if w.has(p + "shared_experts.gate_proj.weight"):
             shared = SwiGLU(w(p + "shared_experts.gate_proj.weight"), w(p + "shared_experts.up_proj.weight"),
                             w(p + "shared_experts.down_proj.weight"))
-        return MoEBlock(w(p + "gate.weight"), w(p + "gate.e_score_correction_bias"), r, experts(i), shared, deferred)
+        return MoEBlock(w(p + "gate.weight"), w(p + "gate.e_score_correction_bias"), r, experts(i), shared, deferred,
+                        group)
 
     inv_freq, cs_scale, softmax_mult = rope_parameters(cfg, cfg["qk_rope_head_dim"])
     rope = Rope(inv_freq, cs_scale, interleave=cfg.get("rope_interleave", True))
-    layers = build_layers(cfg, w, lambda p: MLAttention(cfg, w, p + "self_attn.", rope, softmax_mult), make_moe)
-    return CausalLM(cfg, w, layers, rope)
+    layers = build_layers(cfg, w, lambda p: MLAttention(cfg, w, p + "self_attn.", rope, softmax_mult, group),
+                          make_moe, group)
+    return CausalLM(cfg, w, layers, rope, group)
