@@ -66,7 +66,8 @@ def test_full_size_layout_reports_the_real_byte_count(dsv3_nvfp4):
 def _runtime_rank_bytes(config, layout, fmt, tp, ep):
     """The bytes the bundled runtime's ShardPlan loads on its fullest rank (the rule of each tensor
     applied to its header size): what the estimate must match."""
-    from moe_runtime.parallel import Layout, ShardPlan
+    from moe_runtime.dist.layout import Layout
+    from moe_runtime.dist.shard import ShardPlan
     from moe_operator.sample_checkpoints import _DT_BYTES
 
     def share(rule, shape, n):

@@ -126,7 +126,8 @@ def test_loader_refuses_what_the_table_refuses(written, tmp_path):
     assert inspect_dir(d).format == "fp8"
     with pytest.raises(RuntimeFailure, match="unsupported checkpoint format 'fp8'.*bf16, mxfp4 for GptOssForCausalLM"):
         validate_checkpoint(d)
-    from moe_runtime import parallel, serve
+    from moe_runtime import serve
+    from moe_runtime.dist import layout as parallel
 
     # serve --tp 2 on MXFP4 experts of intermediate 32 (one 32-block of down's input): TP inside the
     # experts cannot split it, refused before ranks spawn with what works; --ep 2 (whole experts) passes
