@@ -30,6 +30,7 @@ from typing import Any
 
 from moe_core.checkpoint import CheckpointInfo
 
+from . import images
 from .api import ModelCacheStatus, MoEDeploymentSpec
 from .cache_ledger import Record, new_record  # noqa: F401  (Record: tests build empty ones)
 from .download_cli import PERMANENT_EXIT_CODES, READY_MARKER
@@ -166,6 +167,9 @@ def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: s
                 "enableServiceLinks": False,
                 "nodeSelector": {"kubernetes.io/arch": "amd64"},
                 "securityContext": security,
+                # the operator-wide pull secrets (--image-pull-secret): a private registry's image pulls here too
+                **({"imagePullSecrets": [{"name": n} for n in images.REGISTRIES.pull_secrets]}
+                   if images.REGISTRIES.pull_secrets else {}),
                 "containers": [{
                     "name": "download", "image": image,
                     "command": ["moe-operator", "download-model", *what, "--revision", src.revision,

@@ -14,7 +14,7 @@ import posixpath
 from dataclasses import dataclass
 
 from .api import MoEDeploymentSpec
-from . import image_ref
+from . import image_ref, pod_overlay
 from .model_uri import ModelURI
 
 # The label a Secret must carry before a MoEDeployment may mount it as a model token: a Secret
@@ -44,6 +44,11 @@ class Policy:
         if spec.engine.image and self.allowed_registries and not image_allowed(spec.engine.image, self.allowed_registries):
             out.append(f"engine.image {spec.engine.image!r} is not from an allowed registry "
                        f"({', '.join(self.allowed_registries)}); leave engine.image unset for the default image")
+        if spec.podTemplate and self.allowed_registries:  # sidecars and init containers the overlay adds
+            for image in pod_overlay.images(spec.podTemplate.overlay()):
+                if not image_allowed(image, self.allowed_registries):
+                    out.append(f"podTemplate image {image!r} is not from an allowed registry "
+                               f"({', '.join(self.allowed_registries)})")
         if spec.service.type not in self.allowed_service_types:
             out.append(f"service.type {spec.service.type} is not allowed on this cluster (allowed: "
                        f"{', '.join(self.allowed_service_types)}); ask the cluster admin (chart value policy.allowedServiceTypes)")

@@ -251,7 +251,7 @@ def test_a_pvc_model_is_copied_to_a_faster_class_when_asked(hub_operator, kubect
     assert claims == [claim]  # the copy, not the source
     eng = pod["containers"][0]
     assert eng["args"][eng["args"].index("--model-path") + 1] == "/models/cache"
-    assert eng["args"][eng["args"].index("--served-model-name") + 1] == "/models/models/dsv3"
+    assert eng["args"][eng["args"].index("--served-model-name") + 1] == "copied"  # spec.model.servedName: the object's name
     init = next(i for i in pod["initContainers"] if i["name"] == "model-cache-ready")
     assert run_here(init, {"model-cache": fast_dir}, tmp_path).returncode == 0
 

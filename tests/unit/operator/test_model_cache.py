@@ -91,3 +91,12 @@ def test_cluster_defaults_fill_only_what_the_spec_leaves_unset():
     mine = model_cache.with_defaults(spec({"enabled": True, "storageClassName": "mine"}), False, "fast")
     assert model_cache.enabled(mine) and mine.model.cache.storageClassName == "mine"
     assert not model_cache.enabled(model_cache.with_defaults(spec(uri="pvc://models/x"), True, None))  # hf:// only
+
+
+def test_the_fill_job_names_the_operators_pull_secrets(monkeypatch):
+    from moe_operator import images
+
+    assert "imagePullSecrets" not in model_cache.fill_job("ns", spec({"enabled": True}), "img:1")["spec"]["template"]["spec"]
+    monkeypatch.setattr(images, "REGISTRIES", images.Registries(pull_secrets=("regcred",)))
+    pod = model_cache.fill_job("ns", spec({"enabled": True}), "img:1")["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]

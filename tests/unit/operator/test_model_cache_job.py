@@ -126,7 +126,7 @@ def test_a_pvc_model_is_copied_to_the_cache_when_asked_and_pods_mount_the_copy(t
     loc = model_location(s, "sglang", "img:1")
     assert loc.path == model_cache.MOUNT and loc.volumes[0]["persistentVolumeClaim"] == {
         "claimName": claim["metadata"]["name"], "readOnly": True}
-    assert loc.extra_args == ["--served-model-name", "/models/models/deepseek/v3"]  # the name without the cache
+    assert loc.extra_args == []  # the served name is spec.model.servedName (default: the object's name), render.served_name
     plain = model_location(MoEDeploymentSpec.model_validate({"model": {"uri": "pvc://models/deepseek/v3"}}), "sglang", "i")
     assert plain.path == "/models/models/deepseek/v3" and not plain.init_containers
 

@@ -258,3 +258,15 @@ def test_service_types_beyond_cluster_ip_need_the_admin():
     assert Policy().problems(spec(service={"type": "NodePort"}))
     assert Policy().problems(spec()) == []
     assert Policy(allowed_service_types=("ClusterIP", "LoadBalancer")).problems(spec(service={"type": "LoadBalancer"})) == []
+
+
+def test_a_pod_template_image_outside_the_allowed_registries_is_refused():
+    from moe_operator.policy import Policy
+
+    pol = Policy(allowed_registries=("ghcr.io/moe-operator",))
+    spec = MoEDeploymentSpec.model_validate({"model": {"uri": "hf://org/m"}, "podTemplate": {"spec": {"containers": [
+        {"name": "side", "image": "evil.example/x:1"}]}}})
+    assert any("podTemplate image 'evil.example/x:1' is not from an allowed registry" in p for p in pol.problems(spec))
+    ok = MoEDeploymentSpec.model_validate({"model": {"uri": "hf://org/m"}, "podTemplate": {"spec": {"initContainers": [
+        {"name": "side", "image": "ghcr.io/moe-operator/helper:1"}]}}})
+    assert not pol.problems(ok)
