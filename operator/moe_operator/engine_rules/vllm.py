@@ -26,47 +26,20 @@ both run on automatic choices too and size placement's layouts (planner.split_re
 
 from __future__ import annotations
 
-from . import Case, Rule, Source
+from . import Case, Rule, Source, recorded
 
 V = "0.33.0"
-
-# MoEBackend Literal, vllm/config/kernel.py:122-147 (0.33.0; 0.22.1: config/kernel.py:122-137)
-MOE_BACKENDS = (
-    "auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
-    "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "b12x",
-    "flashinfer_moe_ep_mega_deep_gemm", "marlin", "humming", "triton_unfused", "aiter", "aiter_mega_moe",
-    "aiter_triton_mxfp4_bf16", "aiter_triton_mxfp4_mxfp4", "flydsl", "hpc", "emulation", "rdna3",
-)
-MOE_BACKENDS_0221 = ("auto", "triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
-                     "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_b12x", "marlin", "humming",
-                     "triton_unfused", "aiter", "emulation")
-# --all2all-backend choices: ParallelConfig.All2AllBackend (vllm/config/parallel.py:45-60 in 0.33.0, :40-51 in
-# 0.22.1) minus "passthrough", which the CLI removes (engine/arg_utils.py:1158-1161, 0.33.0). "none" is the
-# planner's word for leaving the flag out.
-ALL2ALL = ("none", "naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2", "mori_high_throughput",
-           "mori_low_latency", "moonep", "nixl_ep", "allgather_reducescatter", "flashinfer_all2allv",
-           "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided")
-ALL2ALL_0221 = ("none", "naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "mori", "nixl_ep",
-                "allgather_reducescatter", "flashinfer_all2allv", "flashinfer_nvlink_two_sided",
-                "flashinfer_nvlink_one_sided")
 
 NVIDIA = frozenset({"sm80", "sm89", "sm90", "sm100", "sm110", "sm120", "sm121"})
 FAMILY_100 = frozenset({"sm100"})  # is_device_capability_family(100): 10.x
 FAMILY_120 = frozenset({"sm120", "sm121"})  # is_device_capability_family(120): 12.x
 
-# Per release read: CLI choices, each oracle's map_*_backend keys, capability windows.
-RELEASES = {
+# Per release read: the CLI choices (MoEBackend and All2AllBackend Literals, vllm/config/kernel.py and
+# config/parallel.py, minus the "passthrough" the CLI removes) and each oracle's map_*_backend keys come
+# from the wheel (data/vllm.json, scripts/engine_rules_extract.py); the capability windows and the WNA16
+# map (0.33.0 only: 0.22.1's int_wna16 oracle has none) are read by hand, below.
+_WINDOWS = {
     "0.22.1": {
-        "choices": MOE_BACKENDS_0221,
-        "all2all": ALL2ALL_0221,
-        "fp8": {"triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "marlin", "aiter"},
-        "nvfp4": {"cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_b12x", "marlin",
-                  "emulation"},
-        "mxfp4": {"deep_gemm", "flashinfer_trtllm", "flashinfer_trtllm_afp8", "flashinfer_cutlass", "flashinfer_cutlass_afp8",
-                  "triton", "triton_unfused", "humming", "marlin", "aiter", "aiter_mxfp4_fp8", "aiter_mxfp4_mxfp4", "xpu",
-                  "cpu", "emulation"},
-        "mxfp8": {"flashinfer_trtllm", "marlin", "xpu"},
-        "unquantized": {"triton", "flashinfer_trtllm", "flashinfer_cutlass", "aiter"},
         # platforms/cuda.py:557-559 support_deep_gemm: 9.0 or family 100
         "deep_gemm": frozenset({"sm90"}) | FAMILY_100,
         # experts/deep_gemm_moe.py:358-364 MXFP4 DeepGEMM: family 100
@@ -75,18 +48,6 @@ RELEASES = {
         "triton_mxfp4": frozenset({"sm90", "sm100", "gfx942", "gfx950"}),
     },
     "0.33.0": {
-        "choices": MOE_BACKENDS,
-        "all2all": ALL2ALL,
-        "fp8": {"triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "marlin", "humming", "aiter",
-                "hpc"},
-        "nvfp4": {"b12x", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl",
-                  "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "marlin", "humming", "emulation"},
-        "mxfp4": {"b12x", "deep_gemm", "flashinfer_trtllm", "flashinfer_trtllm_afp8", "flashinfer_cutlass",
-                  "flashinfer_cutlass_afp8", "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm", "triton",
-                  "triton_unfused", "humming", "marlin", "aiter", "aiter_triton_mxfp4_bf16", "aiter_mxfp4_fp8",
-                  "aiter_triton_mxfp4_mxfp4", "aiter_mxfp4_mxfp4", "xpu", "cpu", "emulation"},
-        "mxfp8": {"flashinfer_trtllm", "deep_gemm", "marlin", "xpu", "aiter", "triton", "humming"},
-        "unquantized": {"triton", "batched_triton", "flashinfer_trtllm", "flashinfer_cutlass", "aiter"},
         "wna16": {"triton", "marlin", "humming", "flashinfer_trtllm", "emulation", "rdna3"},
         # platforms/cuda.py:691-697 support_deep_gemm: 9.0, family 100 or family 120
         "deep_gemm": frozenset({"sm90"}) | FAMILY_100 | FAMILY_120,
@@ -96,6 +57,17 @@ RELEASES = {
         "triton_mxfp4": frozenset({"sm90", "sm100", "sm110", "sm120", "sm121", "gfx942", "gfx950"}),
     },
 }
+
+
+def _release_data(v: str, r: dict) -> dict:
+    out = {"choices": tuple(r["runner_choices"]["values"]), "all2all": tuple(r["a2a_choices"]["values"])}
+    out.update({q: set(keys) for q, keys in r["oracles"].items()})
+    out.update(_WINDOWS.get(v, {}))
+    return out
+
+
+# A release is judged only where every fact above was read for it (the windows by hand).
+RELEASES = {v: _release_data(v, r) for v, r in recorded.releases("vllm").items() if v in _WINDOWS}
 
 
 def release(version: str) -> dict:
