@@ -69,6 +69,7 @@ class State:
     marks: dict[tuple[str, str], Mark] = field(default_factory=dict)  # what each object's last reconcile saw
     sources: dict[tuple[str, str], str] = field(default_factory=dict)  # why a queued key was queued (metrics)
     model_cache_swept: float = 0.0
+    nodes_seen: int = -1  # _inventory's node_version when the fingerprint was last taken
 
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking call on the operator's own bounded pool."""
@@ -216,7 +217,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 # The inventory is rebuilt from the indexes only when one of them changed: with thousands of nodes a
 # build per reconcile (and per node heartbeat) was most of the operator's idle CPU.
-_inventory = {"version": 0, "built": -1, "classes": {}, "nodes": {}, "pods": {}}
+_inventory = {"version": 0, "built": -1, "classes": {}, "nodes": {}, "pods": {}, "node_version": 0}
 
 
 @kopf.index("", "v1", "nodes")
@@ -225,6 +226,7 @@ def gpu_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeInfo]:
     if _inventory["nodes"].get(name) != info:
         _inventory["nodes"][name] = info
         _inventory["version"] += 1
+        _inventory["node_version"] += 1
     return {name: info}
 
 
@@ -268,12 +270,22 @@ async def node_changed(memo: kopf.Memo, gpu_nodes: kopf.Index, gpu_pods: kopf.In
     st.indexes.update(nodes=gpu_nodes, pods=gpu_pods)
     if type == "DELETED" and _inventory["nodes"].pop(name, None) is not None:
         _inventory["version"] += 1
-    if _inventory.get("index") is gpu_nodes and _inventory["built"] == _inventory["version"]:
+        _inventory["node_version"] += 1
+    if st.nodes_seen == _inventory["node_version"]:
         return  # a heartbeat: no node's GPU facts moved
-    fp = fingerprint(current_classes(gpu_nodes, gpu_pods))
-    if fp != st.inventory:
-        st.inventory = fp
-        st.wakeup.set()
+    # The fingerprint is taken by the sweep loop once the burst settles (thousands of nodes
+    # arriving at start-up would otherwise rebuild the inventory once per node).
+    st.wakeup.set()
+
+
+def refresh_inventory(st: State) -> bool:
+    """Take the inventory's fingerprint if a node's facts moved; whether the GPU classes changed."""
+    if st.nodes_seen == _inventory["node_version"] or "nodes" not in st.indexes:
+        return False
+    st.nodes_seen = _inventory["node_version"]
+    fp = fingerprint(current_classes(st.indexes["nodes"], st.indexes["pods"]))
+    changed, st.inventory = fp != st.inventory, fp
+    return changed
 
 
 # --- MoEDeployment ---------------------------------------------------------------------------
@@ -432,6 +444,7 @@ async def _resync_loop(st: State, logger: Any) -> None:
             st.swept = time.monotonic()
             continue  # no handler has run yet: the indexes are not known
         try:
+            refresh_inventory(st)
             await sweep(st, logger)
             st.quiet.ok("listing MoEDeployments")
         except asyncio.CancelledError:

@@ -99,3 +99,25 @@ def test_status_only_events_of_an_owned_workload_change_nothing_the_reconcile_re
                     {**dep, "metadata": {**dep["metadata"], "labels": {}}},
                     {**dep, "status": {**dep["status"], "readyReplicas": 0}}):
         assert owned_essence(changed) != owned_essence(dep)
+
+
+def test_a_node_heartbeat_rebuilds_nothing_a_gpu_label_change_does():
+    import kopf
+
+    node = {"metadata": {"name": "n1", "labels": {"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.count": "8"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "t1"}]}}
+    v0 = handlers._inventory["node_version"]
+    handlers.gpu_nodes(name="n1", body=kopf.Body(node))
+    v1 = handlers._inventory["node_version"]
+    beat = {**node, "status": {**node["status"], "conditions": [{"type": "Ready", "status": "True",
+                                                                 "lastHeartbeatTime": "t2"}]}}
+    handlers.gpu_nodes(name="n1", body=kopf.Body(beat))
+    assert handlers._inventory["node_version"] == v1 and v1 == v0 + 1
+    gone = {**beat, "metadata": {"name": "n1", "labels": {}}}
+    handlers.gpu_nodes(name="n1", body=kopf.Body(gone))
+    assert handlers._inventory["node_version"] == v1 + 1
+    st = State(kube=None, cfg=None)  # type: ignore[arg-type]
+    st.indexes.update(nodes={"n1": [handlers.node_info(gone)]}, pods={})
+    assert handlers.refresh_inventory(st) is True and st.inventory is not None
+    assert handlers.refresh_inventory(st) is False  # nothing moved since
