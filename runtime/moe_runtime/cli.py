@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: $MOE_RUNTIME_API_KEY; unset: no key)")
     s.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024,
                    help="largest request body accepted (413 above)")
+    s.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve GET /tokenizer_info (vLLM's flag: the tokenizer config and chat template, which "
+                        "lm-eval's remote tokenizer reads)")
     s.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="replay captured CUDA graphs for decode steps on GPU (default on)")
     s.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (a power of two, 1..256)")

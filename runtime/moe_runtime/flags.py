@@ -77,7 +77,8 @@ def server_options(args):
     from .http.state import ServerOptions
 
     return ServerOptions(api_key=getattr(args, "api_key", None),
-                         max_body_bytes=getattr(args, "max_body_bytes", ServerOptions.max_body_bytes))
+                         max_body_bytes=getattr(args, "max_body_bytes", ServerOptions.max_body_bytes),
+                         tokenizer_info=getattr(args, "enable_tokenizer_info_endpoint", False))
 
 
 def check_plan_errors(path: str) -> None:

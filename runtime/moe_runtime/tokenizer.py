@@ -76,6 +76,7 @@ class Tokenizer:
         root = Path(model_dir)
         self._tok = _HFTokenizer.from_file(str(root / "tokenizer.json"))
         cfg = _json_object(root / "tokenizer_config.json")
+        self.config = cfg  # tokenizer_config.json as read (/tokenizer_info)
         self.chat_template = _chat_template(root / "tokenizer_config.json", cfg.get("chat_template"))
         # transformers >= 4.52 saves the template as its own file (gpt-oss ships one); like
         # PreTrainedTokenizerBase.from_pretrained, the file wins over tokenizer_config.json's key

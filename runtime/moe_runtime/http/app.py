@@ -352,6 +352,18 @@ async def tokenize(body: TokenizeRequest, request: Request):
     return StreamingResponse(pieces(), media_type="application/json")
 
 
+async def tokenizer_info(request: Request):
+    """vLLM's /tokenizer_info (serving_tokenization.py TokenizerInfo._get_tokenizer_config, v0.11.0):
+    the tokenizer's config without file paths, its class and the chat template in use."""
+    tok = _state(request).tokenizer
+    cfg = {k: v for k, v in tok.config.items() if k not in ("vocab_file", "merges_file")}
+    cfg.update(tok.special_tokens)  # as text ({"content": ...} objects flattened, as vLLM's serializer does)
+    cfg.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    if tok.chat_template:
+        cfg["chat_template"] = tok.chat_template
+    return cfg
+
+
 async def detokenize(body: DetokenizeRequest, request: Request):
     state = _state(request)
     if body.model is not None and body.model != state.model_name:
@@ -376,5 +388,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, http_error)
     for method, path, handler in _ROUTES:
         app.add_api_route(path, handler, methods=[method])
+    if state.options.tokenizer_info:
+        app.add_api_route("/tokenizer_info", tokenizer_info, methods=["GET"])
     app.add_middleware(Guard, state=state)
     return app

@@ -13,6 +13,7 @@ class ServerOptions:
 
     api_key: str | None = None  # Bearer token for /v1/*, /tokenize, /detokenize (None: open)
     max_body_bytes: int = 32 * 1024 * 1024
+    tokenizer_info: bool = False  # GET /tokenizer_info (vLLM's --enable-tokenizer-info-endpoint; off there too)
 
 
 @dataclass

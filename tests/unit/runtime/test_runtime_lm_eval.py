@@ -32,7 +32,8 @@ MAX_GEN = 6
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lmeval")
     model = make_checkpoint(tmp / "tiny-qwen3", "qwen3_moe", "bf16", "tiny")
-    s = Server(model, "--dtype", "float32", "--served-model-name", "tiny", "--max-batch", "4", tmp=tmp).wait_ready()
+    s = Server(model, "--dtype", "float32", "--served-model-name", "tiny", "--max-batch", "4",
+               "--enable-tokenizer-info-endpoint", tmp=tmp).wait_ready()
     yield s, model, tmp
     s.stop()
 
@@ -114,6 +115,24 @@ def test_local_completions_multiple_choice_matches_transformers(served, hf):
             ll, greedy = resp[0]
             assert ll == pytest.approx(_loglikelihood(m, ctx_ids, cont_ids), abs=2e-3), (ctx, cont)
             assert ll < 0 and isinstance(greedy, bool)
+
+
+def test_local_completions_finds_the_servers_tokenizer(served, hf):
+    """No tokenizer given: lm-eval's auto backend finds /tokenizer_info and /tokenize (vLLM's, with
+    --enable-tokenizer-info-endpoint) and tokenizes through the server, as transformers does."""
+    s, model, _ = served
+    from lm_eval.api.registry import get_model
+    from lm_eval.api.instance import Instance
+
+    lm = get_model("local-completions")(model="tiny", base_url=s.url + "/v1/completions", num_concurrent=1,
+                                        max_retries=1)
+    assert lm.tokenizer_backend == "remote"
+    m, tok = hf
+    ctx, cont = "The quick brown fox", " jumps over"
+    assert lm.tok_encode(ctx) == tok(ctx, add_special_tokens=False).input_ids
+    (ll, _), = lm.loglikelihood([Instance("loglikelihood", {}, (ctx, cont), 0)])
+    ctx_ids, cont_ids = lm._encode_pair(ctx, cont)
+    assert ll == pytest.approx(_loglikelihood(m, ctx_ids, cont_ids), abs=2e-3)
 
 
 def test_local_chat_completions_generate_until_matches_transformers(served, hf):

@@ -67,3 +67,15 @@ def test_tokenize_as_vllm(stack):
     r = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert r["tokens"][0] != bos
     assert json.dumps(r)  # plain JSON
+
+
+def test_tokenizer_info_only_when_enabled(stack):
+    client, tok, _, _ = stack
+    assert client.get("/tokenizer_info").status_code == 404  # off by default, as vLLM's
+    from moe_runtime.http.state import ServerOptions
+
+    on = TestClient(create_app(ServerState("m", Metrics(), None, tok, ready=True,
+                                           options=ServerOptions(tokenizer_info=True))))
+    info = on.get("/tokenizer_info").json()
+    assert info["eos_token"] == tok.eos_token and info["chat_template"] == tok.chat_template
+    assert info["tokenizer_class"] and "vocab_file" not in info
