@@ -1,5 +1,6 @@
 """The operator's durable record of the model caches it made: which PVC (by UID) is its own, which
-fill Job (by UID) filled it, and since when the operator has seen it unused.
+fill Job (by UID) filled it, and since when the operator has seen it unused; and which pvc://
+inspection Jobs (by UID) it started, whose termination message it may trust.
 
 Labels and annotations on a tenant's PVC are the tenant's to write, so the record cannot live there;
 MoEDeployment status (status.modelCache) only remembers a cache while some object still uses it.
@@ -55,6 +56,7 @@ class Record:
     claims: dict[tuple[str, str], str] = field(default_factory=dict)
     jobs: dict[str, str] = field(default_factory=dict)
     unused_since: dict[str, dt.datetime] = field(default_factory=dict)
+    inspect_jobs: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, Job) -> UID (pvc:// inspection)
     store: tuple[str, str] | None = None
     loaded: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
@@ -65,7 +67,8 @@ class Record:
         return json.dumps({"version": 1,
                            "claims": {f"{ns}/{c}": uid for (ns, c), uid in sorted(self.claims.items())},
                            "jobs": dict(sorted(self.jobs.items())),
-                           "unusedSince": {u: _iso(t) for u, t in sorted(self.unused_since.items())}},
+                           "unusedSince": {u: _iso(t) for u, t in sorted(self.unused_since.items())},
+                           "inspectJobs": {f"{ns}/{j}": uid for (ns, j), uid in sorted(self.inspect_jobs.items())}},
                           separators=(",", ":"))
 
     def decode(self, text: str) -> None:
@@ -82,6 +85,10 @@ class Record:
             for pvc_uid, job_uid in (data.get("jobs") or {}).items():
                 if isinstance(job_uid, str):
                     self.jobs.setdefault(str(pvc_uid), job_uid)
+            for key, uid in (data.get("inspectJobs") or {}).items():
+                ns, _, job = str(key).partition("/")
+                if ns and job and isinstance(uid, str):
+                    self.inspect_jobs.setdefault((ns, job), uid)
             for pvc_uid, when in (data.get("unusedSince") or {}).items():
                 t = _parse_time(when)
                 if t is not None:
