@@ -303,18 +303,35 @@ class AutoscalingSpec(_Model):
 
 
 class EndpointPickerRef(_Model):
-    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-                      description="Service of the endpoint picker (EPP) in this namespace")
+    name: str | None = Field(None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                             description="Service of the endpoint picker (EPP) in this namespace; default <name>-epp")
     port: int = Field(9002, ge=1, le=65535, description="the EPP Service's gRPC port")
     failureMode: Literal["FailOpen", "FailClose"] = Field(
         "FailClose", description="what the gateway does when the endpoint picker does not answer")
+    deploy: bool | None = Field(None, description=(
+        "the operator deploys the picker (ServiceAccount, Role, RoleBinding, Deployment and Service named like the "
+        "Service, owned by this MoEDeployment; epp.py); default true, false when name names a picker of your own"))
+    image: str | None = Field(None, max_length=512, pattern=IMAGE_PATTERN, description=(
+        "image of a deployed picker; default registry.k8s.io/gateway-api-inference-extension/epp:v1.0.1"))
+    replicas: int = Field(1, ge=1, le=5, description=(
+        "replicas of a deployed picker; more than 1 run with leader election (one active, the others ready to take over)"))
+
+    @field_validator("image")
+    @classmethod
+    def _epp_reference(cls, v: str | None) -> str | None:
+        if v is not None:
+            image_ref.parse(v)  # ValueError names what is wrong
+        return v
+
+    def deploys(self) -> bool:
+        return self.deploy if self.deploy is not None else self.name is None
 
 
 class InferencePoolSpec(_Model):
     enabled: bool = Field(False, description="render an InferencePool (inference.networking.k8s.io/v1) selecting this "
                           "MoEDeployment's serving pods, for InferencePool-aware gateways")
-    endpointPicker: EndpointPickerRef | None = Field(None, description="the pool's endpoint picker; default the Service "
-                                                     "<name>-epp, port 9002")
+    endpointPicker: EndpointPickerRef | None = Field(None, description="the pool's endpoint picker; default: deployed by "
+                                                     "the operator behind the Service <name>-epp, port 9002")
     poolName: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", description=(
         "one pool for several MoEDeployments of one model (e.g. an H200 and a B200 fleet): each labels its serving "
         "pods moe.serving.dev/inference-pool=<poolName>, and the MoEDeployment named <poolName> renders the pool "

@@ -234,7 +234,7 @@ def inference_pool(name: str, namespace: str, labels: dict[str, str], selector: 
 def endpoint_picker_ref(name: str, spec: MoEDeploymentSpec) -> tuple[str, int, str]:
     """(Service name, port, failure mode) of the endpoint picker the pool names."""
     epp = spec.gateway.inferencePool.endpointPicker
-    return (epp.name, epp.port, epp.failureMode) if epp else (f"{name}-epp", EPP_PORT, "FailClose")
+    return (epp.name or f"{name}-epp", epp.port, epp.failureMode) if epp else (f"{name}-epp", EPP_PORT, "FailClose")
 
 
 def endpoint_picker_condition(name: str, spec: MoEDeploymentSpec, service: dict[str, Any] | None,
