@@ -37,6 +37,6 @@ class GqaKvCache:
             o = pa.paged_decode_gqa(q[:, 0].contiguous(), self.k_cache, self.v_cache, ctx.block_tables, ctx.seq_lens,
                                     scale, *extra)[:, None]
         else:
-            o = pa.paged_attention_gqa_ref(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.positions, ctx.kv_len,
-                                           scale, *extra)
+            o = pa.paged_attention_gqa(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.positions, ctx.kv_len,
+                                       scale, *extra)
         return o.reshape(B, S, -1)
