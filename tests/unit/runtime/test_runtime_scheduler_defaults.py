@@ -69,3 +69,39 @@ def test_the_kv_cache_bounds_the_running_set():
         pass
     else:
         raise AssertionError("an explicit --max-queue 2 still bounds the queue")
+
+
+def test_128_concurrent_streams_get_no_429_with_the_defaults(tmp_path):
+    """The issue's burst, doubled: 128 streaming clients at once against the app with the default sizes
+    (the old 8 running + 64 waiting refused those past the 72nd)."""
+    import asyncio
+    import json
+
+    import httpx
+
+    from moe_runtime.http.app import create_app
+    from moe_runtime.http.state import ServerState
+    from moe_runtime.metrics import Metrics
+    from moe_runtime.tokenizer import Tokenizer, build_tokenizer_files
+
+    build_tokenizer_files(tmp_path, 512, 64)
+    tok = Tokenizer(tmp_path)
+    m = Metrics()
+    eng = Engine(TableModel(tok.vocab_size, seed=1), "cpu", None, None, 64, tok.stop_ids, m)
+    eng.start()
+
+    async def one(client, i):
+        body = {"prompt": [5 + i], "max_tokens": 4, "ignore_eos": True, "stream": True}
+        r = await client.post("/v1/completions", json=body)
+        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+        return r.status_code, events[-1]["choices"][0]["finish_reason"] if events else None
+
+    async def burst():
+        transport = httpx.ASGITransport(app=create_app(ServerState("m", m, eng, tok, ready=True)))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await asyncio.gather(*[one(client, i % 60) for i in range(128)])
+
+    try:
+        assert asyncio.run(burst()) == [(200, "length")] * 128
+    finally:
+        eng.stop()
