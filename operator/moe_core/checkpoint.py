@@ -438,7 +438,7 @@ def _dsv4_format(config: dict[str, Any], q: dict[str, Any], hf_quant: dict[str, 
 
 
 # What every tensor-parallel rank holds whole, by the tensor's module name (the last part before the
-# leaf): sglang, vLLM and the bundled runtime (moe_runtime.parallel.ShardPlan.rule) alike keep norms,
+# leaf): sglang, vLLM and the bundled runtime (moe_runtime.dist.shard.ShardPlan.rule) alike keep norms,
 # the MLA down-projections (q_a_proj, kv_a_proj_with_mqa: ReplicatedLinear), MoE routers and the MTP
 # eh_proj unsplit. The rest is split: attention by heads, dense MLPs and shared experts by their
 # intermediate size, embeddings and the LM head by vocab, routed experts over ep x (tp / ep).

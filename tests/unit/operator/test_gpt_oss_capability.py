@@ -58,7 +58,7 @@ def test_other_architectures_keep_every_format():
 
 @pytest.mark.parametrize("kw", [{"tp": 2}, {"ep": 2}, {"tp": 8, "ep": 8}])
 def test_planner_accepts_sharded_gpt_oss(kw):
-    """gpt-oss shards like the other families (moe_runtime.parallel; test_gpt_oss_parallel): no [B6]."""
+    """gpt-oss shards like the other families (moe_runtime.dist; test_gpt_oss_parallel): no [B6]."""
     p = bundled("mxfp4", **kw)
     assert not any(e.startswith("[B6]") for e in p.errors), p.errors
     assert not problems(GPT_OSS, "mxfp4", tp=kw.get("tp", 1), ep=kw.get("ep", 1))
