@@ -111,6 +111,9 @@ class Finished:
     stop_reason: int | str | None = None
 
 
+# prefill chunk of a request scoring its prompt (prompt_logprobs): every position's logits are kept,
+# 512 x a 163k vocabulary in fp32 is 0.3 GiB
+PROMPT_LOGPROBS_CHUNK = 512
 CPU_KV_SEQS = 16  # CPU default KV budget without --max-batch: this many sequences of max_len
 
 
@@ -292,6 +295,8 @@ class Engine:
             left = len(r.tokens) - r.computed
             if left > 1 and r not in decode and budget > 0:
                 n = min(left, budget)
+                if r.needs_prompt_logprobs:  # its chunk's logits are all kept: [n, vocab] fp32 each
+                    n = min(n, PROMPT_LOGPROBS_CHUNK)
                 chunks.append((r, n))
                 budget -= n
         if chunks:

@@ -151,3 +151,30 @@ def test_prompt_logprobs_with_stream_is_refused_and_chat_has_them(stack):
     assert plp[0] is None and r["usage"]["prompt_tokens"] == len(plp)
     e = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "echo": True})
     assert e.status_code == 400 and e.json()["error"]["param"] == "echo"  # chat's echo: not served
+
+
+def test_a_long_prompt_is_scored_in_bounded_chunks():
+    """Every position's logits of a prompt_logprobs chunk are kept: chunks stay within
+    PROMPT_LOGPROBS_CHUNK tokens whatever the prefill budget, and the scores are all there."""
+    from moe_runtime.engine import PROMPT_LOGPROBS_CHUNK, Finished, Request, SamplingParams
+
+    class Loop:
+        def call_soon_threadsafe(self, fn, *a):
+            fn(*a)
+
+    class Sink(list):
+        def put_nowait(self, item):
+            self.append(item)
+
+    model = TableModel(64, seed=3)
+    eng = Engine(model, "cpu", 2, 4, 2048, set(), max_prefill_tokens=2048, block_size=16)
+    prompt = [(i * 7 + 1) % 60 for i in range(1300)]
+    r = Request(prompt, SamplingParams(max_tokens=1, prompt_logprobs=0), Loop(), Sink())
+    eng.submit(r)
+    while eng.waiting or eng.running:
+        eng.step()
+    assert isinstance(r.out[-1], Finished)
+    assert max(p for _, p in eng.steps) == PROMPT_LOGPROBS_CHUNK
+    assert len(r.prompt_logprobs) == len(prompt) - 1
+    lp = torch.log_softmax(model.table[prompt[699]], -1)[prompt[700]]
+    assert r.prompt_logprobs[699].logprob == pytest.approx(float(lp), abs=1e-5)
