@@ -20,19 +20,22 @@ NAMESPACED: dict[tuple[str, str], tuple[frozenset[str], str]] = {
                               "merge patch, delete when nodesPerReplica changes the kind"),
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
                                                        "owned multi-node workload, as Deployments"),
-    ("", "services"): (frozenset({"get", "list", "watch", "create", "patch"}),
-                       "owned Service: the watch cache (label-selected list/watch), apply"),
+    ("", "services"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+                       "owned Service: the watch cache (label-selected list/watch), apply; delete: the endpoint "
+                       "picker's Service when it is no longer deployed (epp.stale)"),
     ("", "configmaps"): (frozenset({"get", "list", "watch", "create", "patch"}),
                          "owned plan ConfigMap: the watch cache (label-selected list/watch), apply"),
     ("batch", "jobs"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
                         "inspection Job: the watch cache, applies, deletes once read; model cache fill Job"),
-    ("", "pods"): (frozenset({"list", "watch"}), "kopf index of GPU requests; the inspection and cache Jobs' pod status"),
+    ("", "pods"): (frozenset({"get", "list", "watch"}), "kopf index of GPU requests; the inspection and cache Jobs' pod "
+                   "status; get: granted to the endpoint picker's Role (epp.RULES), which needs it held"),
     ("", "pods/log"): (frozenset({"get"}), "model cache: the download Job's progress lines (Kube.job_log_tail)"),
     ("", "persistentvolumeclaims"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
                                      "pvc:// models: the claim must exist before a Job runs; model caches: apply, "
                                      "user labels (merge patch), list and delete unused ones; the watch cache"),
     ("", "secrets"): (frozenset({"get"}), "model.tokenSecretRef: its label, and the token for hf:// inspection"),
-    ("", "events"): (frozenset({"create"}), "Kube.post_event, and kopf's own posting of handler logs"),
+    ("", "events"): (frozenset({"create", "patch"}), "Kube.post_event, and kopf's own posting of handler logs; patch: "
+                     "granted to a leader-electing endpoint picker's Role (epp.LEADER_RULES)"),
     # day-2 objects (day2.py): drift GET, apply, delete when the spec stops asking for them
     ("policy", "poddisruptionbudgets"): (frozenset({"get", "create", "patch", "delete"}),
                                          "owned PodDisruptionBudget (replicas > 1)"),
@@ -40,8 +43,22 @@ NAMESPACED: dict[tuple[str, str], tuple[frozenset[str], str]] = {
                                                   "owned HPA (spec.autoscaling provider hpa)"),
     ("keda.sh", "scaledobjects"): (frozenset({"get", "create", "patch", "delete"}),
                                    "owned KEDA ScaledObject (spec.autoscaling provider keda)"),
-    ("inference.networking.k8s.io", "inferencepools"): (frozenset({"get", "create", "patch", "delete"}),
-                                                        "owned InferencePool (spec.gateway.inferencePool)"),
+    ("inference.networking.k8s.io", "inferencepools"): (frozenset({"get", "list", "watch", "create", "patch", "delete"}),
+                                                        "owned InferencePool (spec.gateway.inferencePool); list/watch: "
+                                                        "granted to the endpoint picker's Role"),
+    # the endpoint picker the operator deploys (epp.py): its account, Role and RoleBinding; the API
+    # server refuses a Role granting what its creator does not hold (RBAC escalation prevention), so
+    # the operator holds what epp.RULES and epp.LEADER_RULES grant
+    ("", "serviceaccounts"): (frozenset({"get", "create", "patch", "delete"}), "owned endpoint picker ServiceAccount"),
+    ("rbac.authorization.k8s.io", "roles"): (frozenset({"get", "create", "patch", "delete"}),
+                                             "owned endpoint picker Role"),
+    ("rbac.authorization.k8s.io", "rolebindings"): (frozenset({"get", "create", "patch", "delete"}),
+                                                    "owned endpoint picker RoleBinding"),
+    ("inference.networking.x-k8s.io", "inferenceobjectives"): (frozenset({"get", "list", "watch"}),
+                                                               "granted to the endpoint picker's Role"),
+    ("coordination.k8s.io", "leases"): (frozenset({"get", "list", "watch", "create", "update", "patch", "delete"}),
+                                        "granted to the Role of an endpoint picker of more than one replica "
+                                        "(leader election)"),
 }
 CLUSTER: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("", "nodes"): (frozenset({"list", "watch"}), "kopf index of GPU nodes (GFD labels)"),

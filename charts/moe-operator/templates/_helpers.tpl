@@ -87,15 +87,20 @@ table in operator/moe_operator/permissions.py (tests/unit/operator/test_chart.py
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # (list/watch: the operator reads its owned objects from label-selected watches, watch_cache)
 - apiGroups: [""]
-  resources: ["services", "configmaps"]
+  resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# (delete: the endpoint picker's Service once it is no longer deployed)
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # checkpoint inspection Jobs for pvc:// models (result read from the pod's termination message)
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# (get: granted to the endpoint picker's Role, which its creator must hold)
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["get", "list", "watch"]
 # model cache: the download Job's progress lines
 - apiGroups: [""]
   resources: ["pods/log"]
@@ -115,7 +120,7 @@ table in operator/moe_operator/permissions.py (tests/unit/operator/test_chart.py
 {{- end }}
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 # day-2 objects: disruption budget, autoscaler (HPA or KEDA), gateway InferencePool
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
@@ -128,7 +133,22 @@ table in operator/moe_operator/permissions.py (tests/unit/operator/test_chart.py
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# the InferencePool's endpoint picker (epp.py): its account, Role and RoleBinding, and what that Role
+# grants (the API server refuses a Role granting more than its creator holds)
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
   verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["inference.networking.x-k8s.io"]
+  resources: ["inferenceobjectives"]
+  verbs: ["get", "list", "watch"]
+# leader election of an endpoint picker of more than one replica
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 {{- end }}
 
 {{/* The name the API server dials for the webhook: the webhook Service's DNS name. */}}
