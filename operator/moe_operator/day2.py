@@ -20,6 +20,7 @@ import yaml
 from moe_core.plan import Plan
 from pydantic import ValidationError
 
+from . import epp
 from .api import MoEDeploymentSpec
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -273,6 +274,40 @@ def endpoint_picker_condition(name: str, spec: MoEDeploymentSpec, service: dict[
                 return bad("EndpointPickerUnresolved", f"{gateway} cannot use the endpoint picker: "
                            f"{c.get('reason', '')}: {c.get('message', '')}".rstrip(": "))
     return ("True", "EndpointPickerFound", f"endpoint picker Service {epp}:{port} ({mode})")
+
+
+def endpoint_picker(name: str, namespace: str, spec: MoEDeploymentSpec) -> list[dict[str, Any]]:
+    """The picker's objects (epp.py) when this MoEDeployment renders the pool and its endpointPicker
+    deploys (the default); none for a picker of the user's own (endpointPicker.name, deploy unset)."""
+    p = spec.gateway.inferencePool
+    if not p.enabled or (p.poolName and p.poolName != name):
+        return []
+    ref = p.endpointPicker
+    if ref is not None and not ref.deploys():
+        return []
+    service, port, _ = endpoint_picker_ref(name, spec)
+    metrics = ENGINE_METRICS[spec.engine.name]
+    return epp.objects(name, namespace, service, port, ref.replicas if ref else 1, ref.image if ref else None,
+                       metrics["queue"], metrics["kv"], lora_metric=spec.engine.name == "vllm")
+
+
+def optional_kinds(objs: list[dict[str, Any]]) -> list[str]:
+    """status.optionalObjects: the optional kinds rendered (pruned under the MoEDeployment's name)
+    and one EndpointPicker/<service> per deployed picker (pruned by its own names, epp.stale). The
+    picker's Deployment and Service never count as optional kinds: pruning those by kind would
+    delete the workload and its Service."""
+    return sorted({o["kind"] for o in objs if o["kind"] in OPTIONAL_KINDS and not epp.is_picker(o)}) + epp.markers(objs)
+
+
+def stale_objects(name: str, before: list[str], now: list[str]) -> list[tuple[str, str]]:
+    """(kind, object name) to delete: what was rendered before (status.optionalObjects) and is not now."""
+    kinds = [(k, name) for k in sorted(set(before) - set(now)) if k in OPTIONAL_KINDS]
+    return kinds + epp.stale(before, now)
+
+
+def is_optional(obj: dict[str, Any]) -> bool:
+    """An apply failure of it is reported (Degraded) without holding back the rest of the reconcile."""
+    return obj["kind"] in OPTIONAL_KINDS or epp.is_picker(obj)
 
 
 def objects(name: str, namespace: str, labels: dict[str, str], pod_selector: dict[str, str], port: int,
