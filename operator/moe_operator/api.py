@@ -20,7 +20,7 @@ from moe_core.runtime import BUNDLED
 
 from . import engine_args, env_policy, image_ref, pod_overlay
 from .image_ref import IMAGE_PATTERN
-from .planner import ALL_A2A, ALL_RUNNERS, SGLANG_A2A, SGLANG_RUNNERS, VLLM_MOE_BACKENDS
+from .engines.vocabulary import ALL_A2A, ALL_RUNNERS, sglang as _sglang, vllm as _vllm
 
 
 def _cel_list(values) -> str:
@@ -442,12 +442,12 @@ class MoEDeploymentSpec(_Model):
         ("self.engine.name != 'bundled' || self.moe.runnerBackend in ['auto', "
          + ", ".join(f"'{n}'" for n in registry.names()) + "]",
          "engine bundled supports moe.runnerBackend auto, " + ", ".join(registry.names())),
-        ("self.engine.name != 'sglang' || self.moe.runnerBackend in " + _cel_list(SGLANG_RUNNERS),
-         "not an sglang --moe-runner-backend; valid: " + ", ".join(SGLANG_RUNNERS)),
-        ("self.engine.name != 'sglang' || self.moe.a2aBackend in " + _cel_list(SGLANG_A2A),
-         "not an sglang --moe-a2a-backend; valid: " + ", ".join(SGLANG_A2A)),
-        ("self.engine.name != 'vllm' || self.moe.runnerBackend in " + _cel_list(VLLM_MOE_BACKENDS),
-         "not a vLLM --moe-backend; valid: " + ", ".join(VLLM_MOE_BACKENDS)),
+        ("self.engine.name != 'sglang' || self.moe.runnerBackend in " + _cel_list(_sglang.RUNNERS),
+         "not an sglang --moe-runner-backend; valid: " + ", ".join(_sglang.RUNNERS)),
+        ("self.engine.name != 'sglang' || self.moe.a2aBackend in " + _cel_list(_sglang.A2A),
+         "not an sglang --moe-a2a-backend; valid: " + ", ".join(_sglang.A2A)),
+        ("self.engine.name != 'vllm' || self.moe.runnerBackend in " + _cel_list(_vllm.MOE_BACKENDS),
+         "not a vLLM --moe-backend; valid: " + ", ".join(_vllm.MOE_BACKENDS)),
         ("self.engine.name != 'vllm' || self.moe.deferredFinalize != 'on'",
          "vLLM has no deferred-finalize switch; use engine sglang or bundled"),
         ("!has(self.model.tokenSecretRef) || !has(self.env) || !self.env.exists(e, e.name == 'HF_TOKEN')",

@@ -23,54 +23,17 @@ from moe_core.gpu import BLACKWELL, GpuClass
 from moe_core.plan import Decision, Plan, PlanCheckpoint, PlanEngine, PlanGpu, PlanMoE
 
 from . import engine_rules
-from .engine_rules import recorded
 
-ENGINES = ("bundled", "sglang", "vllm")
-DEFAULT_VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0", "bundled": "0.1.0"}
+from .engines.sglang import vocab as _sglang
+from .engines.vllm import vocab as _vllm
+from .engines.vocabulary import ALL_A2A, ALL_RUNNERS, DEFAULT_VERSIONS, ENGINES  # noqa: F401  (re-exported)
 
-# sglang release -> pinned flashinfer-python (the wheel's Requires-Dist, engine_rules/data/sglang.json).
-# Used when the image's flashinfer version is not given explicitly.
-SGLANG_FLASHINFER_PIN = {v: r["flashinfer_pin"] for v, r in recorded.releases("sglang").items() if r.get("flashinfer_pin")}
-
-# sglang --moe-runner-backend values (this order is the CRD enum's) and the first release read that
-# accepts each (its --moe-runner-backend choices, engine_rules/data/sglang.json).
-_SGLANG_RUNNER_ORDER = (
-    "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "flashinfer_trtllm_routed",
-    "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl", "cutlass", "experimental_sgl_trtllm", "aiter",
-    "marlin", "humming", "experimental_sgl_marlin", "hpc_ops", "megamoe", "intel_xpu", "flashinfer_megamoe",
-    "lora_cutedsl", "lora_triton", "lora_marlin",
-)
-
-
-def _first_accepting(runner: str) -> str:
-    return next(v for v, r in recorded.releases("sglang").items() if runner in r["runner_choices"]["values"])
-
-
-SGLANG_RUNNERS = {r: _first_accepting(r) for r in _SGLANG_RUNNER_ORDER}
-SGLANG_A2A = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe",
-              "deepep_v2", "pplx", "ascend_tp", "flashinfer_megamoe")
-VLLM_MOE_BACKENDS = (
-    "auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
-    "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "b12x",
-    "flashinfer_moe_ep_mega_deep_gemm", "marlin", "humming", "triton_unfused", "aiter", "aiter_mega_moe",
-    "aiter_triton_mxfp4_bf16", "aiter_triton_mxfp4_mxfp4", "flydsl", "hpc", "emulation", "rdna3",
-    "flashinfer_trtllm_afp8", "flashinfer_cutlass_afp8",
-)
-# Every runner value any engine accepts (the CRD's enum for moe.runnerBackend).
-ALL_RUNNERS = tuple(dict.fromkeys([*SGLANG_RUNNERS, *VLLM_MOE_BACKENDS, *registry.names()]))
-ALL_A2A = tuple(dict.fromkeys([*SGLANG_A2A, "naive", "deepep_high_throughput", "deepep_low_latency",
-                               "allgather_reducescatter", "flashinfer_all2allv"]))
-
-DEEPSEEK_FAMILY = frozenset({
-    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration",
-    "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
-    "Glm5NextForConditionalGeneration", "HYV4ForCausalLM", "LongcatFlashForCausalLM", "Dots3NoteForCausalLM",
-})
-QWEN3_FAMILY = frozenset({
-    "Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Qwen3NextForCausalLM",
-    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForCausalLM",
-    "Qwen4ExpForCausalLM",
-})
+SGLANG_FLASHINFER_PIN = _sglang.FLASHINFER_PIN
+SGLANG_RUNNERS = _sglang.RUNNERS
+SGLANG_A2A = _sglang.A2A
+VLLM_MOE_BACKENDS = _vllm.MOE_BACKENDS
+DEEPSEEK_FAMILY = _sglang.DEEPSEEK_FAMILY
+QWEN3_FAMILY = _sglang.QWEN3_FAMILY
 DSV4 = "DeepseekV4ForCausalLM"
 GPT_OSS = "GptOssForCausalLM"
 

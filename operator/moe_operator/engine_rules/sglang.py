@@ -29,6 +29,7 @@ Where the checks run (0.5.23):
 
 from __future__ import annotations
 
+from ..engines.sglang.vocab import DEEPSEEK_FAMILY as _DEEPSEEK_FAMILY_ARCHS, QWEN3_FAMILY as _QWEN3_FAMILY_ARCHS
 from . import Case, Rule, Source, recorded, server_quantization, vt
 
 V = "0.5.23"
@@ -57,17 +58,7 @@ def choices(version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 # Architectures whose model override copies config.json's quant_method into --quantization
 # (on SM100 only for the first three groups): overrides.py:745-760 `_DEEPSEEK_FAMILY_ARCHS`,
-# model_overrides/qwen3_moe.py:29-49, glm4_moe.py:15-32 (0.5.23).
-_DEEPSEEK_FAMILY_ARCHS = frozenset({
-    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration", "MistralLarge3ForCausalLM",
-    "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM", "Glm5NextForConditionalGeneration", "HYV4ForCausalLM",
-    "HYV4ForCausalLMNextN", "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN", "Dots3NoteForCausalLM",
-})
-_QWEN3_FAMILY_ARCHS = frozenset({
-    "Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Qwen3NextForCausalLM",
-    "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
-    "Qwen4ExpForConditionalGeneration",
-})
+# model_overrides/qwen3_moe.py:29-49, glm4_moe.py:15-32 (0.5.23); the two family sets are engines/sglang/vocab.py's.
 QUANT_RESOLVING_ARCHS = _DEEPSEEK_FAMILY_ARCHS | _QWEN3_FAMILY_ARCHS | {"Glm4MoeForCausalLM"}
 # Other overrides that resolve --quantization (model_overrides/minimax_m3.py:37-54, nemotron_h.py:17-55,
 # gemma4.py:17-47): the value is not known here, so the quantization asserts are skipped for them.

@@ -1,0 +1,1 @@
+"""The bundled runtime (moe-runtime): vocab (accepted values), plan (moe_core.resolve_bundled), engine."""

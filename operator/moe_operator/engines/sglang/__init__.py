@@ -1,0 +1,1 @@
+"""The sglang engine: vocab (accepted values), plan (selection rows, validate rows, split rules), engine."""

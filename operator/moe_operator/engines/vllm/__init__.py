@@ -1,0 +1,1 @@
+"""The vLLM engine: vocab (accepted values), plan (selection rows, validate rows, split rules), engine."""
