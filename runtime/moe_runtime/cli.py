@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
     m.add_argument("--arch", required=True, choices=list(dict.fromkeys(BUNDLED.architectures.values())))
     m.add_argument("--format", required=True, choices=list(BUNDLED.checkpoint_formats),
-                   help="gpt_oss: bf16 or mxfp4 (its release layout)")
+                   help="the formats the runtime reads for each architecture (moe_core.runtime.BUNDLED.formats_for)")
     m.add_argument("--size", default="tiny", choices=["tiny", "small"])
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--device", default="cpu", help="where to generate/quantize: cpu, cuda, cuda:N "

@@ -114,7 +114,7 @@ def test_good_serve_flags_reach_serve_with_options(model, capsys, monkeypatch):
                                          "--max-model-len", "64", "--api-key", "k", "--max-body-bytes", "4096"], capsys)
     assert rc == 0, err
     a = seen["args"]
-    assert a.threads == 1 and a.max_batch == 8 and a.max_model_len == 64
+    assert a.threads == 1 and a.max_batch is None and a.max_model_len == 64  # None: sized from the KV cache
     assert server_options(a) == ServerOptions(api_key="k", max_body_bytes=4096)  # what serve's state gets
 
 
