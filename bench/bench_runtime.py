@@ -337,8 +337,9 @@ def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, r
     mb = model_bytes(ckpt)
     cfg = json.loads((ckpt / "config.json").read_text())
     vocab = int(cfg["vocab_size"])
+    added = extend_tokenizer(ckpt, vocab)
     entry = {"model": label, "arch": arch, "format": fmt, "layers": cfg["num_hidden_layers"],
-             "make_checkpoint_s": round(time.time() - t, 1), "model_bytes": mb.__dict__, "decode": [], "prefill": []}
+             "make_checkpoint_s": round(time.time() - t, 1), "tokens_added_to_tokenizer": added, "model_bytes": mb.__dict__, "decode": [], "prefill": []}
     results["models"].append(entry)
     say(f"{label}: checkpoint in {entry['make_checkpoint_s']}s")
     batches = a.batch_list
@@ -397,6 +398,25 @@ def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, r
             stop_server(proc)
     if not a.keep:
         shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def extend_tokenizer(ckpt: Path, vocab: int) -> int:
+    """Give every model id text: the writer's tokenizer has at most 512 tokens, and a streamed token
+    without text (an id the tokenizer lacks) sends no chunk, so a random model's output over the real
+    vocabulary would stream nothing to time. Ids past the tokenizer become added tokens " t<id>".
+    Returns how many were added."""
+    from tokenizers import AddedToken, Tokenizer
+
+    path = ckpt / "tokenizer.json"
+    tok = Tokenizer.from_file(str(path))
+    have = tok.get_vocab_size()
+    if have >= vocab:
+        return 0
+    tok.add_tokens([AddedToken(f" t{i}", normalized=False) for i in range(have, vocab)])
+    if tok.get_vocab_size() != vocab or tok.token_to_id(f" t{vocab - 1}") != vocab - 1:
+        raise RuntimeError(f"{path}: extending the tokenizer to {vocab} ids gave {tok.get_vocab_size()}")
+    tok.save(str(path))
+    return vocab - have
 
 
 def _f(v, fmt: str) -> str:

@@ -84,3 +84,15 @@ def test_tiny_run_every_column(tmp_path, capsys):
     for d in m["decode"]:
         assert d["roofline_ms"] == pytest.approx(1e3 * d["bytes"]["total"] / res["copy_bw"])
         assert d["http_tok_s"] > 0 and d["engine_tok_s"] == pytest.approx(d["batch"] * 1e3 / d["step_ms"])
+
+
+def test_extend_tokenizer_gives_every_id_text(tmp_path):
+    from moe_runtime.tokenizer import Tokenizer
+
+    ck = make_checkpoint(tmp_path / "ck", "qwen3_moe", "nvfp4", "tiny", overrides={**br.TINY["qwen3_moe"], "vocab_size": 1024})
+    before = Tokenizer(ck)
+    assert before.vocab_size == 512 and before.decode([1000]) == ""  # no text: such a token streams no chunk
+    assert br.extend_tokenizer(ck, 1024) == 512 and br.extend_tokenizer(ck, 1024) == 0
+    after = Tokenizer(ck)
+    assert after.vocab_size == 1024 and after.decode([1000]).strip() == "t1000"
+    assert after.decode([5, 6]) == before.decode([5, 6])  # the writer's ids unchanged
