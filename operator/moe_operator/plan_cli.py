@@ -117,7 +117,7 @@ def env_conflicts(engine: str, sets: dict, env: dict[str, str], family: str) -> 
         if engine == "vllm":
             from types import SimpleNamespace
 
-            from .planner import _VLLM_LEGACY_ENV, _vllm_translate_legacy_env
+            from .engines.vllm.plan import _VLLM_LEGACY_ENV, _vllm_translate_legacy_env
 
             legacy = _vllm_translate_legacy_env(SimpleNamespace(choices=SimpleNamespace(env=env), fam=family))
             if legacy:

@@ -8,6 +8,7 @@ from .sglang import vocab as sglang
 from .vllm import vocab as vllm
 
 ENGINES = (bundled.NAME, sglang.NAME, vllm.NAME)
+DEFAULT_ENGINE = bundled.NAME  # plan() without an engine plans for the bundled runtime
 DEFAULT_VERSIONS = {sglang.NAME: sglang.DEFAULT_VERSION, vllm.NAME: vllm.DEFAULT_VERSION,
                     bundled.NAME: bundled.DEFAULT_VERSION}
 # Every runner value any engine accepts (the CRD's enum for moe.runnerBackend), and every a2a value.

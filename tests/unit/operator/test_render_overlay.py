@@ -87,7 +87,8 @@ def test_abbreviated_owned_flags_are_refused_and_values_are_not_flags():
 def test_every_flag_the_planner_emits_is_owned():
     """The planner's sources name each flag it puts on a command line as a string literal: every one
     is in engine_args.OWNED for its engine (a message like '--chunked-prefill-size <= 8192' is advice)."""
-    sources = [OPERATOR / "planner.py", *sorted((OPERATOR / "engine_rules").glob("*.py"))]
+    sources = [OPERATOR / "planner.py", OPERATOR / "selection.py", *sorted((OPERATOR / "engines").rglob("*.py")),
+               *sorted((OPERATOR / "engine_rules").glob("*.py"))]
     flags = {f for src in sources for f in re.findall(r"[\"'](--[a-z0-9-]+)[\"']", src.read_text())}
     owned = set(engine_args.OWNED["sglang"]) | set(engine_args.OWNED["vllm"])
     assert flags and flags <= owned, flags - owned

@@ -1,0 +1,37 @@
+"""What the planner (and placement, admission) asks an engine, instead of branching on its name."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Protocol
+
+from moe_core.gpu import GpuClass
+from moe_core.plan import Plan, PlanMoE
+
+from ..selection import Builder, Choices, Facts
+
+
+class Engine(Protocol):
+    name: str
+    default_version: str
+    # A1: an a2a backend other than none needs expert parallelism (the bundled runtime judges its own a2a)
+    a2a_needs_ep: bool
+    # decision rule id -> (does this value fall back, what is given up) (admission warnings, issue 16 item 3)
+    fallbacks: Mapping[str, tuple[Callable[[str], bool], str]]
+
+    def choices(self, choices: Choices) -> Choices:
+        """The user's choices as this engine reads them (an engine env switch that is an explicit choice)."""
+
+    def default_flashinfer(self, version: str, gpu: GpuClass) -> str | None:
+        """flashinfer-python in the engine's image when the user did not say."""
+
+    def plan_moe(self, b: Builder) -> PlanMoE:
+        """Fill the builder (decisions, env, args, warnings, errors) and return the MoE part of the plan."""
+
+    def split_refusal(self, f: Facts) -> str | None:
+        """The MoE, then the attention split check, for a layout not planned yet (placement sizes tp with it)."""
+
+    def moe_split_refusal(self, f: Facts, runner: str = "auto") -> str | None:
+        """The engine release's refusal of this MoE tensor-parallel split (any runner), or None."""
+
+    def auto_fallbacks(self, plan: Plan) -> list[str]:
+        """Engine-specific fallbacks beyond the rule-id table (`fallbacks`)."""

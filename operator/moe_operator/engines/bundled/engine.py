@@ -1,0 +1,38 @@
+"""The bundled runtime's Engine (engines/base.py): its plan is engines/bundled/plan.py's (moe_core.resolve_bundled,
+whose own layout rules judge the split)."""
+
+from __future__ import annotations
+
+from moe_core.gpu import GpuClass
+from moe_core.plan import Plan, PlanMoE
+
+from ...selection import Builder, Choices, Facts
+from . import plan, vocab
+
+
+class Bundled:
+    name = vocab.NAME
+    default_version = vocab.DEFAULT_VERSION
+    a2a_needs_ep = False
+    fallbacks: dict = {}
+
+    def choices(self, choices: Choices) -> Choices:
+        return plan.choices(choices)
+
+    def default_flashinfer(self, version: str, gpu: GpuClass) -> str | None:
+        return plan.default_flashinfer(version, gpu)
+
+    def plan_moe(self, b: Builder) -> PlanMoE:
+        return plan.plan_moe(b)
+
+    def moe_split_refusal(self, f: Facts, runner: str = "auto") -> str | None:
+        return None
+
+    def split_refusal(self, f: Facts) -> str | None:
+        return None
+
+    def auto_fallbacks(self, p: Plan) -> list[str]:
+        return plan.auto_fallbacks(p)
+
+
+ENGINE = Bundled()
