@@ -276,31 +276,45 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def http_burst(url: str, batch_prompts: list[list[int]], max_tokens: int, work: Path) -> list[dict]:
-    """Every prompt streamed at once from ceil(B/16) (at most 4) client processes, started first and
-    released together."""
-    k = min(4, math.ceil(len(batch_prompts) / 16))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(PATHS + [os.environ.get("PYTHONPATH", "")])}
-    procs = []
-    for i in range(k):
-        job = work / f"job{i}.json"
-        job.write_text(json.dumps({"url": url, "model": "bench", "max_tokens": max_tokens,
-                                   "prompts": batch_prompts[i::k]}))
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "runtime_http_client.py"), str(job)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
-    for p in procs:
-        if p.stdout.readline().strip() != "ready":
-            raise RuntimeError("HTTP client process did not start")
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    out = []
-    for p in procs:
-        line = p.stdout.readline()
-        if p.wait() != 0 or not line:
-            raise RuntimeError(f"HTTP client process failed (exit {p.returncode})")
-        out += json.loads(line)
-    return out
+class Clients:
+    """`k` client processes (runtime_http_client.py) against one server, started once; a burst
+    splits its prompts over them (16 streams per process, at most 4: one Python process parsing 64
+    streams would be the bottleneck) and releases them together."""
+
+    def __init__(self, url: str, k: int):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(PATHS + [os.environ.get("PYTHONPATH", "")])}
+        self.procs = [subprocess.Popen([sys.executable, str(HERE / "runtime_http_client.py"), url, "bench"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                      for _ in range(k)]
+        for p in self.procs:
+            if p.stdout.readline().strip() != "ready":
+                self.close()
+                raise RuntimeError("HTTP client process did not start")
+
+    def burst(self, batch_prompts: list[list[int]], max_tokens: int) -> list[dict]:
+        use = self.procs[:min(len(self.procs), math.ceil(len(batch_prompts) / 16))]
+        jobs = [json.dumps({"max_tokens": max_tokens, "prompts": batch_prompts[i::len(use)]}) + "\n"
+                for i in range(len(use))]
+        for p, job in zip(use, jobs):
+            p.stdin.write(job)
+            p.stdin.flush()
+        out = []
+        for p in use:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"HTTP client process failed (exit {p.poll()})")
+            out += json.loads(line)
+        return out
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.stdin.close()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
 
 
 def http_decode(streams: list[dict], new_tokens: int) -> dict:
@@ -382,19 +396,23 @@ def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, r
     else:
         flags = ["--max-batch", str(max(batches)), "--max-model-len", str(max_len), "--kv-blocks", str(kv_blocks)]
         proc, url = start_server(ckpt, device, flags, work / f"{arch}-serve.log", a.server_timeout)
+        clients = None
         try:
+            clients = Clients(url, min(4, math.ceil(max(batches) / 16)))
             for r in entry["decode"]:
                 b = r["batch"]
                 if time.time() - T0 > a.budget_s:
                     results["notes"].append(f"{label} HTTP batch {b}: skipped (time budget)")
                     continue
                 if device.startswith("cuda"):  # the server's JIT and graph capture for B (CPU: none)
-                    http_burst(url, prompts(b, a.ctx, vocab, 5000 + b),
-                               warmup_tokens(b, a.ctx, a.new_tokens, args.max_prefill_tokens), work)
-                h = http_decode(http_burst(url, prompts(b, a.ctx, vocab, 6000 + b), a.new_tokens, work), a.new_tokens)
+                    clients.burst(prompts(b, a.ctx, vocab, 5000 + b),
+                                  warmup_tokens(b, a.ctx, a.new_tokens, args.max_prefill_tokens))
+                h = http_decode(clients.burst(prompts(b, a.ctx, vocab, 6000 + b), a.new_tokens), a.new_tokens)
                 r["http_tok_s"], r["http_ttft_ms"] = h["tok_s"], h["ttft_ms"]
                 say(f"{label} HTTP B={b}: {h['tok_s'] or float('nan'):.0f} tok/s, TTFT {h['ttft_ms']:.1f} ms")
         finally:
+            if clients is not None:
+                clients.close()
             stop_server(proc)
     if not a.keep:
         shutil.rmtree(ckpt, ignore_errors=True)

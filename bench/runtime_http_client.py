@@ -3,9 +3,11 @@ SDK and records, per stream, when it was sent and the running completion-token c
 chunk (stream_options continuous_usage_stats), on the host-wide monotonic clock so that the
 parent can merge several processes (one Python process parsing 64 streams would be the bottleneck).
 
-  python bench/runtime_http_client.py JOB.json   # prints "ready", waits for a line on stdin, then
-                                                 # prints one JSON line: [{"sent": t, "chunks": [[t, n], ...]}]
-JOB.json: {"url": ..., "model": ..., "max_tokens": N, "prompts": [[token ids], ...]}
+  python bench/runtime_http_client.py URL MODEL   # prints "ready", then for each job line on stdin
+                                                 # prints one result line
+job: {"max_tokens": N, "prompts": [[token ids], ...]}; result: [{"sent": t, "chunks": [[t, n], ...]}]
+One process serves every burst against one server: its start-up (Python, the SDK's imports: seconds
+on a busy host) is paid once.
 """
 
 from __future__ import annotations
@@ -34,18 +36,18 @@ async def one(client: openai.AsyncOpenAI, model: str, prompt: list[int], max_tok
     return {"sent": sent, "chunks": chunks}
 
 
-async def run(job: dict) -> list[dict]:
-    limits = httpx.Limits(max_connections=len(job["prompts"]) + 4, max_keepalive_connections=len(job["prompts"]) + 4)
-    async with httpx.AsyncClient(limits=limits, timeout=600) as http:
-        client = openai.AsyncOpenAI(base_url=job["url"] + "/v1", api_key="unused", http_client=http, max_retries=0)
-        return await asyncio.gather(*[one(client, job["model"], p, job["max_tokens"]) for p in job["prompts"]])
+async def run(url: str, model: str, job: dict) -> list[dict]:
+    n = len(job["prompts"]) + 4
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n), timeout=600) as http:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", http_client=http, max_retries=0)
+        return await asyncio.gather(*[one(client, model, p, job["max_tokens"]) for p in job["prompts"]])
 
 
 def main() -> int:
-    job = json.loads(open(sys.argv[1]).read())
+    url, model = sys.argv[1], sys.argv[2]
     print("ready", flush=True)
-    sys.stdin.readline()
-    print(json.dumps(asyncio.run(run(job))), flush=True)
+    for line in sys.stdin:
+        print(json.dumps(asyncio.run(run(url, model, json.loads(line)))), flush=True)
     return 0
 
 
