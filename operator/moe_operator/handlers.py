@@ -19,6 +19,7 @@ from . import model_cache, webhook
 from . import revocation  # noqa: F401 - registers the token-revocation timer
 from .inventory import NodeInfo, build, fingerprint, node_info, pod_gpu_requests
 from .kube import Kube, _api_message
+from . import condition_metrics
 from .metrics import GPU_CLASSES, RECONCILES
 from .reconcile import UNREACHABLE, Config, Outcome, reconcile, status_changed
 from .resync import Mark, due
@@ -202,7 +203,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo["state"] = State(kube=Kube(), cfg=CONFIG)
     install_quiet_libraries()
     if CONFIG.admission:
-        server, ca = webhook.server(CONFIG.admission, CONFIG.admission_listen, CONFIG.admission_cert_dir)
+        on_ca = None
+        if CONFIG.admission_configuration and not CONFIG.admission_cert_dir:  # a renewed CA goes where the first did
+            on_ca = functools.partial(memo["state"].kube.patch_webhook_ca, CONFIG.admission_configuration)
+        server, ca = webhook.server(CONFIG.admission, CONFIG.admission_listen, CONFIG.admission_cert_dir, on_ca=on_ca)
         settings.admission.server = server
         if CONFIG.admission_configuration:
             # The chart owns the configuration (a Service reference, short timeout); without
@@ -308,10 +312,13 @@ async def _reconcile_and_report(st: State, namespace: str, name: str, gpu_nodes:
         async with st.locks.setdefault(key, asyncio.Lock()):
             moed = await st.io(st.kube.get_moed, namespace, name, cached)
             if moed is None or moed["metadata"].get("deletionTimestamp"):   # gone or going: nothing to do
+                condition_metrics.forget(namespace, name)
                 return Outcome(status={})
             classes = current_classes(gpu_nodes, gpu_pods)
             outcome = await st.io(reconcile, moed, classes, st.kube, st.cfg)
             rv = moed["metadata"].get("resourceVersion")
+            condition_metrics.observe(namespace, name, outcome.status.get("conditions")
+                                      or (moed.get("status") or {}).get("conditions") or [])
             if status_changed(moed.get("status") or {}, outcome.status):
                 await st.io(st.kube.patch_status, namespace, name, outcome.status)
                 _, after = st.kube.moed_cache.get("MoEDeployment", namespace, name) if st.kube.moed_cache \

@@ -15,7 +15,8 @@ from kubernetes.client.rest import ApiException
 
 from . import API_GROUP, API_VERSION, PLURAL
 from .day2 import OPTIONAL_CRDS
-from .render import FIELD_MANAGER, Owner, inspection_job
+from . import inspect_job
+from .render import FIELD_MANAGER, Owner
 
 log = logging.getLogger("moe_operator.kube")
 
@@ -251,33 +252,9 @@ class Kube:
     # --- inspection Job (pvc://, and file:// paths only nodes can see) -----------------------
 
     def inspection_job(self, namespace: str, owner: Owner, uri: str, image: str) -> dict[str, Any] | None:
-        """Run (or look at) the inspection Job for `uri`. None while running, else the parsed result."""
-        import hashlib
-
-        name = "moe-inspect-" + hashlib.sha256(uri.encode()).hexdigest()[:10]
-        job = self.get("Job", namespace, name)
-        if job is None:
-            self.apply(inspection_job(namespace, name, uri, image, owner))
-            return None
-        st = job.get("status") or {}
-        pods = self.core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
-        if not st.get("succeeded") and not st.get("failed"):
-            for pod in pods:  # a pod that cannot be scheduled will not finish: say why now
-                for c in pod.status.conditions or []:
-                    if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
-                        return {"error": f"inspection pod cannot be scheduled: {c.message}"}
-            return None
-        for pod in pods:
-            for cs in (pod.status.container_statuses or []):
-                term = cs.state.terminated if cs.state else None
-                if term and term.message:
-                    self.delete("Job", namespace, name)  # results are cached; the next change re-runs it
-                    try:
-                        return json.loads(term.message)
-                    except json.JSONDecodeError:
-                        return {"error": term.message.strip()[-2000:]}
-        return {"error": f"inspection Job {name} finished without a termination message"}
-
+        """Run (or look at) the inspection Job for `uri`. None while running, else the parsed result
+        (read only from the Job the operator made, by UID: inspect_job.py)."""
+        return inspect_job.result(self, namespace, owner, uri, image)
 
     # --- model caches (model_cache.py) ---------------------------------------------------------
 

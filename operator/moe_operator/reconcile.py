@@ -22,6 +22,7 @@ from moe_core.gpu import from_name
 from pydantic import ValidationError
 
 from . import day2
+from .conditions import rollup
 from .api import Condition, MoEDeploymentSpec, MoEDeploymentStatus, WorkloadRef
 from .drift import differences
 from .images import RUNTIME_REPOSITORY, runtime_image
@@ -32,7 +33,7 @@ from .kube import ApplyError, Kube, _api_message
 from .metrics import DECISIONS, ERRORS
 from .placement import place, settle_hold
 from .policy import TOKEN_SECRET_LABEL, Policy
-from .render import Owner, render
+from .render import Owner, endpoint, engine_image, render, served_name
 
 GPU_CLASS_ANNOTATION = "moe.serving.dev/gpu-class"
 log = logging.getLogger("moe_operator.reconcile")
@@ -95,7 +96,7 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
                               meta.get("generation"))
         conds = set_condition(conds, "Progressing", "False", e.reason, e.message, meta.get("generation"))
         ERRORS.labels(e.reason).inc()
-        return Outcome(status={"conditions": conds, "observedGeneration": meta.get("generation")},
+        return Outcome(status={"conditions": rollup(conds, meta.get("generation")), "observedGeneration": meta.get("generation")},
                        events=[("Warning", e.reason, e.message)], retry_after=30)
     except ApiException as e:
         # Forbidden (RBAC), quota, admission of an owned object...: say so on the object.
@@ -107,7 +108,7 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
                               meta.get("generation"))
         ERRORS.labels("Api" + reason).inc()
         log.warning("reconcile %s/%s: %s", meta["namespace"], meta["name"], msg)
-        return Outcome(status={"conditions": conds, "observedGeneration": meta.get("generation")},
+        return Outcome(status={"conditions": rollup(conds, meta.get("generation")), "observedGeneration": meta.get("generation")},
                        events=[("Warning", "Api" + reason, msg)], retry_after=30)
     except Exception as e:  # noqa: BLE001 - a bug of ours: on the object, not only in the log
         meta, status = body["metadata"], dict(body.get("status") or {})
@@ -116,7 +117,7 @@ def reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: Ku
         conds = set_condition(list(status.get("conditions") or []), "Degraded", "True", "ReconcileError", msg[:2000],
                               meta.get("generation"))
         ERRORS.labels("ReconcileError").inc()
-        return Outcome(status={"conditions": conds, "observedGeneration": meta.get("generation")},
+        return Outcome(status={"conditions": rollup(conds, meta.get("generation")), "observedGeneration": meta.get("generation")},
                        events=[("Warning", "ReconcileError", msg)], retry_after=30)
 
 
@@ -136,7 +137,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     out = Outcome(status={})
 
     def finish(**fields: Any) -> Outcome:
-        fields.update(conditions=conds, observedGeneration=gen)
+        fields.update(conditions=rollup(conds, gen), observedGeneration=gen)  # Ready, Reconciling, Stalled
         # Built through the status model so a field the CRD does not know never reaches the API.
         out.status.update(MoEDeploymentStatus.model_validate(fields).model_dump(exclude_unset=True, mode="json"))
         return out
@@ -147,6 +148,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
         conds = set_condition(conds, "Degraded", "True", "InvalidSpec", str(e), gen)
         ERRORS.labels("InvalidSpec").inc()
         return finish()
+    out.status.update(endpoint=endpoint(name, ns, spec), modelName=served_name(spec, name))
 
     # 0. what the cluster admin allows (host paths, images, token Secrets)
     problems = cfg.policy.problems(spec)
@@ -277,6 +279,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     optional = sorted({o["kind"] for o in objects if o["kind"] in day2.OPTIONAL_KINDS})
     optional_failed: list[ApplyError] = []
     workload = next(o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    out.status["image"] = engine_image(spec, plan, gpu, cfg.runtime_repository)
     if workload["kind"] != kind:  # sizing chose the other kind than the spec alone says
         live_workload = kube.get(workload["kind"], ns, name)
     day2.hold_strategy(workload, live_workload, spec)  # roll numbers change when a roll starts, not between
@@ -323,6 +326,24 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
                               "workload applied; " + "; ".join(f.message for f in optional_failed), gen)
     else:
         conds = set_condition(conds, "Degraded", "False", "Applied", "workload applied", gen)
+    # the pool's endpoint picker: the operator renders the pool, not the picker (day2.endpoint_picker_condition)
+    if "InferencePool" in optional and not any(f.reason == "InferencePoolCrdMissing" for f in optional_failed):
+        try:  # read from the API: the watch cache holds only the Services the operator owns
+            epp = kube.core.read_namespaced_service(day2.endpoint_picker_ref(name, spec)[0], ns).to_dict()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            epp = None
+        picker = day2.endpoint_picker_condition(name, spec, epp, kube.get("InferencePool", ns, name))
+        if picker and picker[0] == "False" and not any(
+                c.get("type") == "InferencePoolReady" and c.get("reason") == picker[1] for c in conds):
+            out.events.append(("Warning", picker[1], picker[2]))
+        if picker:
+            conds = set_condition(conds, "InferencePoolReady", *picker, gen)
+        if picker and picker[0] == "False":  # the picker's Service is not ours: no watch event tells us it came
+            out.retry_after = min(out.retry_after or 30, 30)
+    elif any(c.get("type") == "InferencePoolReady" for c in conds):
+        conds = [c for c in conds if c.get("type") != "InferencePoolReady"]  # no pool rendered any more
 
     h = workload["metadata"]["annotations"]["moe.serving.dev/inputs-hash"]
     if status.get("inputsHash") != h:
