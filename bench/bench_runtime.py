@@ -336,7 +336,8 @@ def http_decode(streams: list[dict], new_tokens: int) -> dict:
 # ------------------------------------------------------------------------------------------------
 # One model, then the tables
 
-def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, results: dict) -> None:
+def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, results: dict, dump=lambda: None) -> None:
+    """One model's phases; `dump` after every point, so a run stopped by a time limit keeps its numbers."""
     from moe_runtime.checkpoint_writer import make_checkpoint
 
     label, fmt, real = REAL[arch]
@@ -370,6 +371,7 @@ def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, r
             continue
         r = decode_point(eng, mb, b, a.ctx, a.new_tokens, vocab, bw)
         entry["decode"].append(r)
+        dump()
         say(f"{label} B={b}: step {r['step_ms']:.2f} ms, roofline {r['roofline_ms']:.3f} ms ({r['ratio']:.1f}x), "
             f"{r['engine_tok_s']:.0f} tok/s")
     if dev.startswith("cuda") and args.cuda_graphs:
@@ -386,6 +388,7 @@ def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, r
             continue
         r = prefill_point(eng, mb, p, vocab, peak)
         entry["prefill"].append(r)
+        dump()
         say(f"{label} prefill {p}: TTFT {r['ttft_ms']:.1f} ms, {r['tok_s']:.0f} tok/s, {100 * r['peak_frac']:.1f}% of peak")
     del eng, model
     free(dev)
@@ -409,6 +412,7 @@ def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, r
                                   warmup_tokens(b, a.ctx, a.new_tokens, args.max_prefill_tokens))
                 h = http_decode(clients.burst(prompts(b, a.ctx, vocab, 6000 + b), a.new_tokens), a.new_tokens)
                 r["http_tok_s"], r["http_ttft_ms"] = h["tok_s"], h["ttft_ms"]
+                dump()
                 say(f"{label} HTTP B={b}: {h['tok_s'] or float('nan'):.0f} tok/s, TTFT {h['ttft_ms']:.1f} ms")
         finally:
             if clients is not None:
@@ -528,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for arch in a.models:
         try:
-            bench_model(arch, a, a.device, results["copy_bw"], results["bf16_peak"], work, results)
+            bench_model(arch, a, a.device, results["copy_bw"], results["bf16_peak"], work, results, dump)
         except Exception as e:  # one model failing must not cost the others' numbers
             failed = True
             results["notes"].append(f"{arch}: FAILED {type(e).__name__}: {str(e)[:500]}")
