@@ -27,6 +27,11 @@ cache is sized explicitly (--kv-blocks), so no phase depends on what an earlier 
   python bench/bench_runtime.py [--model deepseek_v3,qwen3_moe,gpt_oss] [--batches 1,8,64] [--ctx 1024]
       [--new-tokens 128] [--prefill 1024,8192] [--quick] [--no-http] [--json out.json] [--budget-s 540]
   python bench/bench_runtime.py --tiny   # CPU: tiny dims, one layer, batch 1/2 (the unit test's run)
+
+On the lent H200 (its image has no fastapi, uvicorn, openai or pydantic: carry their wheels,
+`pip download --no-deps` of the .venv's versions into .whl/serve, and install them aside):
+  python3 -m pip install -q --no-deps --no-index --target /tmp/pylib .whl/serve/*.whl
+  PYTHONPATH=/tmp/pylib python3 bench/bench_runtime.py --workdir /tmp/br --budget-s 420 --json $OUT/bench_runtime.json
 """
 
 from __future__ import annotations
