@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="KV-cache budget in MiB (CPU default: 2 x --max-batch sequences of the context length)")
     s.add_argument("--max-prefill-tokens", type=int, default=2048,
                    help="tokens per engine step (decode rows + prefill chunks): a longer prompt is prefilled in chunks")
+    # vLLM 0.11.0's values (vllm/config/cache.py CacheDType: "fp8 (=fp8_e4m3)"); sglang spells it fp8_e4m3
+    s.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                   help="KV-cache storage: auto, the model's dtype; fp8 (= fp8_e4m3), e4m3 with the checkpoint's "
+                        "per-tensor self_attn.k_scale/v_scale (1.0 where absent): half the bytes, twice the tokens "
+                        "for the same memory")
     s.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV blocks of a prompt prefix computed before (default on)")
     s.add_argument("--skip-selftest", action="store_true",

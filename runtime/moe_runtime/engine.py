@@ -127,15 +127,21 @@ def device_seq_ceiling(device: str) -> int:
     return 1024 if props.total_memory >= 70 * 2**30 and "a100" not in props.name.lower() else 256
 
 
+def kv_dtype_kwargs(kv_cache_dtype: str) -> dict:
+    """The model's KV calls' dtype argument: none for "auto", so stand-in models without a cache
+    dtype (tests' TableModel) keep working."""
+    return {} if kv_cache_dtype == "auto" else {"kv_cache_dtype": kv_cache_dtype}
+
+
 def plan_kv_blocks(model, device: str, block_size: int, max_batch: int | None, max_len: int,
                    kv_blocks: int | None = None, kv_memory_bytes: int | None = None,
-                   gpu_memory_utilization: float = 0.9) -> tuple[int, str]:
+                   gpu_memory_utilization: float = 0.9, kv_cache_dtype: str = "auto") -> tuple[int, str]:
     """(number of KV blocks, how it was chosen). Explicit `kv_blocks` wins; else a byte budget:
     on CUDA, measured after the weights are loaded: `gpu_memory_utilization` x total memory minus what
     is already in use (weights, other processes), the rest of the GPU being the headroom for
     activations; on CPU `kv_memory_bytes` (default: enough for 2 x max_batch sequences of max_len,
     CPU_KV_SEQS without max_batch)."""
-    per_block = model.kv_bytes_per_block(block_size)
+    per_block = model.kv_bytes_per_block(block_size, **kv_dtype_kwargs(kv_cache_dtype))  # fp8: half the bytes
     if kv_blocks:
         return kv_blocks, f"--kv-blocks {kv_blocks}"
     if str(device).startswith("cuda") and kv_memory_bytes is None:
@@ -159,7 +165,7 @@ class Engine:
                  stop_ids: set[int],
                  metrics=None, max_prefill_tokens: int = 2048, cuda_graphs: bool = False, block_size: int = 16,
                  kv_blocks: int | None = None, kv_memory_bytes: int | None = None,
-                 gpu_memory_utilization: float = 0.9, prefix_caching: bool = True):
+                 gpu_memory_utilization: float = 0.9, prefix_caching: bool = True, kv_cache_dtype: str = "auto"):
         self.model, self.device = model, device
         self.max_prefill_tokens = max_prefill_tokens
         self.max_len = max_len
@@ -175,8 +181,9 @@ class Engine:
         self.prefill_computed = 0  # prompt tokens computed (prefix-cache hits are not)
         self.steps: deque[tuple[int, int]] = deque(maxlen=4096)  # (decode rows, prefill tokens) per step
         self.block_size = block_size
+        self.kv_cache_dtype = kv_cache_dtype
         n, how = plan_kv_blocks(model, device, block_size, max_batch, max_len, kv_blocks, kv_memory_bytes,
-                                gpu_memory_utilization)
+                                gpu_memory_utilization, kv_cache_dtype)
         per_seq = math.ceil(max_len / block_size)
         if n < per_seq:
             raise RuntimeFailure(f"KV cache too small: {how} gives {n} blocks of {block_size} tokens "
@@ -190,11 +197,11 @@ class Engine:
             max_batch=self.max_batch, max_queue=self.max_queue)
         self.scratch_block = n  # one block no sequence owns: CUDA-graph padding rows write there
         self.table_width = per_seq
-        model.allocate_kv(n + 1, block_size)
-        nbytes = (n + 1) * model.kv_bytes_per_block(block_size)
+        model.allocate_kv(n + 1, block_size, **kv_dtype_kwargs(kv_cache_dtype))
+        nbytes = (n + 1) * model.kv_bytes_per_block(block_size, **kv_dtype_kwargs(kv_cache_dtype))
         log("kv_cache", f"{n} blocks x {block_size} tokens = {n * block_size} tokens, {nbytes / 2**20:.1f} MiB ({how}); "
-            f"prefix caching {'on' if prefix_caching else 'off'}", blocks=n, block_size=block_size,
-            tokens=n * block_size, bytes=nbytes)
+            f"dtype {kv_cache_dtype}; prefix caching {'on' if prefix_caching else 'off'}", blocks=n,
+            block_size=block_size, tokens=n * block_size, bytes=nbytes, kv_cache_dtype=kv_cache_dtype)
         if metrics:
             metrics.kv_blocks.set(n)
             metrics.kv_block_size.set(block_size)

@@ -148,7 +148,8 @@ def engine_options(args) -> dict:
             "kv_memory_bytes": mib * 2**20 if mib else None,
             "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", 0.9),
             "max_prefill_tokens": getattr(args, "max_prefill_tokens", 2048),
-            "prefix_caching": getattr(args, "prefix_caching", True)}
+            "prefix_caching": getattr(args, "prefix_caching", True),
+            "kv_cache_dtype": getattr(args, "kv_cache_dtype", "auto")}
 
 
 def validate_device(flag: str, device: str) -> None:

@@ -23,6 +23,7 @@ from moe_kernels import paged_attention as pa
 
 from ...dist.layers import RowParallelLinear, embed, gather_vocab
 from ...model_spec import is_moe_layer
+from .attention import kv_cache_torch_dtype
 from .rope import Rope
 
 
@@ -121,14 +122,16 @@ class CausalLM(nn.Module):
         self.rope = rope
         self.block_size = 0
 
-    def kv_bytes_per_block(self, block_size: int) -> int:
-        """Bytes of KV cache one block of `block_size` tokens takes over all layers."""
-        item = self.embed_tokens.element_size()
+    def kv_bytes_per_block(self, block_size: int, kv_cache_dtype: str = "auto") -> int:
+        """Bytes of KV cache one block of `block_size` tokens takes over all layers, in the cache's
+        element size (`kv_cache_dtype` "fp8": one byte, half of bf16's)."""
+        item = torch.empty((), dtype=kv_cache_torch_dtype(kv_cache_dtype, self.embed_tokens.dtype)).element_size()
         return sum(layer.self_attn.kv_values_per_token() for layer in self.layers) * block_size * item
 
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        """Every layer's paged cache: [num_blocks, block_size, ...] (the previous one is dropped first)."""
-        dtype, device = self.embed_tokens.dtype, self.embed_tokens.device
+    def allocate_kv(self, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto") -> None:
+        """Every layer's paged cache: [num_blocks, block_size, ...] (the previous one is dropped first),
+        in the model's dtype ("auto") or e4m3 with the layer's checkpoint scales ("fp8")."""
+        dtype, device = kv_cache_torch_dtype(kv_cache_dtype, self.embed_tokens.dtype), self.embed_tokens.device
         for layer in self.layers:
             layer.self_attn.allocate(0, block_size, dtype, device)
         for layer in self.layers:

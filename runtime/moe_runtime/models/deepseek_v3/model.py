@@ -19,6 +19,7 @@ from moe_kernels import paged_attention as pa
 
 from ...dist.layers import RowParallelLinear
 from ...errors import RuntimeFailure
+from ..common.attention import checkpoint_kv_scales
 from ..common.layers import AttnContext, CausalLM, Linear, RMSNorm, SwiGLU, build_layers
 from ..common.moe import MoEBlock, RoutingConfig
 from ..common.rope import Rope, rope_parameters
@@ -50,6 +51,10 @@ class MLAttention(nn.Module):
         self.scale = (self.nope + self.rope_dim) ** -0.5 * softmax_mult
         self.cache_ckv: torch.Tensor | None = None
         self.cache_krot: torch.Tensor | None = None
+        # one scale for the latent cache (c_kv and k_rot): vLLM 0.11.0's MLA writes it with the layer's
+        # k_scale (v1/attention/backends/mla/common.py, concat_and_cache_mla(..., scale=layer._k_scale))
+        self.ckpt_kv_scale = checkpoint_kv_scales(w, p)[0]
+        self.kv_scale = 1.0  # in use: ckpt_kv_scale with an fp8 cache, else 1.0
 
     def kv_values_per_token(self) -> int:
         return self.kv_lora + self.rope_dim  # the compressed latent + the roped key, shared by all heads
@@ -57,6 +62,7 @@ class MLAttention(nn.Module):
     def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> None:
         self.cache_ckv = torch.zeros(num_blocks, block_size, self.kv_lora, dtype=dtype, device=device)
         self.cache_krot = torch.zeros(num_blocks, block_size, self.rope_dim, dtype=dtype, device=device)
+        self.kv_scale = self.ckpt_kv_scale if dtype == pa.FP8 else 1.0
 
     def forward(self, x: torch.Tensor, ctx: AttnContext, cos_sin) -> torch.Tensor:
         B, S, _ = x.shape
@@ -68,16 +74,18 @@ class MLAttention(nn.Module):
         cos, sin = cos_sin
         q_rot = self.rope.apply(q_rot, cos, sin)
         k_rot = self.rope.apply(k_rot[:, :, None, :], cos, sin)[:, :, 0]
-        pa.write_kv(self.cache_ckv, ctx.slots, ckv)
-        pa.write_kv(self.cache_krot, ctx.slots, k_rot)
+        pa.write_kv(self.cache_ckv, ctx.slots, ckv, scale=self.kv_scale)
+        pa.write_kv(self.cache_krot, ctx.slots, k_rot, scale=self.kv_scale)
         if ctx.decode_kernel:
             q_abs = torch.einsum("bshd,hdc->bshc", q_nope, self.w_uk)
             o_lat = pa.paged_decode_mla(q_abs[:, 0].contiguous(), q_rot[:, 0].contiguous(), self.cache_ckv,
-                                        self.cache_krot, ctx.block_tables, ctx.seq_lens, self.scale)[:, None]
+                                        self.cache_krot, ctx.block_tables, ctx.seq_lens, self.scale,
+                                        kv_scale=self.kv_scale)[:, None]
             o = torch.einsum("bshc,hvc->bshv", o_lat, self.w_uv)
         else:  # prefill/extend: the absorbed or the non-absorbed form, whichever needs fewer FLOPs (on CUDA)
             o = pa.paged_attention_mla_heads(q_nope, q_rot, self.cache_ckv, self.cache_krot, self.w_uk, self.w_uv,
-                                             ctx.block_tables, ctx.positions, ctx.kv_len, self.scale)
+                                             ctx.block_tables, ctx.positions, ctx.kv_len, self.scale,
+                                             kv_scale=self.kv_scale)
         return self.o_proj(o.reshape(B, S, self.nh * self.v_dim))
 
 

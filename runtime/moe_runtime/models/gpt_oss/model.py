@@ -48,7 +48,7 @@ from ...dist.layers import RowParallelLinear
 from ...errors import RuntimeFailure
 from ...log import log
 from ..common import layers as common
-from ..common.attention import GqaKvCache
+from ..common.attention import GqaKvCache, checkpoint_kv_scales
 from ..common.layers import AttnContext, CausalLM
 from ..common.moe import MoEBlock, RoutingConfig
 from ..common.rope import Rope, rope_parameters
@@ -93,6 +93,7 @@ class Attention(GqaKvCache, nn.Module):
         # the sinks join the softmax in fp32 (both attention paths); transformers holds them in the model dtype
         self.sinks = nn.Parameter(w(p + "sinks").float().contiguous(), requires_grad=False)
         self.window, self.rope, self.scale = window, rope, self.hd ** -0.5
+        self.kv_scales = checkpoint_kv_scales(w, p)  # used with --kv-cache-dtype fp8
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 

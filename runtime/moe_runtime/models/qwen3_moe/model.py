@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ...dist.layers import RowParallelLinear
-from ..common.attention import GqaKvCache
+from ..common.attention import GqaKvCache, checkpoint_kv_scales
 from ..common.layers import AttnContext, CausalLM, Linear, RMSNorm, build_layers
 from ..common.moe import MoEBlock, RoutingConfig
 from ..common.rope import Rope, rope_parameters
@@ -28,6 +28,7 @@ class GQAttention(GqaKvCache, nn.Module):
         self.nh, self.nkv = self.q_proj.weight.shape[0] // self.hd, self.k_proj.weight.shape[0] // self.hd
         self.q_norm, self.k_norm = RMSNorm(w(p + "q_norm.weight"), eps), RMSNorm(w(p + "k_norm.weight"), eps)
         self.rope = rope
+        self.kv_scales = checkpoint_kv_scales(w, p)  # used with --kv-cache-dtype fp8
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
