@@ -2,7 +2,8 @@
 
 Pure: returns dicts. A replica that fits one node becomes a Deployment, a multi-node replica a
 LeaderWorkerSet; both get a Service and a ConfigMap holding the plan the runtime re-checks.
-Engines `bundled`, `sglang` and `vllm` render their own image, command and flags from the same plan.
+Each engine renders its own image, command and flags from the same plan (engines/<engine>/command.py,
+asked through engines.registry).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import yaml
 
 from . import day2
 from .api import MoEDeploymentSpec
+from .engines import registry as engines
+from .engines.bundled import vocab as bundled_vocab
+from .engines.command import Launch
 from moe_core.gpu import GpuClass
 from . import images
 from . import model_cache, pod_overlay
@@ -81,7 +85,7 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
         return ModelLocation(model_cache.MOUNT, [parts.volume], [parts.mount], [parts.init_container],
                              [{"name": "HF_REVISION", "value": revision}, {"name": "HF_HUB_OFFLINE", "value": "1"}], [])
     cache = {"name": "hf-cache", "emptyDir": {}}
-    if engine == "bundled":
+    if engines.get(engine).serves_local_dir:
         # The bundled runtime serves a local directory: fetch it first (weights included) in an init container.
         dl_args = ["download", repo, "--local-dir", "/models/hf"] + (["--revision", revision] if revision else [])
         init = [{"name": "fetch-model", "image": image, "command": ["hf"], "args": dl_args, "env": token_env,
@@ -100,7 +104,7 @@ def engine_image(spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass, runtime_rep
     registries (images.Registries: the chart's runtimeImage/engineImages)."""
     if spec.engine.image:
         return spec.engine.image
-    if runtime_repository and spec.engine.name == "bundled":  # the caller's repository (reconcile's Config)
+    if runtime_repository and engines.get(spec.engine.name).runs_runtime_image:  # the caller's repository (reconcile's Config)
         r = registries or images.REGISTRIES
         return runtime_image(gpu, runtime_repository, r.runtime_tag)
     return images.default_image(spec.engine.name, plan.engine.version, gpu, registries)  # per CPU arch
@@ -120,33 +124,15 @@ def engine_command(spec: MoEDeploymentSpec, plan: Plan, loc: ModelLocation, role
                    served: str) -> tuple[list[str], list[str]]:
     """The engine's command and arguments: the operator's flags, the plan's, then spec.engine.args
     (engine_args.py refuses the flags the first two own, so the user's never override them)."""
-    nodes = spec.nodesPerReplica
+    engine = engines.get(spec.engine.name)
     max_len = spec.engine.maxModelLen  # what sizing sized the KV cache for: the engine must not take more
     extra = [*loc.extra_args, "--served-model-name", served]
     if max_len:
-        extra += ["--context-length" if spec.engine.name == "sglang" else "--max-model-len", str(max_len)]
-    user = list(spec.engine.args)
-    if spec.engine.name == "sglang":
-        args = ["--model-path", loc.path, "--host", "0.0.0.0", "--port", str(PORT), *extra, *plan.args]
-        if nodes > 1:
-            rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
-            args += ["--nnodes", str(nodes), "--node-rank", rank, "--dist-init-addr", "$(LWS_LEADER_ADDRESS):20000"]
-        return ["python3", "-m", "sglang.launch_server"], args + user
-    if spec.engine.name == "vllm":
-        args = [loc.path, "--host", "0.0.0.0", "--port", str(PORT), *extra, *plan.args]
-        if nodes > 1:
-            rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
-            args += ["--nnodes", str(nodes), "--node-rank", rank, "--master-addr", "$(LWS_LEADER_ADDRESS)"]
-            if role == "worker":
-                args.append("--headless")
-        return ["vllm", "serve"], args + user
-    args = ["--model", loc.path, "--plan", f"{PLAN_DIR}/plan.json", "--host", "0.0.0.0", "--port", str(PORT),
-            *extra, *plan.args]
-    if nodes > 1:
-        # one process per local GPU on every pod of the group; the rendezvous (TCPStore on the leader's
-        # global rank 0 at LWS_LEADER_ADDRESS:DIST_PORT) comes from the LWS env (bundled_lws_env)
-        args += ["--dist-port", str(DIST_PORT)]
-    return ["moe-runtime", "serve"], args + user
+        extra += [engine.max_len_flag, str(max_len)]
+    command, args = engine.command(Launch(model=loc.path, extra=extra, plan_args=list(plan.args),
+                                          nodes=spec.nodesPerReplica, role=role, port=PORT,
+                                          plan_file=f"{PLAN_DIR}/plan.json", dist_port=DIST_PORT))
+    return command, args + list(spec.engine.args)
 
 
 def bundled_lws_env() -> list[dict[str, Any]]:
@@ -245,6 +231,7 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
     image = engine_image(spec, plan, gpu, runtime_repository, registries)
     served = served_name(spec, owner.name)
     loc = model_location(spec, spec.engine.name, image)
+    engine = engines.get(spec.engine.name)
     h = inputs_hash(spec, plan, gpu, image)
     selector = {"app.kubernetes.io/instance": owner.name, "moe.serving.dev/deployment": owner.name}
     labels = {**selector, "app.kubernetes.io/name": "moe-inference", "app.kubernetes.io/managed-by": "moe-operator",
@@ -261,15 +248,15 @@ def render(owner: Owner, spec: MoEDeploymentSpec, plan: Plan, gpu: GpuClass,
     def pod(role: str) -> str:
         command, args = engine_command(spec, plan, loc, role, served)
         pod_env = env
-        if spec.engine.name == "bundled" and role in ("leader", "worker"):
+        if engine.rendezvous and role in ("leader", "worker"):
             pod_env = bundled_lws_env() + env
         return _env.get_template("_pod.yaml.j2").render(
             labels=_yaml_block({**labels, "moe.serving.dev/role": role, **day2.pool_pod_labels(spec, role)}),
             inputs_hash=h, plan=plan,
             affinity=_affinity(gpu), node_selector=spec.nodeSelector, tolerations=_tolerations(spec, gpu),
             init_containers=loc.init_containers, image=image, command=command, args=args, env=pod_env, port=PORT,
-            dist_port=DIST_PORT if spec.engine.name == "bundled" and role == "leader" else None,
-            resources=_resources(spec, gpu), ready_path="/ready" if spec.engine.name == "bundled" else "/health",
+            dist_port=DIST_PORT if engine.rendezvous and role == "leader" else None,
+            resources=_resources(spec, gpu), ready_path=engine.ready_path,
             volume_mounts=mounts, volumes=volumes, role=role, pod_security=pod_security(spec.engine.name),
             container_security=container_security()).rstrip("\n")
 
@@ -325,7 +312,7 @@ def inspection_job(namespace: str, name: str, uri: str, image: str, owner: Owner
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "nodeSelector": {"kubernetes.io/arch": "amd64"},
-            "securityContext": pod_security("bundled"),
+            "securityContext": pod_security(bundled_vocab.NAME),  # the runtime image's (moe-runtime inspect)
             **({"imagePullSecrets": [{"name": n} for n in images.REGISTRIES.pull_secrets]}
                if images.REGISTRIES.pull_secrets else {}),
             "containers": [{"name": "inspect", "image": image, "command": ["moe-runtime", "inspect", path,

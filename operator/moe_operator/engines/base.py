@@ -8,6 +8,7 @@ from moe_core.gpu import GpuClass
 from moe_core.plan import Plan, PlanMoE
 
 from ..selection import Builder, Choices, Facts
+from .command import Launch
 
 
 class Engine(Protocol):
@@ -17,6 +18,15 @@ class Engine(Protocol):
     a2a_needs_ep: bool
     # decision rule id -> (does this value fall back, what is given up) (admission warnings, issue 16 item 3)
     fallbacks: Mapping[str, tuple[Callable[[str], bool], str]]
+    # the pods (render.py)
+    max_len_flag: str  # the flag that caps the context length (spec.engine.maxModelLen)
+    serves_local_dir: bool  # True: a hub model is fetched into a directory first (an init container)
+    runs_runtime_image: bool  # True: the image is the project's runtime image (images.runtime_image)
+    rendezvous: bool  # True: multi-node pods get the LWS rendezvous env and the leader the dist port
+    ready_path: str  # the readiness probe's HTTP path
+
+    def command(self, launch: Launch) -> tuple[list[str], list[str]]:
+        """The container's command and the operator's + plan's arguments (the user's spec.engine.args follow)."""
 
     def choices(self, choices: Choices) -> Choices:
         """The user's choices as this engine reads them (an engine env switch that is an explicit choice)."""

@@ -19,7 +19,6 @@ ALLOWED = {
                                 "vLLM releases commit)",
     "engine_rules/sglang.py": "sglang's start-up rows (Rule(..., 'sglang')): to move to engines/sglang/",
     "engine_rules/vllm.py": "vLLM's start-up rows: the lead is editing it; it moves to engines/vllm/ after that",
-    "render.py": "engine_command / model_location / engine_image branch on the engine: not moved yet",
     "images.py": "ENGINE_REPOSITORIES / ARM64_TAG_SUFFIX per engine: not moved yet",
     "engine_args.py": "OWNED flags per engine: not moved yet",
     "plan_cli.py": "the --engine choices and the env switches the CLI explains per engine: not moved yet",

@@ -86,12 +86,16 @@ def test_abbreviated_owned_flags_are_refused_and_values_are_not_flags():
 
 def test_every_flag_the_planner_emits_is_owned():
     """The planner's sources name each flag it puts on a command line as a string literal: every one
-    is in engine_args.OWNED for its engine (a message like '--chunked-prefill-size <= 8192' is advice)."""
-    sources = [OPERATOR / "planner.py", OPERATOR / "selection.py", *sorted((OPERATOR / "engines").rglob("*.py")),
-               *sorted((OPERATOR / "engine_rules").glob("*.py"))]
-    flags = {f for src in sources for f in re.findall(r"[\"'](--[a-z0-9-]+)[\"']", src.read_text())}
+    is in engine_args.OWNED for its engine (a message like '--chunked-prefill-size <= 8192' is advice).
+    An engine's folder (engines/<engine>/: its rows and its command builder) is checked against its own list."""
+    flag = re.compile(r"[\"'](--[a-z0-9-]+)[\"']")
+    shared = [OPERATOR / "planner.py", OPERATOR / "selection.py", *sorted((OPERATOR / "engine_rules").glob("*.py"))]
+    flags = {f for src in shared for f in flag.findall(src.read_text())}
     owned = set(engine_args.OWNED["sglang"]) | set(engine_args.OWNED["vllm"])
     assert flags and flags <= owned, flags - owned
+    for engine in ("sglang", "vllm", "bundled"):
+        mine = {f for src in sorted((OPERATOR / "engines" / engine).rglob("*.py")) for f in flag.findall(src.read_text())}
+        assert mine and mine <= set(engine_args.OWNED[engine]), (engine, mine - set(engine_args.OWNED[engine]))
     from moe_core.bundled import parallel_args
     assert {a for a in parallel_args(8, 8, 2)[0] if a.startswith("--")} <= set(engine_args.OWNED["bundled"])
 

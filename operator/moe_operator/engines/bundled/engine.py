@@ -7,12 +7,18 @@ from moe_core.gpu import GpuClass
 from moe_core.plan import Plan, PlanMoE
 
 from ...selection import Builder, Choices, Facts
-from . import plan, vocab
+from ..command import Launch
+from . import command, plan, vocab
 
 
 class Bundled:
     name = vocab.NAME
     default_version = vocab.DEFAULT_VERSION
+    max_len_flag = command.MAX_LEN_FLAG
+    serves_local_dir = True
+    runs_runtime_image = True
+    rendezvous = True
+    ready_path = "/ready"
     a2a_needs_ep = False
     fallbacks: dict = {}
 
@@ -33,6 +39,9 @@ class Bundled:
 
     def auto_fallbacks(self, p: Plan) -> list[str]:
         return plan.auto_fallbacks(p)
+
+    def command(self, launch: Launch) -> tuple[list[str], list[str]]:
+        return command.command(launch)
 
 
 ENGINE = Bundled()

@@ -6,12 +6,18 @@ from moe_core.gpu import GpuClass
 from moe_core.plan import Plan, PlanMoE
 
 from ...selection import Builder, Choices, Facts
-from . import plan, vocab
+from ..command import Launch
+from . import command, plan, vocab
 
 
 class Vllm:
     name = vocab.NAME
     default_version = vocab.DEFAULT_VERSION
+    max_len_flag = command.MAX_LEN_FLAG
+    serves_local_dir = False
+    runs_runtime_image = False
+    rendezvous = False
+    ready_path = "/health"
     a2a_needs_ep = True
     fallbacks: dict = {}
 
@@ -33,6 +39,9 @@ class Vllm:
 
     def auto_fallbacks(self, p: Plan) -> list[str]:
         return []
+
+    def command(self, launch: Launch) -> tuple[list[str], list[str]]:
+        return command.command(launch)
 
 
 ENGINE = Vllm()
