@@ -31,7 +31,8 @@ cache is sized explicitly (--kv-blocks), so no phase depends on what an earlier 
 On the lent H200 (its image has no fastapi, uvicorn, openai or pydantic: carry their wheels,
 `pip download --no-deps` of the .venv's versions into .whl/serve, and install them aside):
   python3 -m pip install -q --no-deps --no-index --target /tmp/pylib .whl/serve/*.whl
-  PYTHONPATH=/tmp/pylib python3 bench/bench_runtime.py --workdir /tmp/br --budget-s 420 --json $OUT/bench_runtime.json
+  PYTHONPATH=/tmp/pylib python3 bench/bench_runtime.py --workdir /tmp/br --budget-s 420 --json $OUT/bench_runtime.json \
+      2> $OUT/bench_runtime.log | tee $OUT/bench_runtime.md   # stderr: the runtime's JSON log lines
 """
 
 from __future__ import annotations
