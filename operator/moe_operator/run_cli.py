@@ -8,7 +8,7 @@ import logging
 import os
 import re
 
-from .policy import TOKEN_SECRET_LABEL, Policy
+from .policy import ON_VIOLATION, TOKEN_SECRET_LABEL, Policy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="spec.engine.image must start with PREFIX, e.g. docker.io/lmsysorg (repeatable); default: any")
     p.add_argument("--allow-service-type", action="append", default=[], choices=["ClusterIP", "NodePort", "LoadBalancer"],
                    help="spec.service.type may be this (repeatable); default: ClusterIP only")
+    p.add_argument("--on-policy-violation", choices=list(ON_VIOLATION), default="keep",
+                   help="a running workload whose spec a tightened policy no longer allows: keep it running "
+                        "(refuse only changes) or scaleToZero (PolicyEnforced Event); default keep")
     p.add_argument("--no-token-secret-label", action="store_true",
                    help=f"do not require the label {TOKEN_SECRET_LABEL}=true on Secrets named by model.tokenSecretRef")
     p.add_argument("--engine-cache-host-path", default=None, metavar="DIR",
@@ -138,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     handlers.CONFIG.policy = Policy(allowed_host_paths=tuple(args.allow_host_path),
                                     allowed_registries=tuple(args.allow_image_registry),
                                     require_token_label=not args.no_token_secret_label,
-                                    allowed_service_types=tuple(args.allow_service_type or ["ClusterIP"]))
+                                    allowed_service_types=tuple(args.allow_service_type or ["ClusterIP"]),
+                                    on_violation=args.on_policy_violation)
     handlers.CONFIG.engine_cache_root = args.engine_cache_host_path
     handlers.CONFIG.model_cache_grace_seconds = args.model_cache_grace
     handlers.CONFIG.model_cache_enabled = args.model_cache_default == "on"

@@ -575,3 +575,11 @@ def test_model_cache_copy_groups_reach_the_operator_and_are_checked(helm):
     assert run_cli._gids("2000,3000") == (2000, 3000)
     with pytest.raises(argparse.ArgumentTypeError):
         run_cli._gids("0")
+
+
+def test_policy_on_violation_reaches_the_operator(helm):
+    assert not [a for a in operator_container(render(helm))["args"] if a.startswith("--on-policy-violation")]
+    args = operator_container(render(helm, "policy.onViolation=scaleToZero"))["args"]
+    assert "--on-policy-violation=scaleToZero" in args
+    bad = _run_helm("template", "x", str(CHART), "--set", "policy.onViolation=delete")
+    assert bad.returncode != 0 and "onViolation" in bad.stderr
