@@ -259,8 +259,9 @@ def endpoint_picker_condition(name: str, spec: MoEDeploymentSpec, service: dict[
         effect = ("failureMode FailOpen: the gateway routes to the pool's pods without it" if open_ else
                   "failureMode FailClose: the gateway fails every request to this pool")
         return ("False", reason + ("FailOpen" if open_ else ""),
-                f"InferencePool {name}: {why}; {effect}. Deploy the Gateway API Inference Extension's endpoint picker "
-                f"(epp) for pool {name} behind Service {epp} port {port}, or name yours in "
+                f"InferencePool {name}: {why}; {effect}. Let the operator deploy the endpoint picker (epp) "
+                "(spec.gateway.inferencePool.endpointPicker.deploy, the default unless endpointPicker.name is set), "
+                f"or deploy yours for pool {name} behind Service {epp} port {port} and name it in "
                 "spec.gateway.inferencePool.endpointPicker")
     if service is None:
         return bad("EndpointPickerMissing", f"endpoint picker Service {epp!r} not found in the namespace")
@@ -303,6 +304,17 @@ def stale_objects(name: str, before: list[str], now: list[str]) -> list[tuple[st
     """(kind, object name) to delete: what was rendered before (status.optionalObjects) and is not now."""
     kinds = [(k, name) for k in sorted(set(before) - set(now)) if k in OPTIONAL_KINDS]
     return kinds + epp.stale(before, now)
+
+
+def picker_not_owned(obj: dict[str, Any], live: dict[str, Any] | None, uid: str) -> str | None:
+    """For reconcile, before applying `obj`: why a picker object must not go over the live one (epp.not_owned)."""
+    return epp.not_owned(obj, live, uid) if epp.is_picker(obj) else None
+
+
+def prunable(obj_name: str, name: str, live: dict[str, Any] | None, uid: str) -> bool:
+    """Whether reconcile may delete a stale object: one under the MoEDeployment's own name, or a picker
+    object it controls (a Service <name>-epp made by hand is never deleted)."""
+    return obj_name == name or (live is not None and epp.controlled(live, uid))
 
 
 def is_optional(obj: dict[str, Any]) -> bool:

@@ -87,7 +87,7 @@ def args(pool: str, namespace: str, port: int, replicas: int, queue_metric: str,
 
 def objects(name: str, namespace: str, service: str, port: int, replicas: int, image: str | None,
             queue_metric: str, kv_metric: str, lora_metric: bool) -> list[dict[str, Any]]:
-    """ServiceAccount, Role, RoleBinding, Deployment and Service of the picker of pool `name`, in apply
+    """Service, ServiceAccount, Role, RoleBinding and Deployment of the picker of pool `name`, in apply
     order (the Deployment's account and rights before its pods)."""
     lab, sel = labels(name, service), selector(name, service)
     meta = {"name": service, "namespace": namespace, "labels": lab}
@@ -118,7 +118,14 @@ def objects(name: str, namespace: str, service: str, port: int, replicas: int, i
                                        "terminationGracePeriodSeconds": 130,
                                        "containers": [container]}}},
     }
+    service_obj = {"apiVersion": "v1", "kind": "Service", "metadata": dict(meta),
+                   "spec": {"type": "ClusterIP", "selector": sel,
+                            "ports": [{"name": "grpc-ext-proc", "protocol": "TCP", "port": port, "targetPort": port,
+                                       "appProtocol": "http2"},
+                                      {"name": "http-metrics", "protocol": "TCP", "port": metrics,
+                                       "targetPort": metrics}]}}
     return [
+        service_obj,  # first: the name the pool calls, checked first (reconcile skips the rest when it is not ours)
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": dict(meta),
          "rules": RULES + (LEADER_RULES if replicas > 1 else [])},
@@ -126,12 +133,28 @@ def objects(name: str, namespace: str, service: str, port: int, replicas: int, i
          "subjects": [{"kind": "ServiceAccount", "name": service, "namespace": namespace}],
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": service}},
         deployment,
-        {"apiVersion": "v1", "kind": "Service", "metadata": dict(meta),
-         "spec": {"type": "ClusterIP", "selector": sel,
-                  "ports": [{"name": "grpc-ext-proc", "protocol": "TCP", "port": port, "targetPort": port,
-                             "appProtocol": "http2"},
-                            {"name": "http-metrics", "protocol": "TCP", "port": metrics, "targetPort": metrics}]}},
     ]
+
+
+def controlled(live: dict[str, Any], uid: str) -> bool:
+    """Whether the MoEDeployment of `uid` controls the live object (pruning deletes only those)."""
+    return any(r.get("uid") == uid and r.get("controller")
+               for r in (live.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def not_owned(obj: dict[str, Any], live: dict[str, Any] | None, uid: str) -> str | None:
+    """Why the rendered picker object must not be applied over `live`, None when it may: an object of
+    that name the MoEDeployment does not control is someone's (a picker deployed by hand behind
+    <name>-epp, as the condition used to advise, or another MoEDeployment named <name>-epp), and a
+    forced apply would take its fields over."""
+    if live is None or controlled(live, uid):
+        return None
+    refs = (live.get("metadata") or {}).get("ownerReferences") or []
+    m = obj["metadata"]
+    owner = next((f"{r.get('kind')} {r.get('name')}" for r in refs if r.get("controller")), None)
+    return (f"{obj['kind']} {m['name']} exists and is {'controlled by ' + owner if owner else 'not owned by it'}: "
+            f"the endpoint picker is not deployed over it; set spec.gateway.inferencePool.endpointPicker.deploy "
+            f"false to use yours, or name another in endpointPicker.name")
 
 
 def is_picker(obj: dict[str, Any]) -> bool:

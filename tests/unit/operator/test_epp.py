@@ -26,7 +26,7 @@ def matches(selector, labels):
 
 def test_default_pool_deploys_the_picker():
     objs = day2.endpoint_picker("m", "ns", spec(enabled=True))
-    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"]
+    assert [o["kind"] for o in objs] == ["Service", "ServiceAccount", "Role", "RoleBinding", "Deployment"]
     assert {o["metadata"]["name"] for o in objs} == {"m-epp"} and {o["metadata"]["namespace"] for o in objs} == {"ns"}
     k = by_kind(objs)
     pod = k["Deployment"]["spec"]["template"]
@@ -138,3 +138,20 @@ def test_operator_holds_what_the_role_grants():
     for group, resource in (("", "serviceaccounts"), ("rbac.authorization.k8s.io", "roles"),
                             ("rbac.authorization.k8s.io", "rolebindings"), ("apps", "deployments"), ("", "services")):
         assert {"get", "create", "patch", "delete"} <= permissions.NAMESPACED[(group, resource)][0]
+
+
+def test_a_picker_name_taken_by_someone_else_is_left_alone():
+    obj = by_kind(day2.endpoint_picker("m", "ns", spec(enabled=True)))["Service"]
+    ours = {"metadata": {"ownerReferences": [{"kind": "MoEDeployment", "name": "m", "uid": "u1", "controller": True}]}}
+    assert day2.picker_not_owned(obj, None, "u1") is None and day2.picker_not_owned(obj, ours, "u1") is None
+    hand_made = {"metadata": {"name": "m-epp"}}  # deployed by hand behind <name>-epp
+    why = day2.picker_not_owned(obj, hand_made, "u1")
+    assert "Service m-epp exists and is not owned by it" in why and "endpointPicker.deploy" in why
+    other = {"metadata": {"ownerReferences": [{"kind": "MoEDeployment", "name": "m-epp", "uid": "u2", "controller": True}]}}
+    assert "controlled by MoEDeployment m-epp" in day2.picker_not_owned(obj, other, "u1")
+    # the workload is never checked this way
+    assert day2.picker_not_owned({"kind": "Deployment", "metadata": {"name": "m", "labels": {}}}, hand_made, "u1") is None
+    # pruning: only what it controls, or what is named like the MoEDeployment (day2's own kinds)
+    assert day2.prunable("m-epp", "m", ours, "u1") and not day2.prunable("m-epp", "m", hand_made, "u1")
+    assert not day2.prunable("m-epp", "m", other, "u1") and not day2.prunable("m-epp", "m", None, "u1")
+    assert day2.prunable("m", "m", None, "u1")
