@@ -1,7 +1,7 @@
 """Extra engine arguments (spec.engine.args): which flags the operator owns, per engine, and the
 spec field that sets each instead. Pure.
 
-The owned flags (and their aliases, read from the released wheels: sglang 0.5.23
+The owned flags (engines/<engine>/args.py, with their aliases read from the released wheels: sglang 0.5.23
 sglang/srt/arg_groups/fields/{model,parallel}.py `aliases=`, vLLM 0.33.0 vllm/engine/arg_utils.py
 EngineArgs.add_cli_args) are what render.py and the planner (planner.py, engine_rules/, moe_core.bundled
 parallel_args) put on the engine's command line; a user copy would be appended after them and win
@@ -16,52 +16,14 @@ so no spelling gets around a refusal.
 
 from __future__ import annotations
 
-MODEL = "spec.model.uri"
-SERVER = "the operator (the container port is fixed; spec.service.port is the Service's port)"
-SERVED = "spec.model.servedName"
-TP, EP, DP = "spec.parallelism.tp", "spec.parallelism.ep", "spec.parallelism.dp"
-NODES = "spec.nodesPerReplica"
-PLANNER = "the planner (per GPU class and engine release; status.plan.args shows its choice)"
-PP = "spec.parallelism (the GPUs of a replica are tp x dp; no pipeline or context parallel groups)"
-CONFIG = "spec.engine.args itself (a config file would bypass the owned flags)"
+from .engines.bundled import args as _bundled, vocab as _bundled_vocab
+from .engines.owned import CONFIG, DP, EP, MODEL, NODES, PLANNER, PP, SERVED, SERVER, TP  # noqa: F401  (re-exported)
+from .engines.sglang import args as _sglang, vocab as _sglang_vocab
+from .engines.vllm import args as _vllm, vocab as _vllm_vocab
 
-_SGLANG = {
-    "--model-path": MODEL, "--model": MODEL, "--revision": "spec.model.uri (hf://org/name@revision)",
-    "--host": SERVER, "--port": SERVER, "--served-model-name": SERVED,
-    "--context-length": "spec.engine.maxModelLen",
-    "--tp-size": TP, "--tp": TP, "--tensor-parallel-size": TP,
-    "--ep-size": EP, "--ep": EP, "--expert-parallel-size": EP,
-    "--dp-size": DP, "--dp": DP, "--data-parallel-size": DP, "--enable-dp-attention": DP,
-    "--attn-dp-size": DP, "--attention-data-parallel-size": DP, "--moe-dp-size": DP, "--moe-data-parallel-size": DP,
-    "--pp-size": PP, "--pipeline-parallel-size": PP,
-    "--moe-runner-backend": "spec.moe.runnerBackend", "--moe-a2a-backend": "spec.moe.a2aBackend",
-    "--deepep-mode": "spec.moe.a2aBackend (the planner picks the DeepEP mode)",
-    "--attention-backend": PLANNER, "--quantization": "spec.model.format",
-    "--nnodes": NODES, "--node-rank": NODES, "--dist-init-addr": NODES, "--nccl-init-addr": NODES,
-    "--config": CONFIG,
-}
-_VLLM = {
-    "--model": MODEL, "--revision": "spec.model.uri (hf://org/name@revision)",
-    "--host": SERVER, "--port": SERVER, "--served-model-name": SERVED,
-    "--max-model-len": "spec.engine.maxModelLen",
-    "--tensor-parallel-size": TP, "-tp": TP,
-    "--data-parallel-size": DP, "-dp": DP, "--data-parallel-size-local": DP, "-dpl": DP,
-    "--data-parallel-rank": DP, "-dpn": DP, "--data-parallel-start-rank": DP, "-dpr": DP,
-    "--data-parallel-address": NODES, "-dpa": NODES, "--data-parallel-rpc-port": NODES, "-dpp": NODES,
-    "--enable-expert-parallel": EP, "-ep": EP, "--pipeline-parallel-size": PP, "-pp": PP,
-    "--prefill-context-parallel-size": PP, "-pcp": PP,
-    "--moe-backend": "spec.moe.runnerBackend", "--all2all-backend": "spec.moe.a2aBackend",
-    "--quantization": "spec.model.format", "-q": "spec.model.format",
-    "--nnodes": NODES, "-n": NODES, "--node-rank": NODES, "-r": NODES, "--master-addr": NODES,
-    "--master-port": NODES, "--headless": NODES,
-    "--config": CONFIG,
-}
-_BUNDLED = {
-    "--model": MODEL, "--plan": "the operator (the plan ConfigMap)", "--host": SERVER, "--port": SERVER,
-    "--served-model-name": SERVED, "--max-model-len": "spec.engine.maxModelLen",
-    "--tp": TP, "--ep": EP, "--dist-port": NODES,
-}
-OWNED: dict[str, dict[str, str]] = {"sglang": _SGLANG, "vllm": _VLLM, "bundled": _BUNDLED}
+# engine -> owned flag -> what sets it instead (each engine's list is engines/<engine>/args.py)
+OWNED: dict[str, dict[str, str]] = {_sglang_vocab.NAME: _sglang.OWNED, _vllm_vocab.NAME: _vllm.OWNED,
+                                    _bundled_vocab.NAME: _bundled.OWNED}
 
 MAX_ARGS = 128
 MAX_ARG_CHARS = 4096

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 
 from moe_core.gpu import GpuClass
 
+from .engines.sglang import image as _sglang_image, vocab as _sglang_vocab
+from .engines.vllm import image as _vllm_image, vocab as _vllm_vocab
+
 RUNTIME_REPOSITORY = "ghcr.io/moe-operator/moe-runtime"
 RUNTIME_VERSION = "0.1.0"
 # flashinfer-python shipped in the Blackwell variants of the bundled image (pyproject extra `flashinfer`).
@@ -57,8 +60,9 @@ def runtime_image(gpu: GpuClass, repository: str | None = None, version: str | N
 #   (GB200/GB300). Newer releases push the per-arch images by digest only (no per-arch tag), so
 #   the manifest tag is the only arm64 reference that exists for every release.
 # ROCm keeps the references it had (amd64 only). A custom spec.engine.image always wins.
-ENGINE_REPOSITORIES = {"sglang": "lmsysorg/sglang", "vllm": "vllm/vllm-openai"}
-ARM64_TAG_SUFFIX = {"sglang": "", "vllm": "-aarch64"}  # "": the multi-arch manifest tag serves arm64
+# Each engine's repository and arm64 tag suffix are in engines/<engine>/image.py.
+ENGINE_REPOSITORIES = {_sglang_vocab.NAME: _sglang_image.REPOSITORY, _vllm_vocab.NAME: _vllm_image.REPOSITORY}
+ARM64_TAG_SUFFIX = {_sglang_vocab.NAME: _sglang_image.ARM64_TAG_SUFFIX, _vllm_vocab.NAME: _vllm_image.ARM64_TAG_SUFFIX}
 DEFAULT_TAG = "v{version}"
 
 

@@ -19,8 +19,6 @@ ALLOWED = {
                                 "vLLM releases commit)",
     "engine_rules/sglang.py": "sglang's start-up rows (Rule(..., 'sglang')): to move to engines/sglang/",
     "engine_rules/vllm.py": "vLLM's start-up rows: the lead is editing it; it moves to engines/vllm/ after that",
-    "images.py": "ENGINE_REPOSITORIES / ARM64_TAG_SUFFIX per engine: not moved yet",
-    "engine_args.py": "OWNED flags per engine: not moved yet",
     "plan_cli.py": "the --engine choices and the env switches the CLI explains per engine: not moved yet",
     "run_cli.py": "the chart's engineImages flags per engine (S34/lead's CLI): not moved yet",
     "placement.py": "what one replica of each engine runs (owner: placement's; not in this change)",
