@@ -355,7 +355,7 @@ def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, r
     else:
         make_checkpoint(ckpt, arch, fmt, "small", device=device, overrides=real)
     label = f"{label}{' (tiny)' if a.tiny else ''} {fmt}"
-    mb = model_bytes(ckpt)
+    mb = model_bytes(ckpt, 1 if a.kv_cache_dtype.startswith("fp8") else 2)  # bf16 model: auto is bf16
     cfg = json.loads((ckpt / "config.json").read_text())
     vocab = int(cfg["vocab_size"])
     added = extend_tokenizer(ckpt, vocab)
@@ -367,7 +367,8 @@ def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, r
     bs = 16
     max_len = a.ctx + a.new_tokens + bs
     kv_blocks = 2 * max(batches) * math.ceil(max_len / bs)
-    args = serve_args(ckpt, device)
+    kv_flag = ["--kv-cache-dtype", a.kv_cache_dtype] if a.kv_cache_dtype != "auto" else []
+    args = serve_args(ckpt, device, kv_flag)
     model, dev, entry["serve"] = load_model(args)
     say(f"{label}: loaded ({entry['serve']})")
     eng = make_engine(model, dev, args, max(batches), max_len, kv_blocks)
@@ -403,7 +404,7 @@ def bench_model(arch: str, a, device: str, bw: float, peak: float, work: Path, r
     elif time.time() - T0 > a.budget_s:
         results["notes"].append(f"{label}: HTTP skipped (time budget)")
     else:
-        flags = ["--max-batch", str(max(batches)), "--max-model-len", str(max_len), "--kv-blocks", str(kv_blocks)]
+        flags = ["--max-batch", str(max(batches)), "--max-model-len", str(max_len), "--kv-blocks", str(kv_blocks), *kv_flag]
         proc, url = start_server(ckpt, device, flags, work / f"{arch}-serve.log", a.server_timeout)
         clients = None
         try:
@@ -477,7 +478,7 @@ def table(columns: list[str], rows: list[list[str]]) -> str:
 def report(results: dict) -> str:
     h = (f"{results['device']}, torch {results['torch']}, copy bandwidth {results['copy_bw'] / 1e12:.3f} TB/s, "
          f"bf16 matmul peak {results['bf16_peak'] / 1e12:.1f} TFLOP/s; {results['new_tokens']} new tokens, "
-         "ctx = prompt (mean context of the timed steps)")
+         f"KV cache {results['kv_cache_dtype']}; ctx = prompt (mean context of the timed steps)")
     notes = "\n".join(f"note: {n}" for n in results["notes"])
     return f"{h}\n\n{table(DECODE_COLUMNS, decode_rows(results))}\n\n{table(PREFILL_COLUMNS, prefill_rows(results))}\n{notes}"
 
@@ -492,6 +493,8 @@ def parse(argv: list[str] | None = None):
     ap.add_argument("--quick", action="store_true", help="48 new tokens, batches 1,64, prefill at 1024 only")
     ap.add_argument("--tiny", action="store_true", help="CPU dry run: tiny dims, one layer, batch 1/2")
     ap.add_argument("--device", default=None, help="cuda (default) or cpu (--tiny's default)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                    help="serve's --kv-cache-dtype for the engine and the server (fp8: 1 byte per KV value in the roofline)")
     ap.add_argument("--no-http", action="store_true")
     ap.add_argument("--json", default=None, help="write every number here")
     ap.add_argument("--workdir", default=None, help="where checkpoints are written (default: a temporary directory)")
@@ -520,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="bench_runtime_"))
     work.mkdir(parents=True, exist_ok=True)
     results = {"device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu",
-               "torch": torch.__version__, "new_tokens": a.new_tokens, "ctx": a.ctx, "models": [], "notes": []}
+               "torch": torch.__version__, "new_tokens": a.new_tokens, "ctx": a.ctx, "kv_cache_dtype": a.kv_cache_dtype, "models": [], "notes": []}
     try:
         import triton
 
