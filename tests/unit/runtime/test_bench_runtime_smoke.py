@@ -64,6 +64,7 @@ def test_kv_bytes_match_the_model(arch, tmp_path):
     ck = make_checkpoint(tmp_path / arch, arch, br.REAL[arch][1], "tiny", overrides=br.TINY[arch])
     model, _, _ = br.load_model(br.serve_args(ck, "cpu"))
     assert sum(model_bytes(ck).kv_bytes_per_token) * 16 == model.kv_bytes_per_block(16)
+    assert sum(model_bytes(ck, 1).kv_bytes_per_token) * 16 == model.kv_bytes_per_block(16, kv_cache_dtype="fp8")
 
 
 def test_tiny_run_every_column(tmp_path, capsys):
