@@ -28,8 +28,9 @@ from . import recorded
 from .recorded import release_key, vt  # noqa: F401  (the version helpers, re-exported)
 
 # Releases whose wheels were unpacked and read for these rows: the releases recorded in
-# engine_rules/data/<engine>.json by scripts/engine_rules_extract.py (ascending).
-VERSIONS_READ: dict[str, tuple[str, ...]] = {e: tuple(recorded.releases(e)) for e in ("sglang", "vllm")}
+# engine_rules/data/<engine>.json by scripts/engine_rules_extract.py (ascending), for every engine with a file.
+VERSIONS_READ: dict[str, tuple[str, ...]] = {p.stem: tuple(recorded.releases(p.stem))
+                                             for p in sorted(recorded.DATA.glob("*.json"))}
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Source:
 class Case:
     """One explicit configuration as the engine sees it at start-up."""
 
-    engine: str  # sglang | vllm
+    engine: str  # an engine with start-up rows (engines/<engine>/startup.py)
     version: str
     fmt: str  # checkpoint format (planner vocabulary, tuning-rules.md section 6)
     arch: str  # config.json architectures[0]
@@ -153,32 +154,29 @@ def _applies(rule: Rule, case: Case) -> bool:
     return has if has is not None else vt(rule.source.since) <= vt(case.version)
 
 
+def _startup(engine: str):
+    """The engine's start-up rows (engines/<engine>/startup.py: RULES, choices(version), A2A_FLAG, quant(case)),
+    or None (the bundled runtime has none). Asked of the engine registry at call time: the startup modules build
+    their rows from this module's Case/Rule, so it cannot import them at load."""
+    from ..engines import registry
+    return registry.get(engine).startup if engine in registry.REGISTRY else None
+
+
 def _rules(engine: str) -> tuple[Rule, ...]:
-    if engine == "sglang":
-        from .sglang import RULES
-    elif engine == "vllm":
-        from .vllm import RULES
-    else:
-        return ()
-    return RULES
+    s = _startup(engine)
+    return s.RULES if s is not None else ()
 
 
 def catalogue(engine: str, version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(runner values, a2a values) the engine's command line accepts in this version."""
-    if engine == "sglang":
-        from .sglang import choices
-    elif engine == "vllm":
-        from .vllm import choices
-    else:
-        return (), ()
-    return choices(version)
+    s = _startup(engine)
+    return s.choices(version) if s is not None else ((), ())
 
 
 def _fields(case: Case) -> dict:
-    quant = server_quantization(case)[1] if case.engine == "sglang" else case.quant_method
     return dict(runner=case.runner, a2a=case.a2a, fmt=case.fmt, family=case.family, arch=case.arch,
                 tp=case.tp, ep=case.ep, dp=case.dp, version=case.version, fi=case.flashinfer or "none",
-                driver=case.driver or "unknown", quant=quant)
+                driver=case.driver or "unknown", quant=_startup(case.engine).quant(case))
 
 
 def check(case: Case, skip_same_as: frozenset[str] = frozenset()) -> list[Refusal]:
@@ -245,7 +243,7 @@ def describe_alternatives(case: Case, alts: dict[str, list[str]], flag: str) -> 
     with_a2a = alts.get("runner") or []
     parts = []
     if with_a2a:
-        a2a = f" and {'--moe-a2a-backend' if case.engine == 'sglang' else '--all2all-backend'} {case.a2a}" if case.a2a != "none" else ""
+        a2a = f" and {_startup(case.engine).A2A_FLAG} {case.a2a}" if case.a2a != "none" else ""
         parts.append(f"{flag} values that pass its start-up checks for {where}{a2a}: {', '.join(with_a2a)}")
     elif case.a2a != "none":
         without = alts.get("runner_without_a2a") or []
@@ -254,31 +252,6 @@ def describe_alternatives(case: Case, alts: dict[str, list[str]], flag: str) -> 
     else:
         parts.append(f"no explicit {flag} value passes for {where}; this checkpoint needs another GPU or format")
     if alts.get("a2a"):
-        a2a_flag = "--moe-a2a-backend" if case.engine == "sglang" else "--all2all-backend"
+        a2a_flag = _startup(case.engine).A2A_FLAG
         parts.append(f"{a2a_flag} values that pass with {flag} {case.runner}: {', '.join(alts['a2a'])}")
     return "Works instead: " + "; ".join(parts) + (" (or leave it at auto)." if alts.get("auto") else ".")
-
-
-def server_quantization(case: Case) -> tuple[bool, str | None]:
-    """sglang: the `--quantization` value its server-argument asserts see (known, value).
-
-    The planner never passes --quantization, so it is None unless a model override resolves it
-    from config.json; those overrides run on SM100 only (tuning-rules.md 1.6):
-    `_deepseek_moe_quant_resolution` (srt/arg_groups/overrides.py:764-810, 0.5.23) and the
-    per-model modules. Where the raw `quant_method` the override copies is not known with certainty
-    (ModelOpt checkpoints write `modelopt` or nothing), the value is reported unknown and the
-    quantization asserts are not evaluated."""
-    from .sglang import QUANT_RESOLVING_ARCHS
-    if case.family != "sm100" or case.arch not in QUANT_RESOLVING_ARCHS:
-        return True, None
-    qm = case.quant_method
-    if case.fmt == "bf16":
-        return True, None
-    if case.fmt in ("fp8",) and qm in (None, "fp8"):
-        # DeepSeek-V3/R1 declare fp8 or have FP8 expert weights (overrides.py:788-800 probes them)
-        return True, "fp8"
-    if case.fmt.startswith("ct_") and qm == "compressed-tensors":
-        return True, "compressed-tensors"
-    if case.fmt in ("mxfp4", "w4afp8") and qm == case.fmt:
-        return True, qm
-    return False, None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from moe_core.gpu import GpuClass
 from moe_core.plan import Plan, PlanMoE
@@ -24,6 +24,8 @@ class Engine(Protocol):
     runs_runtime_image: bool  # True: the image is the project's runtime image (images.runtime_image)
     rendezvous: bool  # True: multi-node pods get the LWS rendezvous env and the leader the dist port
     ready_path: str  # the readiness probe's HTTP path
+    # the start-up rows (engines/<engine>/startup.py: RULES, choices(version), A2A_FLAG, quant(case)), or None
+    startup: Any
 
     def command(self, launch: Launch) -> tuple[list[str], list[str]]:
         """The container's command and the operator's + plan's arguments (the user's spec.engine.args follow)."""

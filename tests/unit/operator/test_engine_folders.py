@@ -14,11 +14,6 @@ LITERAL = re.compile(r"""(?<![\w.])(["'])(sglang|vllm|bundled)\1""")
 # path (relative to moe_operator/) -> why it may still name an engine
 ALLOWED = {
     "api.py": "the CRD enum source: engine.name's enum and the CEL rules per engine (the CRD must not change)",
-    "engine_rules/__init__.py": "start-up row machinery: VERSIONS_READ, rule/choice lookup and the a2a flag per "
-                                "engine (to be asked of the Engine once engine_rules/vllm.py moves, after the lead's "
-                                "vLLM releases commit)",
-    "engine_rules/sglang.py": "sglang's start-up rows (Rule(..., 'sglang')): to move to engines/sglang/",
-    "engine_rules/vllm.py": "vLLM's start-up rows: the lead is editing it; it moves to engines/vllm/ after that",
     "plan_cli.py": "the --engine choices and the env switches the CLI explains per engine: not moved yet",
     "run_cli.py": "the chart's engineImages flags per engine (S34/lead's CLI): not moved yet",
     "placement.py": "what one replica of each engine runs (owner: placement's; not in this change)",

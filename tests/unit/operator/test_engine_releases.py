@@ -13,7 +13,7 @@ import pytest
 
 from moe_operator import engine_rules, planner
 from moe_operator.engine_rules import Case, recorded
-from moe_operator.engine_rules import sglang as sg_rules
+from moe_operator.engines.sglang import startup as sg_rules
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 import engine_rules_extract as extract  # noqa: E402

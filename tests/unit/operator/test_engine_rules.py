@@ -17,7 +17,9 @@ except ImportError:  # before the moe_core move
     from moe_operator.checkpoint import CheckpointInfo
     from moe_operator.gpu import from_name
 from moe_operator import engine_rules
-from moe_operator.engine_rules import Case, sglang as sg_rules, vllm as vl_rules
+from moe_operator.engine_rules import Case
+from moe_operator.engines.sglang import startup as sg_rules
+from moe_operator.engines.vllm import startup as vl_rules
 from moe_operator.planner import Choices, auto_fallbacks, plan
 
 DSV3, DSV4, GPTOSS, QWEN3, GLM4, MIXTRAL = ("DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM", "GptOssForCausalLM",

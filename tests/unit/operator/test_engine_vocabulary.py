@@ -7,7 +7,7 @@ import typing
 
 from moe_operator import api, planner
 from moe_operator.engine_rules import recorded
-from moe_operator.engine_rules import sglang as sg_rules
+from moe_operator.engines.sglang import startup as sg_rules
 from moe_operator.engines import vocabulary
 from moe_operator.engines.bundled import vocab as bundled
 from moe_operator.engines.sglang import vocab as sglang

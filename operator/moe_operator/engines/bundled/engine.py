@@ -19,6 +19,7 @@ class Bundled:
     runs_runtime_image = True
     rendezvous = True
     ready_path = "/ready"
+    startup = None  # no start-up rows: resolve_bundled is the runtime's own check
     a2a_needs_ep = False
     fallbacks: dict = {}
 

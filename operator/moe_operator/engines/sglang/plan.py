@@ -8,7 +8,7 @@ from moe_core.gpu import BLACKWELL
 from moe_core.plan import PlanMoE
 
 from ... import engine_rules
-from ...engine_rules.sglang import fi_mxfp4_cutlass_misaligned, moe_tp_size
+from .startup import fi_mxfp4_cutlass_misaligned, moe_tp_size
 from ...selection import Builder, Check, Facts, Select, choose_runner, fits_tps, heads_problem, run_checks, truthy, vtuple
 from ..archs import DSV4, GPT_OSS
 from .vocab import DEEPSEEK_FAMILY, FLASHINFER_PIN, NAME, QWEN3_FAMILY, RUNNERS

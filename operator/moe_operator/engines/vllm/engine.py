@@ -7,7 +7,7 @@ from moe_core.plan import Plan, PlanMoE
 
 from ...selection import Builder, Choices, Facts
 from ..command import Launch
-from . import command, plan, vocab
+from . import command, plan, startup, vocab
 
 
 class Vllm:
@@ -18,6 +18,7 @@ class Vllm:
     runs_runtime_image = False
     rendezvous = False
     ready_path = "/health"
+    startup = startup
     a2a_needs_ep = True
     fallbacks: dict = {}
 

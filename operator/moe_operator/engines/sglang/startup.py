@@ -29,8 +29,10 @@ Where the checks run (0.5.23):
 
 from __future__ import annotations
 
-from ..engines.sglang.vocab import DEEPSEEK_FAMILY as _DEEPSEEK_FAMILY_ARCHS, QWEN3_FAMILY as _QWEN3_FAMILY_ARCHS
-from . import Case, Rule, Source, recorded, server_quantization, vt
+from ...engine_rules import Case, Rule, Source, read_as, recorded, vt
+from .vocab import DEEPSEEK_FAMILY as _DEEPSEEK_FAMILY_ARCHS, QWEN3_FAMILY as _QWEN3_FAMILY_ARCHS
+
+A2A_FLAG = "--moe-a2a-backend"
 
 V = "0.5.23"
 
@@ -44,7 +46,6 @@ A2A_CHOICES = {v: tuple(r["a2a_choices"]["values"]) for v, r in recorded.release
 
 def _of_release(table: dict, version: str):
     """The row of this very release; a release not read has none (its checks are not judged)."""
-    from . import read_as
     key = read_as("sglang", version)
     if key is None or key not in table:
         raise ValueError(f"sglang {version} was not read: its start-up checks are not judged")
@@ -498,3 +499,32 @@ RULES: tuple[Rule, ...] = (
          _src(_F8, "425-428", "Fp8Config.get_quant_method", "0.5.17", "is not compatible with SGLANG_DSV4_FP4_DEQUANT=1"),
          same_as=("V4",)),
 )
+
+
+def server_quantization(case: Case) -> tuple[bool, str | None]:
+    """sglang: the `--quantization` value its server-argument asserts see (known, value).
+
+    The planner never passes --quantization, so it is None unless a model override resolves it
+    from config.json; those overrides run on SM100 only (tuning-rules.md 1.6):
+    `_deepseek_moe_quant_resolution` (srt/arg_groups/overrides.py:764-810, 0.5.23) and the
+    per-model modules. Where the raw `quant_method` the override copies is not known with certainty
+    (ModelOpt checkpoints write `modelopt` or nothing), the value is reported unknown and the
+    quantization asserts are not evaluated."""
+    if case.family != "sm100" or case.arch not in QUANT_RESOLVING_ARCHS:
+        return True, None
+    qm = case.quant_method
+    if case.fmt == "bf16":
+        return True, None
+    if case.fmt in ("fp8",) and qm in (None, "fp8"):
+        # DeepSeek-V3/R1 declare fp8 or have FP8 expert weights (overrides.py:788-800 probes them)
+        return True, "fp8"
+    if case.fmt.startswith("ct_") and qm == "compressed-tensors":
+        return True, "compressed-tensors"
+    if case.fmt in ("mxfp4", "w4afp8") and qm == case.fmt:
+        return True, qm
+    return False, None
+
+
+def quant(case: Case) -> str | None:
+    """The --quantization value the rows' messages name: what the server-argument asserts see."""
+    return server_quantization(case)[1]

@@ -26,7 +26,9 @@ both run on automatic choices too and size placement's layouts (planner.split_re
 
 from __future__ import annotations
 
-from . import Case, Rule, Source, recorded
+from ...engine_rules import Case, Rule, Source, read_as, recorded
+
+A2A_FLAG = "--all2all-backend"
 
 V = "0.33.0"
 
@@ -72,7 +74,6 @@ RELEASES = {v: _release_data(v, r) for v, r in recorded.releases("vllm").items()
 
 def release(version: str) -> dict:
     """The data of this very release (read releases only: a release not read is not judged)."""
-    from . import read_as
     key = read_as("vllm", version)
     if key is None or key not in RELEASES:
         raise ValueError(f"vllm {version} was not read: its start-up checks are not judged")
@@ -280,3 +281,8 @@ RULES: tuple[Rule, ...] = (
          "support quantization scheme kNvfp4Static x kNvfp4Dynamic (needs capability >= 10.0; here {family})",
          _src(_E + "flashinfer_cutlass_moe.py", "146-180", "FlashInferExperts._supports_quant_scheme")),
 )
+
+
+def quant(case: Case) -> str | None:
+    """The quantization the rows' messages name: config.json's quant_method as written."""
+    return case.quant_method
