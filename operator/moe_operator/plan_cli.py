@@ -23,6 +23,8 @@ import os
 import re
 import sys
 
+from .engines.vocabulary import DEFAULT_ENGINE, ENGINES
+
 SETTABLE = {
     "moe.runnerBackend": "runner_backend",
     "moe.a2aBackend": "a2a_backend",
@@ -40,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--model", metavar="URI", help="hf://org/name[@revision]: read the headers and configs from the hub "
                      "(HF_TOKEN for gated models); file:///path as --checkpoint")
     p.add_argument("--gpu", required=True, help="GPU product (H200, B200, NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition, MI300X) or family (sm90)")
-    p.add_argument("--engine", default="bundled", choices=["bundled", "sglang", "vllm"])
+    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES))
     p.add_argument("--engine-version", default=None)
     p.add_argument("--driver", default=None, metavar="VERSION",
                    help="the nodes' NVIDIA driver version (e.g. 595.0), as GFD's nvidia.com/cuda.driver-version labels give it")
@@ -106,30 +108,19 @@ def _truthy(v: str | None) -> bool | None:
 
 def env_conflicts(engine: str, sets: dict, env: dict[str, str], family: str) -> list[str]:
     """Warnings for --set choices that an --env value contradicts (the env reaches the pod and wins)."""
+    from .engines import registry as engines
+
     out = []
     runner = sets.get("moe.runnerBackend")
     if runner and runner != "auto":
-        implied: list[tuple[str, str]] = []  # (env description, backend it selects)
-        if engine == "bundled" and env.get("MOE_RUNNER_BACKEND"):
-            implied.append((f"MOE_RUNNER_BACKEND={env['MOE_RUNNER_BACKEND']}", env["MOE_RUNNER_BACKEND"].strip()))
-        if engine == "sglang" and _truthy(env.get("SGLANG_CUTLASS_MOE")):
-            implied.append((f"SGLANG_CUTLASS_MOE={env['SGLANG_CUTLASS_MOE']}", "cutlass"))
-        if engine == "vllm":
-            from types import SimpleNamespace
-
-            from .engines.vllm.plan import _VLLM_LEGACY_ENV, _vllm_translate_legacy_env
-
-            legacy = _vllm_translate_legacy_env(SimpleNamespace(choices=SimpleNamespace(env=env), fam=family))
-            if legacy:
-                keys = " ".join(f"{k}={env[k]}" for k in _VLLM_LEGACY_ENV if k in env)
-                implied.append((keys, legacy))
+        implied = engines.get(engine).env_runner(env, family)  # (env description, backend it selects)
         for what, backend in implied:
             if backend != runner:
                 out.append(f"[ENV1] --set moe.runnerBackend={runner} conflicts with --env {what} (selects {backend}); "
                            "the env is passed to the engine unchanged and wins there: drop one of them")
     df = sets.get("moe.deferredFinalize")
     if df in ("on", "off"):
-        key = {"bundled": "MOE_DEFERRED_FINALIZE", "sglang": "SGLANG_ENABLE_MOE_DEFERRED_FINALIZE"}.get(engine)
+        key = engines.get(engine).deferred_env
         if key and key in env and _truthy(env[key]) != (df == "on"):
             out.append(f"[ENV2] --set moe.deferredFinalize={df} conflicts with --env {key}={env[key]}; the env wins "
                        f"(deferred finalize {'on' if _truthy(env[key]) else 'off'})")

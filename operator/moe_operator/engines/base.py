@@ -27,6 +27,11 @@ class Engine(Protocol):
     # the start-up rows (engines/<engine>/startup.py: RULES, choices(version), A2A_FLAG, quant(case)), or None
     startup: Any
 
+    deferred_env: str | None  # the env variable that switches deferred finalize in this engine, if any
+
+    def env_runner(self, env: dict[str, str], family: str) -> list[tuple[str, str]]:
+        """(env description, runner value it selects) for the user's env that already picks a runner."""
+
     def command(self, launch: Launch) -> tuple[list[str], list[str]]:
         """The container's command and the operator's + plan's arguments (the user's spec.engine.args follow)."""
 

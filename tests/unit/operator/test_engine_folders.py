@@ -14,7 +14,6 @@ LITERAL = re.compile(r"""(?<![\w.])(["'])(sglang|vllm|bundled)\1""")
 # path (relative to moe_operator/) -> why it may still name an engine
 ALLOWED = {
     "api.py": "the CRD enum source: engine.name's enum and the CEL rules per engine (the CRD must not change)",
-    "plan_cli.py": "the --engine choices and the env switches the CLI explains per engine: not moved yet",
     "run_cli.py": "the chart's engineImages flags per engine (S34/lead's CLI): not moved yet",
     "placement.py": "what one replica of each engine runs (owner: placement's; not in this change)",
     "day2.py": "each engine's metric names for the autoscaler (not in this change)",

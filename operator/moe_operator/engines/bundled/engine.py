@@ -20,6 +20,7 @@ class Bundled:
     rendezvous = True
     ready_path = "/ready"
     startup = None  # no start-up rows: resolve_bundled is the runtime's own check
+    deferred_env = plan.DEFERRED_ENV
     a2a_needs_ep = False
     fallbacks: dict = {}
 
@@ -43,6 +44,9 @@ class Bundled:
 
     def command(self, launch: Launch) -> tuple[list[str], list[str]]:
         return command.command(launch)
+
+    def env_runner(self, env: dict[str, str], family: str) -> list[tuple[str, str]]:
+        return plan.env_runner(env, family)
 
 
 ENGINE = Bundled()

@@ -78,3 +78,13 @@ def auto_fallbacks(p: Plan) -> list[str]:
             out.append(f"[B3] moe.runnerBackend={chosen}: {name} ranks above it for {wfmt} experts but is not "
                        f"used here: {why}")
     return out
+
+
+# What the user's env already chooses (moe-operator plan warns where --set contradicts it; the env wins in the pod).
+DEFERRED_ENV = "MOE_DEFERRED_FINALIZE"
+
+
+def env_runner(env: dict[str, str], family: str) -> list[tuple[str, str]]:
+    """(env description, runner it selects): the runtime's MOE_RUNNER_BACKEND."""
+    v = env.get("MOE_RUNNER_BACKEND")
+    return [(f"MOE_RUNNER_BACKEND={v}", v.strip())] if v else []

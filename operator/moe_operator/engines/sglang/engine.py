@@ -19,6 +19,7 @@ class Sglang:
     rendezvous = False
     ready_path = "/health"
     startup = startup
+    deferred_env = plan.DEFERRED_ENV
     a2a_needs_ep = True
     fallbacks = plan.FALLBACKS
 
@@ -42,6 +43,9 @@ class Sglang:
 
     def command(self, launch: Launch) -> tuple[list[str], list[str]]:
         return command.command(launch)
+
+    def env_runner(self, env: dict[str, str], family: str) -> list[tuple[str, str]]:
+        return plan.env_runner(env, family)
 
 
 ENGINE = Sglang()

@@ -423,3 +423,12 @@ def default_flashinfer(version: str, gpu) -> str | None:
     known = sorted(FLASHINFER_PIN, key=vtuple)
     below = [k for k in known if vtuple(k) <= vtuple(key)]
     return FLASHINFER_PIN[below[-1]] if below else None
+
+
+# What the user's env already chooses (moe-operator plan warns where --set contradicts it; the env wins in the pod).
+DEFERRED_ENV = "SGLANG_ENABLE_MOE_DEFERRED_FINALIZE"
+
+
+def env_runner(env: dict[str, str], family: str) -> list[tuple[str, str]]:
+    """(env description, runner it selects): SGLANG_CUTLASS_MOE selects cutlass (E2)."""
+    return [(f"SGLANG_CUTLASS_MOE={env['SGLANG_CUTLASS_MOE']}", "cutlass")] if truthy(env.get("SGLANG_CUTLASS_MOE")) else []

@@ -311,3 +311,15 @@ def vllm_moe_shape_errors(f: Facts, runner: str) -> list[str]:
 def default_flashinfer(version: str, gpu) -> str | None:
     """vLLM's images: not known (the plan judges FlashInfer only where the user says, engine.flashinferVersion)."""
     return None
+
+
+# What the user's env already chooses (moe-operator plan warns where --set contradicts it; the env wins in the pod).
+DEFERRED_ENV = None  # vLLM has no deferred-finalize switch (DF4)
+
+
+def env_runner(env: dict[str, str], family: str) -> list[tuple[str, str]]:
+    """(env description, runner it selects): the legacy VLLM_* MoE env as W7 translates it."""
+    from types import SimpleNamespace
+
+    legacy = _vllm_translate_legacy_env(SimpleNamespace(choices=SimpleNamespace(env=env), fam=family))
+    return [(" ".join(f"{k}={env[k]}" for k in _VLLM_LEGACY_ENV if k in env), legacy)] if legacy else []
