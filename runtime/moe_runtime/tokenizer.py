@@ -84,6 +84,7 @@ class Tokenizer:
             self.chat_template = (root / "chat_template.jinja").read_text(encoding="utf-8")
         self.eos_token = _token_text(root / "tokenizer_config.json", "eos_token", cfg.get("eos_token"))
         self.bos_token = _token_text(root / "tokenizer_config.json", "bos_token", cfg.get("bos_token"))
+        add_bos_eos(self._tok, root / "tokenizer_config.json", cfg, self.bos_token, self.eos_token)
         # every special token the files name (transformers passes special_tokens_map to the template)
         self.special_tokens = {k: t for k in _SPECIAL_KEYS
                                if (t := _token_text(root / "tokenizer_config.json", k, cfg.get(k))) is not None}
@@ -96,6 +97,11 @@ class Tokenizer:
             self._chat_template
         except Exception as e:  # noqa: BLE001 - jinja's TemplateSyntaxError and what an extension raises
             raise RuntimeFailure(f"{root}: the chat template does not compile: {type(e).__name__}: {e}") from None
+
+    def to_str(self) -> str:
+        """tokenizer.json as this tokenizer encodes (with the BOS/EOS that tokenizer_config.json adds):
+        for another process that must encode the same way (tokenize_worker)."""
+        return self._tok.to_str()
 
     def token_id(self, token: str | None) -> int | None:
         return self._tok.token_to_id(token) if token else None
@@ -163,6 +169,44 @@ class Tokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         env.filters["tojson"] = tojson  # jinja's own escapes HTML characters; transformers' does not
         return env.from_string(self.chat_template or CHAT_TEMPLATE)
+
+
+# The fast tokenizer classes of transformers 4.57.1 (what vLLM 0.11.0 runs: transformers>=4.55.2) whose
+# __init__ rebuilds tokenizer.json's post-processor from add_bos_token / add_eos_token (their
+# update_post_processor: models/{llama,code_llama,gemma,cohere,gpt_neox}/tokenization_*_fast.py), with
+# their defaults (bos, eos). DeepSeek-V3 ships LlamaTokenizerFast with add_bos_token: true. Every other
+# class encodes with tokenizer.json's post-processor as it is (transformers 5.x does so for all: it
+# drops the two keys when a tokenizer.json exists, tokenization_utils_base._from_pretrained).
+POST_PROCESSOR_CLASSES = {"LlamaTokenizer": (True, False), "CodeLlamaTokenizer": (True, False),
+                          "GemmaTokenizer": (True, False), "CohereTokenizer": (True, False),
+                          "GPTNeoXTokenizer": (False, False)}
+
+
+def add_bos_eos(tok: _HFTokenizer, path: Path, cfg: dict[str, Any], bos: str | None, eos: str | None) -> None:
+    """What transformers' tokenizer(text) adds to a prompt (vLLM 0.11.0 encodes a completion's string
+    prompt so, add_special_tokens=True): for a class of POST_PROCESSOR_CLASSES, the post-processor
+    becomes `[bos] $A [eos]` per add_bos_token / add_eos_token, the string LlamaTokenizerFast
+    .update_post_processor (4.57.1) builds; chat templates, which write their own BOS, are encoded
+    without it (add_special_tokens=False), so they never get two."""
+    cls = str(cfg.get("tokenizer_class") or "").removesuffix("Fast")
+    if cls not in POST_PROCESSOR_CLASSES:
+        return
+    d_bos, d_eos = POST_PROCESSOR_CLASSES[cls]
+    add_bos, add_eos = _flag(path, cfg, "add_bos_token", d_bos), _flag(path, cfg, "add_eos_token", d_eos)
+    for want, token, key in ((add_bos, bos, "bos_token"), (add_eos, eos, "eos_token")):
+        if want and (token is None or tok.token_to_id(token) is None):
+            raise RuntimeFailure(f"{path}: add_{key} is true but {key} {token!r} is not a token of tokenizer.json")
+    single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + eos + ':0' if add_eos else ''}"
+    pair = f"{single}{' ' + bos + ':1' if add_bos else ''} $B:1{' ' + eos + ':1' if add_eos else ''}"
+    special = ([(bos, tok.token_to_id(bos))] if add_bos else []) + ([(eos, tok.token_to_id(eos))] if add_eos else [])
+    tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+
+
+def _flag(path: Path, cfg: dict[str, Any], key: str, default: bool) -> bool:
+    v = cfg.get(key, default)
+    if v is None:
+        return default
+    return v if isinstance(v, bool) else _refuse(path, key, v, "true or false")
 
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
