@@ -130,6 +130,9 @@ def test_engine_generates_with_fp8_cache_and_twice_the_blocks(ckpt):
     ref = _generate(ref_eng, [prompt], DECODE)[0]
     eng = _engine(model, kv_memory_bytes=budget, kv_cache_dtype="fp8")
     assert eng.kv.num_blocks == 160  # fp32 model: 4 bytes -> 1 per cached value, 4x the blocks
+    assert model.kv_bytes_per_block(8, "fp8_e4m3") == model.kv_bytes_per_block(8, "fp8")  # vLLM's alias
+    with pytest.raises(ValueError, match="kv cache dtype 'fp16': expected one of auto, fp8, fp8_e4m3"):
+        model.kv_bytes_per_block(8, "fp16")
     assert all(c.dtype == torch.float8_e4m3fn and c.shape[0] == 161 for c in _caches(model, arch))
     got = _generate(eng, [prompt], DECODE)[0]
     assert ref == direct32 and got == direct  # the engine runs what the model does with that cache
@@ -192,3 +195,13 @@ def test_unknown_kv_cache_dtype_is_a_usage_error(tmp_path, capsys):
     assert main(["serve", "--model", str(tmp_path), "--kv-cache-dtype", "fp16"]) == 3
     err = capsys.readouterr().err
     assert "argument --kv-cache-dtype: invalid choice: 'fp16' (choose from 'auto', 'fp8', 'fp8_e4m3')" in err
+
+
+@pytest.mark.parametrize("argv,want", [([], "auto"), (["--kv-cache-dtype", "fp8"], "fp8"),
+                                       (["--kv-cache-dtype", "fp8_e4m3"], "fp8_e4m3")])
+def test_serve_flag_reaches_the_engine(tmp_path, argv, want):
+    from moe_runtime.cli import _parser
+    from moe_runtime.flags import engine_options
+
+    args = _parser().parse_args(["serve", "--model", str(tmp_path), *argv])
+    assert engine_options(args)["kv_cache_dtype"] == want  # serve builds Engine(..., **engine_options(args))
