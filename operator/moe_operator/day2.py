@@ -317,6 +317,11 @@ def prunable(obj_name: str, name: str, live: dict[str, Any] | None, uid: str) ->
     return obj_name == name or (live is not None and epp.controlled(live, uid))
 
 
+def is_picker(obj: dict[str, Any]) -> bool:
+    """One of the endpoint picker's objects (epp.py), not the workload's."""
+    return epp.is_picker(obj)
+
+
 def is_optional(obj: dict[str, Any]) -> bool:
     """An apply failure of it is reported (Degraded) without holding back the rest of the reconcile."""
     return obj["kind"] in OPTIONAL_KINDS or epp.is_picker(obj)

@@ -27,7 +27,7 @@ WIRED = ("Role" in kube._API_VERSIONS and "endpoint_picker(" in inspect.getsourc
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not WIRED, reason="the endpoint picker is not wired into kube.py/day2.objects/reconcile.py yet")]
 
-PICKER_KINDS = ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")
+PICKER_KINDS = ("Deployment", "ServiceAccount", "Role", "RoleBinding", "Service")
 
 
 def test_picker_deployed_owned_and_pruned(kubectl, namespace, operator):
@@ -94,3 +94,40 @@ def test_picker_deployed_owned_and_pruned(kubectl, namespace, operator):
     # no picker now, FailClose: reported as missing
     wait_for(lambda: (condition(get_json(kubectl, "moed", "picked", "-n", namespace), "InferencePoolReady") or {})
              .get("reason") == "EndpointPickerMissing", 60, "EndpointPickerMissing", operator.log_tail)
+
+
+def test_a_picker_deployed_by_hand_is_left_alone(kubectl, namespace, operator):
+    from moe_operator import optional_crds
+
+    if kubectl("get", "crd", optional_crds.INFERENCE_POOL.name, check=False).returncode != 0:
+        optional_crds.install(kubectl, optional_crds.INFERENCE_POOL)
+    # what the missing-picker condition used to advise: a picker of one's own behind <name>-epp:9002
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "handmade-epp", "namespace": namespace},
+           "spec": {"selector": {"app": "my-epp"}, "ports": [{"name": "grpc", "port": 9002}]}}
+    kubectl("apply", "-f", "-", input=json.dumps(svc))
+    doc = yaml.safe_load((SAMPLES / "gpt-oss-mxfp4-h100.yaml").read_text())
+    doc["metadata"] = {"name": "handmade", "namespace": namespace}
+    doc["spec"]["gateway"] = {"inferencePool": {"enabled": True}}  # deploy defaults to true
+    kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+    def cond(type_, status, reason):
+        def check():
+            o = get_json(kubectl, "moed", "handmade", "-n", namespace)
+            c = condition(o, type_)
+            return c if c and c["status"] == status and c["reason"] == reason else None
+        return check
+
+    c = wait_for(cond("Degraded", "True", "EndpointPickerNotOwned"), 90, "Degraded EndpointPickerNotOwned",
+                 operator.log_tail)
+    assert "Service handmade-epp exists" in c["message"] and "endpointPicker.deploy" in c["message"]
+    wait_for(cond("InferencePoolReady", "True", "EndpointPickerFound"), 60, "the hand-made picker found",
+             operator.log_tail)
+    live = get_json(kubectl, "service", "handmade-epp", "-n", namespace)
+    assert live["spec"]["selector"] == {"app": "my-epp"} and not live["metadata"].get("ownerReferences")
+    for kind in PICKER_KINDS[:-1]:  # none of the picker is made beside it
+        assert get_json(kubectl, kind.lower(), "handmade-epp", "-n", namespace) is None, kind
+    # using it as the user's own: Degraded clears, the Service stays
+    kubectl("patch", "moed", "handmade", "-n", namespace, "--type", "merge", "-p",
+            json.dumps({"spec": {"gateway": {"inferencePool": {"endpointPicker": {"deploy": False}}}}}))
+    wait_for(cond("Degraded", "False", "Applied"), 60, "Degraded=False", operator.log_tail)
+    assert get_json(kubectl, "service", "handmade-epp", "-n", namespace)["spec"]["selector"] == {"app": "my-epp"}
