@@ -117,12 +117,14 @@ def run_operator(dc, kubeconfig: str, op_root: Path, docs: list[dict], stream: s
     log = open(state / f"operator-{op_root.name}.log", "w")
     cmd = [sys.executable, "-m", "moe_operator.cli", "run", "--kubeconfig", kubeconfig,
            "--standalone", "--metrics-port", str(port), "--liveness", "", "--log-level", "warning",
-           "--local-models-dir", str(ROOT / "deploy" / "samples" / "checkpoints")]
+           "--local-models-dir", str(a.samples / "checkpoints")]
     helptext = subprocess.run(cmd[:4] + ["--help"], capture_output=True, text=True, env=env).stdout
     if "--allow-host-path" in helptext:   # older operators had no host-path policy
         cmd += ["--allow-host-path", "/models"]
     op = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(op_root))
     r: dict = {"root": str(op_root)}
+    # that operator's API: an older operator refuses the defaults a newer CRD fills in
+    dc.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(op_root / "crds" / "moedeployments.yaml"))
     try:
         metric(port, "moe_operator_reconciles_total", wait=300)
         time.sleep(3)
@@ -205,6 +207,11 @@ def main() -> int:
                          "and objects, as the baseline of the same run")
     a = ap.parse_args()
     roots = ([a.operator_root.resolve()] if a.operator_root else []) + [ROOT]
+    # the samples (and their checkpoints) of the oldest operator: the newer one reads older specs
+    a.samples = roots[0] / "deploy" / "samples"
+    samples = [x for x in SAMPLES if (a.samples / x).is_file()]
+    if not samples:
+        raise SystemExit(f"none of {SAMPLES} in {a.samples}")
 
     state = Path(tempfile.mkdtemp(prefix="moe-bench-"))
     dc = DevCluster(state)
@@ -220,7 +227,7 @@ def main() -> int:
         import yaml
         docs = []
         for i in range(a.deployments):
-            d = yaml.safe_load((ROOT / "deploy" / "samples" / SAMPLES[i % len(SAMPLES)]).read_text())
+            d = yaml.safe_load((a.samples / samples[i % len(samples)]).read_text())
             d["metadata"] = {"name": f"{d['metadata']['name']}-{i:04d}", "namespace": "default"}
             if d["spec"].get("replicas", 1) > 1:
                 d["spec"]["replicas"] = 1
