@@ -333,7 +333,7 @@ def objects(name: str, namespace: str, labels: dict[str, str], pod_selector: dic
     serving = serving_selector(name, spec.nodesPerReplica > 1)
     out = [pod_disruption_budget(name, namespace, labels, pod_selector, spec), autoscaler(name, namespace, labels, spec),
            inference_pool(name, namespace, labels, serving, port, spec)]
-    return [o for o in out if o is not None]
+    return [o for o in out if o is not None] + endpoint_picker(name, namespace, spec)
 
 
 # --- plan policy: pin holds plan changes the spec did not cause ----------------------------------

@@ -26,6 +26,9 @@ _API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "ConfigMap": "v1",
                  # day-2 objects (day2.py); the last two are optional CRDs (KEDA, Gateway API Inference Extension)
                  "PodDisruptionBudget": "policy/v1", "HorizontalPodAutoscaler": "autoscaling/v2",
                  "ScaledObject": "keda.sh/v1alpha1", "InferencePool": "inference.networking.k8s.io/v1",
+                 # the InferencePool's endpoint picker (epp.py)
+                 "ServiceAccount": "v1", "Role": "rbac.authorization.k8s.io/v1",
+                 "RoleBinding": "rbac.authorization.k8s.io/v1",
                  "MoEDeployment": f"{API_GROUP}/{API_VERSION}"}  # its watch cache (watch_cache.py)
 
 
@@ -146,10 +149,11 @@ class Kube:
         if self.cache is not None:
             self.cache.put(obj["kind"], out.to_dict())
 
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, kind: str, namespace: str, name: str, cached: bool = True) -> dict[str, Any] | None:
+        """`cached` False: from the API, for an object the label-selected cache cannot see (not ours)."""
         from kubernetes.dynamic.exceptions import NotFoundError
 
-        if self.cache is not None:
+        if cached and self.cache is not None:
             hit, obj = self.cache.get(kind, namespace, name)
             if hit:
                 return obj

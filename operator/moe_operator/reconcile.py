@@ -276,7 +276,7 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
     rollout = day2.rollout_policy(spec, gpu.key(), spare, running=day2.running_roll(live_workload))
     objects = render(Owner(name, ns, meta["uid"]), spec, plan, gpu, cfg.runtime_repository, cfg.engine_cache_root,
                      rollout=rollout)
-    optional = sorted({o["kind"] for o in objects if o["kind"] in day2.OPTIONAL_KINDS})
+    optional = day2.optional_kinds(objects)
     optional_failed: list[ApplyError] = []
     workload = next(o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
     out.status["image"] = engine_image(spec, plan, gpu, cfg.runtime_repository)
@@ -284,10 +284,18 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
         live_workload = kube.get(workload["kind"], ns, name)
     day2.hold_strategy(workload, live_workload, spec)  # roll numbers change when a roll starts, not between
     stale_kind = "LeaderWorkerSet" if workload["kind"] == "Deployment" else "Deployment"
+    picker_taken = False
     try:
         for obj in objects:
           try:
+            if picker_taken and day2.is_picker(obj):
+                continue  # its Service is someone else's: none of the picker is made
             live = live_workload if obj is workload else kube.get(obj["kind"], ns, obj["metadata"]["name"])
+            if live is None and day2.is_picker(obj):  # the cache sees only ours: is the name someone else's?
+                live = kube.get(obj["kind"], ns, obj["metadata"]["name"], cached=False)
+            if why := day2.picker_not_owned(obj, live, meta["uid"]):
+                picker_taken = True
+                raise ApplyError("EndpointPickerNotOwned", why)
             drift = differences(obj, live) if live is not None else ["missing"]
             if not drift:
                 continue
@@ -300,12 +308,14 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
             if obj is workload:
                 live_workload = kube.get(obj["kind"], ns, obj["metadata"]["name"])
           except ApplyError as e:  # an optional object (e.g. its CRD is missing) never holds back the rest
-            if obj["kind"] not in day2.OPTIONAL_KINDS:
+            if not day2.is_optional(obj):
                 raise
             optional_failed.append(e)
-        for kind in sorted(set(status.get("optionalObjects") or []) - set(optional)):
-            try:  # the spec stopped asking for it (autoscaling off, replicas 1, ...)
-                kube.delete(kind, ns, name)
+        for kind, obj_name in day2.stale_objects(name, status.get("optionalObjects") or [], optional):
+            try:  # the spec stopped asking for it (autoscaling off, replicas 1, the picker not deployed, ...)
+                if day2.prunable(obj_name, name, kube.get(kind, ns, obj_name, cached=False) if obj_name != name else None,
+                                 meta["uid"]):
+                    kube.delete(kind, ns, obj_name)
             except ApplyError:
                 pass  # its CRD went away, and the object with it
         if status.get("workload", {}).get("kind") == stale_kind:

@@ -216,7 +216,7 @@ def test_inference_pool_selects_exactly_its_pods_and_a_missing_crd_is_a_conditio
     sel = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
 
     def both_running():
-        pods = get_json(kubectl, "pods", "-n", namespace)["items"]
+        pods = get_json(kubectl, "pods", "-n", namespace, "-l", "moe.serving.dev/deployment")["items"]  # not the picker's
         return pods if len([p for p in pods if p["status"].get("phase") == "Running"]) == 3 else None
     every = wait_for(both_running, 90, "3 pods of two MoEDeployments", operator.log_tail)
     selected = {p["metadata"]["name"] for p in get_json(kubectl, "pods", "-n", namespace, "-l", sel)["items"]}
@@ -324,7 +324,7 @@ def test_one_inference_pool_spans_two_moedeployments_on_different_gpu_classes(ku
     sel = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
 
     def three_running():
-        pods = [p for p in get_json(kubectl, "pods", "-n", namespace)["items"]
+        pods = [p for p in get_json(kubectl, "pods", "-n", namespace, "-l", "moe.serving.dev/deployment")["items"]
                 if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
         return pods if len(pods) == 3 else None
     pods = wait_for(three_running, 90, "3 running pods", operator.log_tail)

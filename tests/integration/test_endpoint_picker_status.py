@@ -31,7 +31,7 @@ def test_missing_picker_is_reported_then_found(kubectl, namespace, operator):
         optional_crds.install(kubectl, optional_crds.INFERENCE_POOL)
     doc = yaml.safe_load((SAMPLES / "gpt-oss-mxfp4-h100.yaml").read_text())
     doc["metadata"] = {"name": "pooled", "namespace": namespace}
-    doc["spec"]["gateway"] = {"inferencePool": {"enabled": True}}
+    doc["spec"]["gateway"] = {"inferencePool": {"enabled": True, "endpointPicker": {"deploy": False}}}
     kubectl("apply", "-f", "-", input=json.dumps(doc))
 
     def cond(type_, status, reason=None):
