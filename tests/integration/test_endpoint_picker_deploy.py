@@ -5,27 +5,19 @@ prevention accepts the Role only because the chart grants the operator what it g
 workload Deployment stays apart, InferencePoolReady turns True once the picker's Service exists,
 and `deploy: false` prunes the picker by its own names while the workload stays.
 
-Skipped until the wiring lands: kube.py knows the ServiceAccount/Role/RoleBinding kinds,
-day2.objects returns the picker, reconcile.py prunes with day2.stale_objects and reports
-day2.endpoint_picker_condition (kube.py and reconcile.py are other helpers' files; the diffs are in
-the issue 32 item 8 report). No picker runs: kwok fakes the pods, nothing pulls the image."""
+No picker runs: kwok fakes the pods, nothing pulls the image."""
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
 import yaml
 
-from moe_operator import day2, kube, reconcile
 
 from .operator_fixture import SAMPLES, condition, get_json, wait_for
 
-WIRED = ("Role" in kube._API_VERSIONS and "endpoint_picker(" in inspect.getsource(day2.objects)
-         and "stale_objects(" in inspect.getsource(reconcile))
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not WIRED, reason="the endpoint picker is not wired into kube.py/day2.objects/reconcile.py yet")]
+pytestmark = pytest.mark.integration
 
 PICKER_KINDS = ("Deployment", "ServiceAccount", "Role", "RoleBinding", "Service")
 

@@ -9,19 +9,15 @@ file): then it runs as is."""
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
 import yaml
 
-from moe_operator import reconcile as _reconcile
 
 from .operator_fixture import SAMPLES, condition, get_json, wait_for
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif("endpoint_picker_condition(" not in inspect.getsource(_reconcile),
-                                 reason="reconcile.py does not call day2.endpoint_picker_condition yet")]
+pytestmark = pytest.mark.integration
 
 
 def test_missing_picker_is_reported_then_found(kubectl, namespace, operator):

@@ -8,7 +8,6 @@ file): then it runs as is."""
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
 
@@ -17,14 +16,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import health_rules  # noqa: E402
 
-from moe_operator import reconcile as _reconcile  # noqa: E402
 
 from .operator_fixture import condition, get_json, wait_for  # noqa: E402
 from .test_operator import apply_sample  # noqa: E402
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif("rollup(" not in inspect.getsource(_reconcile),
-                                 reason="reconcile.py does not call conditions.rollup yet")]
+pytestmark = pytest.mark.integration
 
 
 def columns(kubectl, ns, name) -> dict[str, str]:
