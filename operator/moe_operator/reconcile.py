@@ -334,6 +334,8 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
             out.events.append(("Warning", e.reason, e.message))
         conds = set_condition(conds, "Degraded", "True", e.reason,
                               "workload applied; " + "; ".join(f.message for f in optional_failed), gen)
+        # a missing CRD appears without any event on this object: look again (the sweep runs only what is due)
+        out.retry_after = min(out.retry_after or 30, 30)
     else:
         conds = set_condition(conds, "Degraded", "False", "Applied", "workload applied", gen)
     # the pool's endpoint picker: the operator renders the pool, not the picker (day2.endpoint_picker_condition)
