@@ -26,6 +26,7 @@ from .config_check import check_consistency, check_types
 from .config_keys import normalize as normalize_config
 from .dist.reads import read_sharded
 from .errors import BadInput, RuntimeFailure
+from .models.common.spec import kv_scale_specs
 from .log import log as _log
 from .progress import Progress
 from .model_spec import arch_of, fused_expert_layers, is_fp8_linear, is_moe_layer, is_routed_expert_weight, num_experts, tensor_specs
@@ -85,6 +86,7 @@ def validate_checkpoint(path: str | Path) -> Validated:
     quantized = {n for n, m in headers.items() if m.dtype == packed and is_fp8_linear(n)
                  and not is_routed_expert_weight(n)} if packed else None
     specs = tensor_specs(config, expert_format, quantized, fused_expert_layers(config, headers))
+    specs.update(kv_scale_specs(config))  # optional FP8 KV cache scales
     missing = [n for n, s in specs.items() if n not in headers and not s.optional]
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
@@ -213,6 +215,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu", dtype: torch.dtype = 
         dense[n] = t.to(dtype)
     dense.update({n: t for n, t in raw.items() if n.endswith("e_score_correction_bias")})  # kept fp32
     dense.update({n: t.to(dtype) for n, t in raw.items() if n.endswith((".bias", ".sinks"))})  # biases, attention sinks
+    dense.update({n: t.float() for n, t in raw.items()  # FP8 KV cache scales, fp32 (the attention layers pick them)
+                  if ".self_attn." in n and n.rsplit(".", 1)[-1] in ("k_scale", "v_scale", "kv_scale")})
     return LoadedCheckpoint(v, dense, experts, secs, v.nbytes)
 
 

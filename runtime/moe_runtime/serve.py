@@ -324,7 +324,8 @@ def _serve(args, place: RankPlace | None, sock) -> int:
     if state.tokenizer.vocab_size > v.config["vocab_size"]:  # those token ids would index past the embeddings
         raise RuntimeFailure(f"{v.root / 'tokenizer.json'}: {state.tokenizer.vocab_size} tokens, more than config.json "
                              f"vocab_size = {v.config['vocab_size']} (the model has no embedding for the others)")
-    state.long_encoder = LongEncoder(v.root / "tokenizer.json")  # started at the first long text
+    # started at the first long text; encodes as the server does (the BOS tokenizer_config.json adds)
+    state.long_encoder = LongEncoder(v.root / "tokenizer.json", text=state.tokenizer.to_str())
     max_len = args.max_model_len or min(int(v.config.get("max_position_embeddings", 2048)), 2048)
     app = create_app(state)
     failure: list[RuntimeFailure] = []

@@ -24,11 +24,11 @@ LONG_TEXT_CHARS = 256 * 1024  # ~90k tokens: ~15 ms of GIL in-process, the point
 _tok = None
 
 
-def _init(path: str, parent: int) -> None:
+def _init(path: str, parent: int, text: str | None = None) -> None:
     global _tok
     from tokenizers import Tokenizer
 
-    _tok = Tokenizer.from_file(path)
+    _tok = Tokenizer.from_str(text) if text else Tokenizer.from_file(path)
     # a parent killed with SIGKILL never tells its pool to stop, and the worker holds both ends of
     # its own call queue (no EOF): leave when re-parented
     threading.Thread(target=_exit_with, args=(parent,), name="parent-watch", daemon=True).start()
@@ -48,8 +48,11 @@ class LongEncoder:
     """`encode(text) -> array('I')` in one child process (started at the first long text; blocking,
     call it from a worker thread). A child that died is replaced at the next call."""
 
-    def __init__(self, tokenizer_json: str | Path):
+    def __init__(self, tokenizer_json: str | Path, text: str | None = None):
+        """`text`: the tokenizer as the server encodes (Tokenizer.to_str: the BOS/EOS tokenizer_config.json
+        adds included); else tokenizer.json as it is on disk."""
         self.path = str(tokenizer_json)
+        self.text = text
         self._pool = None
         self._lock = threading.Lock()
 
@@ -60,7 +63,7 @@ class LongEncoder:
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_init,
-                                                 initargs=(self.path, os.getpid()))
+                                                 initargs=(self.path, os.getpid(), self.text))
             return self._pool
 
     def encode(self, text: str, add_special_tokens: bool = False) -> array:

@@ -105,3 +105,15 @@ def model_ends(cfg: dict[str, Any], layers: Shapes) -> Shapes:
     if not cfg.get("tie_word_embeddings"):
         tail["lm_head.weight"] = (V, H)
     return [(None, {"model.embed_tokens.weight": (V, H)})] + layers + [(None, tail)]
+
+
+# FP8 KV cache scales a checkpoint may carry per attention layer (vLLM 0.11.0 weight_utils.py
+# maybe_remap_kv_scale_name: self_attn.{k,v}_scale, ModelOpt's k_proj.k_scale / v_proj.v_scale, the
+# older single kv_scale); read only with --kv-cache-dtype fp8, never required.
+KV_SCALE_NAMES = ("k_scale", "v_scale", "kv_scale", "k_proj.k_scale", "v_proj.v_scale")
+
+
+def kv_scale_specs(cfg: dict[str, Any]) -> dict[str, Spec]:
+    return {f"model.layers.{i}.self_attn.{n}": Spec((), ("F32", "BF16", "F16"), optional=True, alt_shapes=((1,),))
+            for i in range(cfg["num_hidden_layers"]) for n in KV_SCALE_NAMES}
+
