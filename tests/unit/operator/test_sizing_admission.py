@@ -15,6 +15,15 @@ from moe_operator.webhook import verdict
 SHA = "a" * 40
 
 
+@pytest.fixture(autouse=True)
+def _fresh_inspections():
+    """file:// facts are cached by uri: another test file's file:///models/dsv3 (a different checkpoint
+    under another models dir) must not answer for this one's."""
+    inspection.reset()
+    yield
+    inspection.reset()
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
