@@ -76,6 +76,7 @@ def reset() -> None:
     """Forget every inspection and resolution (tests)."""
     _cache.clear()
     _resolved.clear()
+    _failed.clear()
     HUB._entries.clear()
 
 
@@ -174,15 +175,30 @@ def inspect_spec(spec: MoEDeploymentSpec, *, local_models_dir: str | None = None
     return info
 
 
+# A failed hub call is kept for its retry delay (issue 32 item 7): reconciles in between (other
+# events, other objects of the same model) get the same failure without asking the hub again.
+FAILED_HOLD_SECONDS = {True: 30.0, False: 300.0}  # retryable, permanent (401/403/404, bad config)
+_failed: dict[Any, tuple[float, InspectionFailed]] = {}
+
+
 def _hub_call(key: Any, fn: Callable[[], Any], uri: str, what: str) -> Any:
     """`fn` on the hub pool: its result if it ends within HUB_WAIT_SECONDS, else InspectionPending
-    (InspectionFailed HubTimeout past HUB_DEADLINE_SECONDS)."""
+    (InspectionFailed HubTimeout past HUB_DEADLINE_SECONDS); a failure is answered from memory for
+    FAILED_HOLD_SECONDS."""
+    held = _failed.get(key)
+    if held is not None and time.monotonic() < held[0]:
+        raise held[1]
     try:
         return HUB.run(key, fn, wait=HUB_WAIT_SECONDS, deadline=HUB_DEADLINE_SECONDS)
     except Pending as e:
         raise InspectionPending(f"{uri}: {what} at the hub, {e}") from None
     except DeadlineExceeded as e:
-        raise InspectionFailed("HubTimeout", f"{uri}: {what}: the hub gave {e}") from None
+        failed = InspectionFailed("HubTimeout", f"{uri}: {what}: the hub gave {e}")
+        _failed[key] = (time.monotonic() + FAILED_HOLD_SECONDS[True], failed)
+        raise failed from None
+    except InspectionFailed as e:
+        _failed[key] = (time.monotonic() + FAILED_HOLD_SECONDS[e.retry], e)
+        raise
 
 
 def _inspect_hf_cached(uri: str, hub: bool, hf_token: Callable[[], str | None] | None) -> CheckpointInfo:

@@ -50,6 +50,12 @@ GiB = 1024 ** 3
 RECORD = new_record()
 
 
+def hub_endpoint() -> str | None:
+    """The hub the operator itself talks to (HF_ENDPOINT of the operator's process: the chart's mirror
+    setting), passed to every container of ours that downloads from the hub."""
+    return os.environ.get("HF_ENDPOINT") or None
+
+
 def enabled(spec: MoEDeploymentSpec) -> bool:
     return spec.model.cache.enabled is True and spec.model.uri.startswith(("hf://", "pvc://"))
 
@@ -290,7 +296,7 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
     job_name = claim + "-fill"
     job = kube.get("Job", namespace, job_name)
     if job is None:
-        made = kube.apply(fill_job(namespace, spec, image, os.environ.get("HF_ENDPOINT"), copy_groups)) or {}
+        made = kube.apply(fill_job(namespace, spec, image, hub_endpoint(), copy_groups)) or {}
         got = kube.get("Job", namespace, job_name) or made
         uid = (got.get("metadata") or {}).get("uid")
         if uid and _made_here(made or got):

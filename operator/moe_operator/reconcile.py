@@ -190,9 +190,11 @@ def _reconcile(body: dict[str, Any], classes: dict[str, ClassInventory], kube: K
         out.retry_after = 3
         return finish()
     except InspectionFailed as e:
+        was = next((c for c in conds if c.get("type") == "CheckpointInspected"), {})
         conds = set_condition(conds, "CheckpointInspected", "False", e.reason, e.message, gen)
         conds = set_condition(conds, "Planned", "False", "CheckpointNotInspected", "waiting for a readable checkpoint", gen)
-        out.events.append(("Warning", "CheckpointInspectionFailed", e.message))
+        if (was.get("status"), was.get("reason"), was.get("message")) != ("False", e.reason, e.message):
+            out.events.append(("Warning", "CheckpointInspectionFailed", e.message))  # once per cause
         ERRORS.labels(e.reason).inc()
         out.retry_after = 30 if e.retry else 300
         return finish()

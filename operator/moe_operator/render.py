@@ -78,6 +78,10 @@ def model_location(spec: MoEDeploymentSpec, engine: str, image: str) -> ModelLoc
     repo, revision = uri.repo, uri.revision
     # the pinned hub commit (status.revision) in the environment too, for engines and tools that read it
     token_env = token_env + ([{"name": "HF_REVISION", "value": revision}] if revision else [])
+    # a container that downloads from the hub itself goes where the operator goes (its configured
+    # mirror), never where a tenant's env would send the token (env_policy refuses HF_ENDPOINT there)
+    if (endpoint := model_cache.hub_endpoint()):
+        token_env = token_env + [{"name": "HF_ENDPOINT", "value": endpoint}]
     if model_cache.enabled(spec) and revision:
         # the shared cache PVC of (model, revision), read-only; the engine reads the local copy (no
         # token, no hub); the served name is spec.model.servedName as for every source

@@ -100,3 +100,22 @@ def test_the_fill_job_names_the_operators_pull_secrets(monkeypatch):
     monkeypatch.setattr(images, "REGISTRIES", images.Registries(pull_secrets=("regcred",)))
     pod = model_cache.fill_job("ns", spec({"enabled": True}), "img:1")["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_engines_that_download_themselves_use_the_operators_hub(monkeypatch):
+    """issue 27 item 1: the endpoint comes from the operator's configuration, for the fill Job and for
+    every container that downloads from the hub itself (sglang/vLLM engines, the bundled fetch)."""
+    from moe_operator.render import model_location
+
+    s = MoEDeploymentSpec.model_validate({"model": {"uri": f"hf://org/dsv3@{SHA}", "tokenSecretRef": {
+        "name": "hf", "key": "tok"}, "cache": {"enabled": False}}})
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert not [e for e in model_location(s, "sglang", "img").extra_env if e["name"] == "HF_ENDPOINT"]
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub-mirror.internal")
+    for engine in ("sglang", "vllm"):
+        env = model_location(s, engine, "img").extra_env
+        assert {"name": "HF_ENDPOINT", "value": "https://hub-mirror.internal"} in env
+    fetch = model_location(s, "bundled", "img").init_containers[0]["env"]
+    assert {"name": "HF_ENDPOINT", "value": "https://hub-mirror.internal"} in fetch
+    job = model_cache.fill_job("ns", spec({"enabled": True}), "img:1", model_cache.hub_endpoint())
+    assert {"name": "HF_ENDPOINT", "value": "https://hub-mirror.internal"} in job["spec"]["template"]["spec"]["containers"][0]["env"]
