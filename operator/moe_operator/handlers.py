@@ -424,9 +424,13 @@ async def sweep(st: State, logger: Any) -> int:
             continue
         if due(st.marks.get(key), meta.get("resourceVersion"), st.inventory, now, full):
             enqueue(st, key, "resync")
-    for key in [k for k in st.marks if k not in live]:
+    gone = [k for k in st.marks if k not in live]
+    for key in gone:
         del st.marks[key]
-    if now - st.model_cache_swept >= (MODEL_CACHE_SWEEP_SECONDS if _all_watched(st) else 0.0):
+    # a MoEDeployment went (no finalizer sees it go): release its caches now, not at the next slow sweep;
+    # while a cache of ours waits out its grace period, look every tick so it goes when the period ends
+    if gone or model_cache.RECORD.unused_since or \
+            now - st.model_cache_swept >= (MODEL_CACHE_SWEEP_SECONDS if _all_watched(st) else 0.0):
         st.model_cache_swept = now
         try:  # model caches whose last user is gone: released, deleted after the grace period
             for claim in await st.io(model_cache.sweep, st.kube, items, st.cfg.namespaces,

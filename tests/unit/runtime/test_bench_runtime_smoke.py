@@ -97,3 +97,10 @@ def test_extend_tokenizer_gives_every_id_text(tmp_path):
     after = Tokenizer(ck)
     assert after.vocab_size == 1024 and after.decode([1000]).strip() == "t1000"
     assert after.decode([5, 6]) == before.decode([5, 6])  # the writer's ids unchanged
+
+
+def test_the_time_budget_counts_from_the_run_not_the_import(tmp_path, monkeypatch):
+    monkeypatch.setattr(br, "T0", br.T0 - 10_000)  # imported long ago (a whole test session before)
+    out = tmp_path / "r.json"
+    assert br.main(["--tiny", "--model", "qwen3_moe", "--no-http", "--json", str(out), "--workdir", str(tmp_path / "w")]) == 0
+    assert not [n for n in json.loads(out.read_text())["notes"] if "time budget" in n]
