@@ -5,6 +5,7 @@ config checks of its own, experts on the backend the plan chose."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 import torch
@@ -32,7 +33,7 @@ def gqa_problems(cfg: dict[str, Any]) -> list[str]:
     return out
 
 
-class ArchBase:
+class ArchBase(ABC):
     name: str = ""
     hf_class: str = ""
     aliases: dict[str, tuple[str, ...]] = {}
@@ -44,8 +45,9 @@ class ArchBase:
         step = int(cfg.get("decoder_sparse_step") or 1)
         return i not in (cfg.get("mlp_only_layers") or []) and num_experts(cfg) > 0 and (i + 1) % step == 0
 
+    @abstractmethod
     def dense_shapes(self, cfg: dict[str, Any]):
-        raise NotImplementedError
+        """Shapes of the non-expert tensors, by name (each architecture its own)."""
 
     def fused_expert_layers(self, cfg: dict[str, Any], names) -> set[int]:
         """MoE layers whose routed experts are stored fused, as transformers >= 5 holds them in memory
@@ -79,8 +81,9 @@ class ArchBase:
         """What splitting the routed experts over the layout must divide."""
         return plan.even_expert_split_problems("moe_intermediate_size")
 
+    @abstractmethod
     def writer_config(self, size: str, common: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
+        """config.json of a checkpoint this architecture writes at `size` (checkpoint_writer)."""
 
     def quantize_tensor(self, name: str, tensor: torch.Tensor, fmt: str) -> dict[str, torch.Tensor] | None:
         """This architecture's own on-disk layout of `name` in `fmt` (None: the writer's default)."""
@@ -94,5 +97,6 @@ class ArchBase:
         """One MoE layer's experts backend over its ExpertWeights."""
         return factory(weights)
 
+    @abstractmethod
     def build(self, cfg: dict[str, Any], w, experts: Callable[[int], Any], deferred: bool, group=None):
-        raise NotImplementedError
+        """The model (CausalLM) over loaded weights `w`, its MoE layers on `experts(i)`."""
