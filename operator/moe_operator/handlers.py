@@ -315,6 +315,9 @@ async def _reconcile_and_report(st: State, namespace: str, name: str, gpu_nodes:
                 condition_metrics.forget(namespace, name)
                 return Outcome(status={})
             classes = current_classes(gpu_nodes, gpu_pods)
+            # the mark names the classes this reconcile planned on, not st.inventory: a node pool
+            # that arrives while it runs moves st.inventory, and the sweep must then run it again
+            planned_on = fingerprint(classes)
             outcome = await st.io(reconcile, moed, classes, st.kube, st.cfg)
             rv = moed["metadata"].get("resourceVersion")
             condition_metrics.observe(namespace, name, outcome.status.get("conditions")
@@ -325,7 +328,7 @@ async def _reconcile_and_report(st: State, namespace: str, name: str, gpu_nodes:
                     else (False, None)
                 rv = ((after or {}).get("metadata") or {}).get("resourceVersion")  # our own write: no change
             now = time.monotonic()
-            st.marks[key] = Mark(rv, st.inventory, now, now + outcome.retry_after if outcome.retry_after else None)
+            st.marks[key] = Mark(rv, planned_on, now, now + outcome.retry_after if outcome.retry_after else None)
     finally:
         st.lock_users[key] -= 1
         if not st.lock_users[key]:   # nobody holds or waits for it: a later reconcile makes a new one

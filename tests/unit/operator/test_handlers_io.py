@@ -121,3 +121,42 @@ def test_a_node_heartbeat_rebuilds_nothing_a_gpu_label_change_does():
     st.indexes.update(nodes={"n1": [handlers.node_info(gone)]}, pods={})
     assert handlers.refresh_inventory(st) is True and st.inventory is not None
     assert handlers.refresh_inventory(st) is False  # nothing moved since
+
+
+def _gpu_node(name, product):
+    return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": "8"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+class _OneKube:
+    cache = moed_cache = None
+
+    def get_moed(self, ns, name, cached=False):
+        return {"metadata": {"namespace": ns, "name": name, "resourceVersion": "5"}, "status": {}}
+
+    def patch_status(self, ns, name, status):
+        pass
+
+
+def test_a_pool_arriving_during_a_reconcile_makes_the_sweep_run_it_again(monkeypatch):
+    """The CI flake of test_node_pool_appearing_replans: the reconcile planned on the old classes
+    while the loop took the new inventory's fingerprint; the mark must name what was planned on."""
+    nodes = {"h": [handlers.node_info(_gpu_node("h", "NVIDIA-H200"))]}
+    st = State(kube=_OneKube(), cfg=handlers.Config())  # type: ignore[arg-type]
+    st.indexes.update(nodes=nodes, pods={})
+    st.nodes_seen = -1
+    handlers.refresh_inventory(st)
+    before = st.inventory
+
+    def reconcile_while_a_pool_arrives(moed, classes, kube, cfg):
+        nodes["b"] = [handlers.node_info(_gpu_node("b", "NVIDIA-B200"))]
+        st.nodes_seen = -1  # the loop saw the node event and took the fingerprint
+        assert handlers.refresh_inventory(st) is True
+        return handlers.Outcome(status={"phase": "Pending"})
+
+    monkeypatch.setattr(handlers, "reconcile", reconcile_while_a_pool_arrives)
+    asyncio.run(handlers._reconcile_and_report(st, "a", "m", nodes, {}, logging.getLogger("t"), "test"))
+    mark = st.marks[("a", "m")]
+    assert st.inventory != before and mark.inventory == before
+    assert handlers.due(mark, "5", st.inventory, mark.at, 300.0)  # the sweep runs it on the new pool
