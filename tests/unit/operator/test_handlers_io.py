@@ -123,8 +123,10 @@ def test_a_node_heartbeat_rebuilds_nothing_a_gpu_label_change_does():
     assert handlers.refresh_inventory(st) is False  # nothing moved since
 
 
-def _gpu_node(name, product):
-    return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": "8"}},
+def _gpu_node(name, product, major, minor):
+    labels = {"nvidia.com/gpu.product": product, "nvidia.com/gpu.count": "8",
+              "nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": minor}
+    return {"metadata": {"name": name, "labels": labels},
             "status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
                        "conditions": [{"type": "Ready", "status": "True"}]}}
 
@@ -142,15 +144,16 @@ class _OneKube:
 def test_a_pool_arriving_during_a_reconcile_makes_the_sweep_run_it_again(monkeypatch):
     """The CI flake of test_node_pool_appearing_replans: the reconcile planned on the old classes
     while the loop took the new inventory's fingerprint; the mark must name what was planned on."""
-    nodes = {"h": [handlers.node_info(_gpu_node("h", "NVIDIA-H200"))]}
+    nodes = {"h": [handlers.node_info(_gpu_node("h", "NVIDIA-H200", "9", "0"))]}
     st = State(kube=_OneKube(), cfg=handlers.Config())  # type: ignore[arg-type]
     st.indexes.update(nodes=nodes, pods={})
     st.nodes_seen = -1
     handlers.refresh_inventory(st)
     before = st.inventory
+    assert handlers.current_classes(nodes, {})  # the H200 node is a class
 
     def reconcile_while_a_pool_arrives(moed, classes, kube, cfg):
-        nodes["b"] = [handlers.node_info(_gpu_node("b", "NVIDIA-B200"))]
+        nodes["b"] = [handlers.node_info(_gpu_node("b", "NVIDIA-B200", "10", "0"))]
         st.nodes_seen = -1  # the loop saw the node event and took the fingerprint
         assert handlers.refresh_inventory(st) is True
         return handlers.Outcome(status={"phase": "Pending"})
