@@ -16,7 +16,7 @@ import kopf
 
 from . import API_GROUP, API_VERSION, PLURAL
 from . import model_cache, webhook
-from . import revocation  # noqa: F401 - registers the token-revocation timer
+from . import revocation
 from .inventory import NodeInfo, build, fingerprint, node_info, pod_gpu_requests
 from .kube import Kube, _api_message
 from . import condition_metrics
@@ -495,13 +495,15 @@ async def start_resync(memo: kopf.Memo, logger: Any, **_: Any) -> None:
     st.kube.cache.start()
     st.kube.moed_cache.start()
     memo["resync"] = asyncio.create_task(_resync_loop(st, logger))
+    # token revocation and policy enforcement: one loop for every object, not a kopf timer per object
+    memo["revocation"] = asyncio.create_task(revocation.run(st))
 
 
 @kopf.on.cleanup()
 async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
-    task = memo.get("resync")
-    if task:
-        task.cancel()
+    for task in (memo.get("resync"), memo.get("revocation")):
+        if task:
+            task.cancel()
     st = _state(memo)
     for cache in (st.kube.cache, st.kube.moed_cache):
         if cache is not None:

@@ -5,20 +5,27 @@ The label consents to the token's use; taking it away must end that use, not onl
 change. The reconcile then reports PolicyViolation and renders nothing; this removes, from the
 workload already running, every env entry that reads the Secret (engine and init containers of every
 pod template), so the pods roll without it, and posts a TokenRevoked Event. The decision is pure
-(`strip_token`); `check` is the I/O, run on a timer per MoEDeployment.
+(`strip_token`); `check` is the I/O of one object.
+
+One operator-level loop (`run`) checks every MoEDeployment each INTERVAL, as the per-object kopf
+timer did, without its cost (issue 34): a kopf timer is a task per object, an INFO line per object
+per interval, and a finalizer kopf puts on every MoEDeployment (a timer requires one), so deleting
+an object took the operator's write and was blocked while the operator was down. The objects are
+read from the MoEDeployment watch cache and the workloads from the owned-object cache; a Secret that
+several objects name is read once per pass. Secrets are read with a GET, not watched: a watch needs
+list/watch on Secrets, which RBAC cannot narrow to labelled ones (it would let the operator read
+every Secret of the cluster).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
-import kopf
-
-from . import API_GROUP, API_VERSION, PLURAL
 from .api import MoEDeploymentSpec
 from .policy import TOKEN_SECRET_LABEL
 
@@ -50,14 +57,16 @@ def revoked(labels: dict[str, str] | None) -> bool:
     return labels is None or labels.get(TOKEN_SECRET_LABEL) != "true"
 
 
-def check(kube, cfg, body: dict[str, Any]) -> str | None:
-    """Strip a revoked token from the MoEDeployment's workload; returns the Event message, or None."""
+def check(kube, cfg, body: dict[str, Any],
+          secret_labels: Callable[[str, str], dict[str, str] | None] | None = None) -> str | None:
+    """Strip a revoked token from the MoEDeployment's workload; returns the Event message, or None.
+    `secret_labels(namespace, name)`: how the Secret's labels are read (default kube.secret_labels)."""
     ref = ((body.get("spec") or {}).get("model") or {}).get("tokenSecretRef")
     wl = (body.get("status") or {}).get("workload")
     if not ref or not wl or not cfg.policy.require_token_label:
         return None
     ns = body["metadata"]["namespace"]
-    if not revoked(kube.secret_labels(ns, ref["name"])):
+    if not revoked((secret_labels or kube.secret_labels)(ns, ref["name"])):
         return None
     live = kube.get(wl["kind"], ns, wl["name"])
     stripped = strip_token(live, ref["name"]) if live else None
@@ -104,11 +113,59 @@ def enforce(kube, cfg, body: dict[str, Any]) -> str | None:
             "scaled to 0 replicas (policy.onViolation scaleToZero); it comes back once the spec or the policy allows it")
 
 
-@kopf.timer(API_GROUP, API_VERSION, PLURAL, interval=INTERVAL, initial_delay=INTERVAL)
-async def token_revocation(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    st = memo["state"]
-    for fn, reason in ((check, "TokenRevoked"), (enforce, "PolicyEnforced")):
-        msg = await asyncio.to_thread(fn, st.kube, st.cfg, dict(body))
-        if msg:
-            log.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], msg)
-            kopf.warn(dict(body), reason=reason, message=msg)
+def sweep(kube, cfg, moeds: list[dict[str, Any]]) -> tuple[list[tuple[dict[str, Any], str, str]], list[str]]:
+    """One pass over `moeds` (blocking I/O): ([(object, Event reason, message)] for what was done,
+    [failure lines]). A Secret is read once per pass however many objects name it; one object's
+    failure does not stop the others."""
+    labels: dict[tuple[str, str], dict[str, str] | None] = {}
+
+    def secret_labels(ns: str, name: str) -> dict[str, str] | None:
+        if (ns, name) not in labels:
+            labels[(ns, name)] = kube.secret_labels(ns, name)
+        return labels[(ns, name)]
+
+    acted, failed = [], []
+    for body in moeds:
+        meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp") or not (body.get("status") or {}).get("workload"):
+            continue  # going, or nothing running yet: nothing to take away
+        for fn, reason in ((functools.partial(check, secret_labels=secret_labels), "TokenRevoked"),
+                           (enforce, "PolicyEnforced")):
+            try:
+                msg = fn(kube, cfg, body)
+            except Exception as e:  # noqa: BLE001 - the next pass retries it
+                failed.append(f"{meta.get('namespace')}/{meta.get('name')}: {type(e).__name__}: "
+                              + (str(e).splitlines() or [""])[0][:300])
+                continue
+            if msg:
+                acted.append((body, reason, msg))
+    return acted, failed
+
+
+async def run(st: Any, interval: float | None = None) -> None:
+    """The loop: every `interval` (INTERVAL), one `sweep` of every MoEDeployment (from the watch
+    cache once it is synced), each action logged and posted as a Warning Event. `st` is the
+    handlers' State (kube, cfg, io, quiet)."""
+    interval = INTERVAL if interval is None else interval
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            moeds = await st.io(st.kube.list_moeds, st.cfg.namespaces, True)
+            acted, failed = await st.io(sweep, st.kube, st.cfg, moeds)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - listing failed (an API outage): the next pass retries
+            st.quiet.failed("token revocation", f"{type(e).__name__}: " + (str(e).splitlines() or [""])[0][:300],
+                            f"retried in {interval:g}s")
+            continue
+        for line in failed:
+            st.quiet.failed("token revocation", line, f"retried in {interval:g}s")
+        if not failed:
+            st.quiet.ok("token revocation")
+        for body, reason, msg in acted:
+            meta = body["metadata"]
+            log.warning("%s/%s: %s", meta["namespace"], meta["name"], msg)
+            try:
+                await st.io(st.kube.post_event, body, "Warning", reason, msg)
+            except Exception as e:  # noqa: BLE001 - the action is done; only its Event is lost
+                st.quiet.failed("posting Events", f"{reason} on {meta['namespace']}/{meta['name']}: {e}", "not retried")
