@@ -1,0 +1,47 @@
+"""The chart grants the model cache ledger (cache_ledger.py) its ConfigMap in the release namespace
+whatever namespaces are watched: a Role narrowed to the ledger's name, bound to the operator's
+ServiceAccount. Before, watchNamespaces that left the release namespace out granted nothing there
+and the operator kept its record in memory (a restart forgot every cache). Rendered with helm
+template (test_chart's helpers); the real API server's answer is in
+tests/integration/test_cache_ledger.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from moe_operator import cache_ledger
+from test_chart import helm, of_kind, one, render  # noqa: F401  (helm: the fixture)
+
+
+def _ledger_grants(docs, namespace: str) -> list[dict]:
+    """The rules of Roles in `namespace`, bound to the chart's ServiceAccount, that name configmaps."""
+    sa = one(docs, "ServiceAccount")["metadata"]["name"]
+    bound = {b["roleRef"]["name"] for b in of_kind(docs, "RoleBinding") if b["metadata"]["namespace"] == namespace
+             and {"kind": "ServiceAccount", "name": sa, "namespace": "moe-system"} in b["subjects"]
+             and b["roleRef"]["kind"] == "Role"}
+    return [r for role in of_kind(docs, "Role") if role["metadata"]["namespace"] == namespace
+            and role["metadata"]["name"] in bound for r in role["rules"] if "configmaps" in r["resources"]]
+
+
+@pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a,team-b}",), ("watchNamespaces={team-a}", "replicas=2"),
+                                  ("watchNamespaces={moe-system}",)])
+def test_the_ledger_configmap_is_granted_in_the_release_namespace(helm, sets):  # noqa: F811
+    rules = [r for r in _ledger_grants(render(helm, *sets), "moe-system") if r.get("resourceNames")]
+    assert rules == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"],
+                      "resourceNames": [cache_ledger.NAME]}], rules
+
+
+def test_the_ledger_role_grants_nothing_else(helm):  # noqa: F811
+    docs = render(helm, "watchNamespaces={team-a}")
+    (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-cache-ledger")]
+    assert role["metadata"]["namespace"] == "moe-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"],
+                              "resourceNames": [cache_ledger.NAME]}]
+    # the watched namespace's own Role is unchanged: no ledger name there
+    (team,) = [r for r in of_kind(docs, "Role") if r["metadata"]["namespace"] == "team-a"]
+    assert not [r for r in team["rules"] if r.get("resourceNames")]
+
+
+def test_no_ledger_role_without_rbac(helm):  # noqa: F811
+    docs = render(helm, "rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=mine")
+    assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
