@@ -4,7 +4,9 @@ helm: each gated by its value, and every PromQL expression parsed by Prometheus'
 metrics something exports: the operator's registry (moe_operator.metrics, condition_metrics), the
 bundled runtime's (moe_runtime.metrics, the vllm:* twins included), sglang's names the autoscaler
 uses (day2.ENGINE_METRICS), the kube-apiserver's admission metric read from the k8s.io/apiserver
-release the local control plane is built from, and Prometheus's own `up`.
+release the local control plane is built from, and Prometheus's own `up`; and the labels each
+selector matches, each aggregation groups by and each legend shows are labels those metrics carry
+(their registries' label names, `le` of histogram buckets, or the target labels a scrape adds).
 
 Needs helm (as tests/unit/operator/test_chart.py finds it) and Go; without them these FAIL saying
 so, unless MOE_SKIP_INTEGRATION=1 (then they skip)."""
@@ -109,6 +111,62 @@ def known() -> set[str]:
     return operator | runtime | sglang | _apiserver_admission_metrics() | {"up"}
 
 
+# what Prometheus (through prometheus-operator's ServiceMonitor / PodMonitor) adds to every scraped series
+TARGET_LABELS = frozenset({"job", "instance", "namespace", "service", "pod", "container", "endpoint"})
+
+
+def _labelnames(registry) -> dict[str, frozenset[str]]:
+    """Exported sample name -> the label names of its series, from the collectors' own label names."""
+    out = {}
+    for collector, names in registry._collector_to_names.items():
+        own = frozenset(getattr(collector, "_labelnames", ()))
+        for n in names:
+            out[n] = own | ({"le"} if n.endswith("_bucket") else set())
+    return out
+
+
+@pytest.fixture(scope="module")
+def labels_of() -> dict[str, frozenset[str]]:
+    """Label names per metric for the metrics whose registry is here (the operator's, the bundled
+    runtime's); sglang's, the kube-apiserver's and `up` are not checked label by label."""
+    from prometheus_client import REGISTRY
+
+    import moe_operator.condition_metrics  # noqa: F401
+    import moe_operator.metrics  # noqa: F401
+    from moe_runtime.metrics import Metrics
+
+    ours = {n: v for n, v in _labelnames(REGISTRY).items() if n.startswith("moe_operator_")}
+    return ours | _labelnames(Metrics("m").registry)
+
+
+def check_labels(exe: Path, labels_of: dict[str, frozenset[str]], exprs: list[str],
+                 legends: list[str | None] | None = None) -> None:
+    """Every label an expression matches on or groups by, and each {{label}} of its legend, is one
+    its metrics carry (a dashboard grouping by a label the metric lacks shows one unnamed series)."""
+    legends = legends or [None] * len(exprs)
+    for expr, legend, res in zip(exprs, legends, parse(exe, exprs)):
+        res = {k: res.get(k) or [] for k in ("selectors", "groupings")}  # Go writes an empty list as null
+        for sel in res["selectors"]:
+            if sel["metric"] in labels_of:
+                unknown = set(sel["labels"]) - labels_of[sel["metric"]] - TARGET_LABELS
+                assert not unknown, f"{expr}: {sel['metric']} has no label {sorted(unknown)}"
+        carried: set[str] = set()
+        for g in res["groupings"]:
+            known = [labels_of[m] for m in g["metrics"] if m in labels_of]
+            if not known or g["without"]:
+                continue
+            have = frozenset().union(*known) | TARGET_LABELS
+            assert not set(g["by"]) - have, f"{expr}: grouped by {sorted(set(g['by']) - have)}, not a label of {g['metrics']}"
+        if res["groupings"] and not res["groupings"][0]["without"]:
+            carried = set(res["groupings"][0]["by"])  # the outermost aggregation's labels reach the legend
+        elif all(s["metric"] in labels_of for s in res["selectors"]):
+            carried = set().union(*(labels_of[s["metric"]] for s in res["selectors"])) | TARGET_LABELS
+        else:
+            continue
+        shown = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend or ""))
+        assert not shown - carried, f"{expr}: legend {legend!r} shows {sorted(shown - carried)}, which the query does not keep"
+
+
 @pytest.fixture(scope="module")
 def promql() -> Path:
     go = shutil.which("go")
@@ -172,15 +230,24 @@ def _panel_exprs(dashboard: dict) -> list[str]:
     return out
 
 
-def test_dashboard_queries_name_exported_metrics(promql, known):
+def _panel_legends(dashboard: dict) -> list[str | None]:
+    return [t.get("legendFormat") for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def test_dashboard_queries_name_exported_metrics(promql, known, labels_of):
     (cm,) = find(render(ALL_ON), "ConfigMap", "-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(cm["data"]["moe-operator.json"])
     assert dashboard == json.loads((CHART / "files/grafana/moe-operator.json").read_text())
     names = check_exprs(promql, known, _panel_exprs(dashboard))
+    check_labels(promql, labels_of, _panel_exprs(dashboard), _panel_legends(dashboard))
     # what the issue asks the dashboard to show: decisions, free GPUs per class, latency, queue, KV
     assert {"moe_operator_decisions_total", "moe_operator_gpu_class_free_gpus", "vllm:e2e_request_latency_seconds_bucket",
             "vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= names
+    # decisions per GPU class (issue 32 item 6): the class the plan chose, as status.gpuClass names it
+    decisions = [e for e in _panel_exprs(dashboard) if "moe_operator_decisions_total" in e]
+    assert decisions and all(g["by"] and "gpu_class" in g["by"] for r in parse(promql, decisions)
+                             for g in r["groupings"]), decisions
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     var = next(v for v in dashboard["templating"]["list"] if v["name"] == "namespace")
@@ -188,7 +255,7 @@ def test_dashboard_queries_name_exported_metrics(promql, known):
 
 
 # ---------------------------------------------------------------------------------------- alerts
-def test_alert_rules(promql, known):
+def test_alert_rules(promql, known, labels_of):
     docs = render(ALL_ON)
     (rule,) = find(docs, "PrometheusRule")
     rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
@@ -196,6 +263,7 @@ def test_alert_rules(promql, known):
     assert set(alerts) == {"MoEDeploymentDegraded", "MoEDeploymentStalled", "MoEModelCacheFailed",
                            "MoEDeploymentRolloutStuck", "MoEOperatorDown", "MoEOperatorWebhookNotServing"}
     check_exprs(promql, known, [r["expr"] for r in rules])
+    check_labels(promql, labels_of, [r["expr"] for r in rules])
     assert alerts["MoEDeploymentDegraded"]["for"] == "10m" and alerts["MoEDeploymentRolloutStuck"]["for"] == "30m"
     assert 'reason="Failed"' in alerts["MoEModelCacheFailed"]["expr"]
     # the names in the rules are the chart's own: the metrics Service (the ServiceMonitor's job) and the webhook
@@ -209,6 +277,18 @@ def test_alert_rules(promql, known):
     (quick,) = find(render(ALL_ON + ("prometheusRule.degradedFor=3m", "webhook.enabled=false")), "PrometheusRule")
     alerts = {r["alert"]: r for g in quick["spec"]["groups"] for r in g["rules"]}
     assert alerts["MoEDeploymentDegraded"]["for"] == "3m" and "MoEOperatorWebhookNotServing" not in alerts
+
+
+def test_check_labels_catches_a_label_the_metric_lacks(promql, labels_of):
+    """The check above fails on what the dashboard did before the decisions counter had the class."""
+    check_labels(promql, labels_of, ["sum by (gpu_class) (moe_operator_gpu_class_free_gpus)"], ["{{gpu_class}}"])
+    with pytest.raises(AssertionError, match="grouped by"):
+        check_labels(promql, labels_of, ["sum by (gpu_model) (increase(moe_operator_decisions_total[5m]))"])
+    with pytest.raises(AssertionError, match="has no label"):
+        check_labels(promql, labels_of, ['moe_operator_reconciles_total{gpu_class="x"}'])
+    with pytest.raises(AssertionError, match="legend"):
+        check_labels(promql, labels_of, ["sum by (engine) (moe_operator_decisions_total)"], ["{{gpu_class}}"])
+    assert {"engine", "gpu_family", "gpu_class", "backend"} <= labels_of["moe_operator_decisions_total"]
 
 
 def test_alerts_read_the_conditions_the_operator_exports():
@@ -233,7 +313,7 @@ def test_alerts_read_the_conditions_the_operator_exports():
 
 
 # ------------------------------------------------------------------------- prometheus-adapter rules
-def test_adapter_rules_serve_every_metric_the_hpa_reads(promql, known):
+def test_adapter_rules_serve_every_metric_the_hpa_reads(promql, known, labels_of):
     from moe_operator.api import MoEDeploymentSpec
     from moe_operator.day2 import ENGINE_METRICS, autoscaler
 
@@ -257,3 +337,4 @@ def test_adapter_rules_serve_every_metric_the_hpa_reads(promql, known):
         r["metricsQuery"].replace("<<.Series>>", r["seriesQuery"].split("{")[0])
         .replace("<<.LabelMatchers>>", 'namespace="ns",pod=~"m-.*"').replace("<<.GroupBy>>", "pod") for r in rules]
     check_exprs(promql, known, exprs)
+    check_labels(promql, labels_of, exprs)

@@ -3,6 +3,8 @@
 // stdin, writes a JSON list of {"metrics": [...], "error": "..."} in the same order. The chart's
 // dashboard, alert rules and adapter queries are checked with it (tests/unit/operator/
 // test_observability_chart.py): each parses, and each metric it names is one something exports.
+// Also the label names each selector matches on and each aggregation groups by, with the metrics
+// beneath it, so the test can check those labels are ones the metrics carry.
 package main
 
 import (
@@ -15,9 +17,75 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 )
 
-type result struct {
+type selector struct {
+	Metric string   `json:"metric"`
+	Labels []string `json:"labels"`
+}
+
+type grouping struct {
+	By      []string `json:"by"`
+	Without bool     `json:"without"`
 	Metrics []string `json:"metrics"`
-	Error   string   `json:"error,omitempty"`
+}
+
+type result struct {
+	Metrics   []string   `json:"metrics"`
+	Selectors []selector `json:"selectors"`
+	Groupings []grouping `json:"groupings"`
+	Error     string     `json:"error,omitempty"`
+}
+
+func selectorName(vs *parser.VectorSelector) string {
+	name := vs.Name
+	for _, m := range vs.LabelMatchers {
+		if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+			name = m.Value
+		}
+	}
+	if name == "" {
+		name = "<no metric name: " + vs.String() + ">"
+	}
+	return name
+}
+
+func sorted(set map[string]bool) []string {
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// labelUses: the selectors' matcher labels and the aggregations' grouping labels.
+func labelUses(node parser.Node) ([]selector, []grouping) {
+	var sels []selector
+	var groups []grouping
+	parser.Inspect(node, func(n parser.Node, _ []parser.Node) error {
+		switch v := n.(type) {
+		case *parser.VectorSelector:
+			names := map[string]bool{}
+			for _, m := range v.LabelMatchers {
+				if m.Name != labels.MetricName {
+					names[m.Name] = true
+				}
+			}
+			sels = append(sels, selector{Metric: selectorName(v), Labels: sorted(names)})
+		case *parser.AggregateExpr:
+			beneath := map[string]bool{}
+			parser.Inspect(v.Expr, func(m parser.Node, _ []parser.Node) error {
+				if vs, ok := m.(*parser.VectorSelector); ok {
+					beneath[selectorName(vs)] = true
+				}
+				return nil
+			})
+			by := append([]string{}, v.Grouping...)
+			sort.Strings(by)
+			groups = append(groups, grouping{By: by, Without: v.Without, Metrics: sorted(beneath)})
+		}
+		return nil
+	})
+	return sels, groups
 }
 
 func metrics(expr string) ([]string, error) {
@@ -31,24 +99,10 @@ func metrics(expr string) ([]string, error) {
 		if !ok {
 			return nil
 		}
-		name := vs.Name
-		for _, m := range vs.LabelMatchers {
-			if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
-				name = m.Value
-			}
-		}
-		if name == "" {
-			name = "<no metric name: " + vs.String() + ">"
-		}
-		seen[name] = true
+		seen[selectorName(vs)] = true
 		return nil
 	})
-	out := make([]string, 0, len(seen))
-	for n := range seen {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out, nil
+	return sorted(seen), nil
 }
 
 func main() {
@@ -63,7 +117,10 @@ func main() {
 		out[i].Metrics = names
 		if err != nil {
 			out[i].Error = err.Error()
+			continue
 		}
+		node, _ := parser.ParseExpr(e)
+		out[i].Selectors, out[i].Groupings = labelUses(node)
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 		fmt.Fprintln(os.Stderr, err)
