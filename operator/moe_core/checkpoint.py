@@ -181,6 +181,24 @@ class TensorMeta:
     nbytes: int
 
 
+class QuantScheme(BaseModel):
+    """An integer weight-only (WNA16) checkpoint's quantization parameters as config.json writes them: what the
+    engines' GPTQ / AWQ / compressed-tensors MoE methods choose their kernels from (bits, group size, symmetry,
+    activation order). None where the config does not say."""
+
+    method: str = Field(description="quantization_config.quant_method: gptq | awq | compressed-tensors")
+    bits: int | None = Field(None, description="weight bits (gptq/awq bits, compressed-tensors weights.num_bits)")
+    groupSize: int | None = Field(None, description="weights per scale group; -1: one group per output channel")
+    sym: bool | None = Field(None, description="symmetric weights (no zero points)")
+    descAct: bool | None = Field(None, description="GPTQ desc_act (activation-order groups)")
+    actorder: str | None = Field(None, description="compressed-tensors weights.actorder (group | weight)")
+    zeroPoint: bool | None = Field(None, description="weights carry zero points (AWQ zero_point; GPTQ / "
+                                                     "compressed-tensors: not symmetric)")
+    checkpointFormat: str | None = Field(None, description="compressed-tensors format (pack-quantized, ...) or GPTQ "
+                                                           "checkpoint_format")
+    strategy: str | None = Field(None, description="compressed-tensors weights.strategy (group | channel)")
+
+
 class CheckpointInfo(BaseModel):
     """What the planner and the runtime need to know about a checkpoint."""
 
@@ -189,6 +207,8 @@ class CheckpointInfo(BaseModel):
     format: str = Field(description="checkpoint format, tuning-rules.md section 6 vocabulary")
     formatSource: str = Field(description="which file/key decided the format")
     quantMethod: str | None = Field(None, description="raw quant_method / quant_algo as written in the checkpoint")
+    quantScheme: QuantScheme | None = Field(None, description=(
+        "integer weight-only (GPTQ / AWQ / compressed-tensors WNA16) parameters from config.json quantization_config"))
     expertsFp4: bool = False
     numExperts: int | None = None
     expertsPerToken: int | None = None
@@ -408,7 +428,58 @@ def _compressed_tensors_format(q: dict[str, Any]) -> str:
             return "ct_int4_g32"
         if w.get("num_bits") == 4 and w.get("type") == "float":
             return "ct_nvfp4" if w.get("group_size") == 16 else "ct_mxfp4_pack"
+    if _ct_weight_only_group(q) is not None:
+        return "ct_wna16"
     return "other"
+
+
+def _ct_weight_only_group(q: dict[str, Any]) -> dict[str, Any] | None:
+    """The first compressed-tensors config group with integer weights and no input quantization (WNA16: the
+    groups sglang's _is_wNa16_group_channel / vLLM's CompressedTensorsWNA16MoEMethod take), its `weights`."""
+    for group in (q.get("config_groups") or {}).values():
+        group = group or {}
+        w = group.get("weights") or {}
+        if w.get("type") == "int" and not group.get("input_activations") and w.get("strategy") in ("group", "channel"):
+            return w
+    return None
+
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int and -1 <= v < _MAX_FACT else None
+
+
+def _bool(v: Any) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+def _quant_scheme(fmt: str, q: dict[str, Any]) -> QuantScheme | None:
+    """QuantScheme of a GPTQ / AWQ / compressed-tensors WNA16 quantization_config (None for other formats).
+    Keys as AutoGPTQ/GPTQModel (bits, group_size, sym, desc_act, checkpoint_format), AutoAWQ (bits, group_size,
+    zero_point) and compressed-tensors (config_groups.*.weights: num_bits, group_size, symmetric, actorder,
+    strategy; format) write them."""
+    if fmt == "gptq":
+        sym = _bool(q.get("sym"))
+        return QuantScheme(method="gptq", bits=_int(q.get("bits")), groupSize=_int(q.get("group_size")), sym=sym,
+                           descAct=_bool(q.get("desc_act")), zeroPoint=None if sym is None else not sym,
+                           checkpointFormat=q.get("checkpoint_format") if isinstance(q.get("checkpoint_format"), str)
+                           else None)
+    if fmt == "awq":
+        zp = _bool(q.get("zero_point"))
+        return QuantScheme(method="awq", bits=_int(q.get("bits") if "bits" in q else q.get("w_bit")),
+                           groupSize=_int(q.get("group_size") if "group_size" in q else q.get("q_group_size")),
+                           zeroPoint=zp, sym=None if zp is None else not zp)
+    if fmt in ("ct_wna16", "ct_int4_g32"):
+        w = _ct_weight_only_group(q) or {}
+        sym = _bool(w.get("symmetric"))
+        order = w.get("actorder")
+        return QuantScheme(method="compressed-tensors", bits=_int(w.get("num_bits")),
+                           groupSize=_int(w.get("group_size")) if w.get("group_size") is not None else -1,
+                           sym=sym, zeroPoint=None if sym is None else not sym,
+                           actorder=order if isinstance(order, str) else None,
+                           descAct=order == "group" if order is None or isinstance(order, str) else None,
+                           checkpointFormat=q.get("format") if isinstance(q.get("format"), str) else None,
+                           strategy=w.get("strategy") if isinstance(w.get("strategy"), str) else None)
+    return None
 
 
 def _probe_routed_expert_dtype(tensors: list[TensorMeta]) -> str | None:
@@ -505,6 +576,8 @@ def classify(config: dict[str, Any], hf_quant: dict[str, Any] | None, tensors: l
         format=fmt,
         formatSource=source,
         quantMethod=raw_method,
+        quantScheme=_quant_scheme(fmt, qc or (config.get("compression_config")
+                                              if isinstance(config.get("compression_config"), dict) else {})),
         expertsFp4=is_fp4(fmt),
         numExperts=fact("numExperts", *CONFIG_KEYS["numExperts"]),
         expertsPerToken=fact("expertsPerToken", *CONFIG_KEYS["expertsPerToken"]),
@@ -551,6 +624,9 @@ def _format_of(arch: str, config: dict[str, Any], hf_quant: dict[str, Any] | Non
         elif method == "compressed-tensors":
             fmt = _compressed_tensors_format(q)
             source = f"config.json quantization_config (compressed-tensors format={q.get('format')})"
+        elif method in ("gptq", "awq"):
+            fmt = method
+            source = f"config.json quantization_config.quant_method={method}"
         elif method in ("fp8", "mxfp8", "mxfp4", "w4afp8"):
             fmt = method
             source = f"config.json quantization_config.quant_method={method}"

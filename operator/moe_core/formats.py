@@ -41,6 +41,11 @@ TABLE: dict[str, Format] = {
     "w4afp8": Format(None, "INT4 weights x FP8 activations"),
     "mxfp4": Format("mxfp4", "MXFP4 (OCP MX, 32-element E8M0 blocks; gpt-oss)"),
     "ct_int4_g32": Format(None, "compressed-tensors INT4, group 32"),
+    # integer weight-only (WNA16) methods: bits, group size, symmetry and activation order are in
+    # CheckpointInfo.quantScheme (the engines' MoE methods choose their kernels from them)
+    "gptq": Format(None, "GPTQ integer weight-only (W4A16 / W8A16)"),
+    "awq": Format(None, "AWQ integer weight-only (W4A16, zero points)"),
+    "ct_wna16": Format(None, "compressed-tensors integer weight-only (pack-quantized WNA16, not INT4 group 32)"),
     "ct_mxfp4_pack": Format("mxfp4", "compressed-tensors MXFP4 pack-quantized"),
     "dsv4_fp4": Format("mxfp4", "DeepSeek-V4 FP4 (MXFP4) routed experts"),
     "dsv4_fp8": Format("fp8", "DeepSeek-V4 experts converted to FP8"),

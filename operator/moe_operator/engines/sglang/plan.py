@@ -8,6 +8,7 @@ from moe_core.gpu import BLACKWELL
 from moe_core.plan import PlanMoE
 
 from ... import engine_rules
+from . import quant
 from .startup import fi_mxfp4_cutlass_misaligned, moe_tp_size
 from ...selection import Builder, Check, Facts, Select, choose_runner, fits_tps, heads_problem, run_checks, truthy, vtuple
 from ..archs import DSV4, GPT_OSS
@@ -182,6 +183,8 @@ CHECKS: tuple[Check, ...] = (
     Check("K28", lambda f, r: f.env("SGLANG_DEEPEP_MODE") is not None, "warn",
           "SGLANG_DEEPEP_MODE is not read by sglang (no such environment variable in 0.5.10-0.5.23); the DeepEP mode "
           "is --deepep-mode, which the planner sets only to low_latency for flashinfer_cutedsl (S15/S15b)"),
+    # GPTQ / AWQ / compressed-tensors WNA16 MoE paths (engines/sglang/quant.py, sglang 0.5.23)
+    *quant.CHECKS,
 )
 
 
@@ -329,6 +332,7 @@ def plan_moe(b: Builder) -> PlanMoE:
                  "flashinfer_cutedsl has only a DeepEP low-latency (masked) handler (moe_runner/flashinfer_cutedsl.py "
                  "fused_experts_deepep_to_flashinfer_cutedsl_fp4); sglang >= 0.5.17 forces the same (moe_hook.py:363-375)")
     run_checks(b, CHECKS, runner, RUNNER_FLAG)
+    _quant_plan(b, runner)
     if k40 := moe_split_refusal(f):  # the predicate placement sizes with too
         b.errors.append(k40)
     if k41 := attention_split_refusal(f):
@@ -393,6 +397,22 @@ def plan_moe(b: Builder) -> PlanMoE:
               "reuse FlashInfer autotune results across restarts (cache path includes flashinfer version and sm arch)")
     return PlanMoE(runnerBackend=runner, a2aBackend=f.a2a, deferredFinalize=deferred)
 
+
+
+def _quant_plan(b: Builder, runner: str) -> None:
+    """The WNA16 rows' per-case reasons (into their refusals, before 'Works instead'), --quantization where sglang
+    needs it, the SQ0 note for releases they were not read for, what auto runs (engines/sglang/quant.py)."""
+    f = b.f
+    for rule, why in quant.detail(f, runner).items():
+        for i, e in enumerate(b.errors):
+            if e.startswith(f"[{rule}] "):
+                head, sep, tail = e.partition(" Works instead:")
+                b.errors[i] = f"{head}: {why}{sep}{tail}"
+    warnings, args, decisions = quant.plan_notes(f, runner)
+    b.warnings.extend(warnings)
+    b.args += args
+    for key, value, rule, reason in decisions:
+        b.decide(key, value, rule, reason)
 
 
 # Where `auto` falls back (admission warnings, issue 16 item 3): decision rule id -> (does this value fall back,

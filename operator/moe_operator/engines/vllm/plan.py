@@ -11,6 +11,7 @@ from moe_core.plan import PlanMoE
 
 from ...selection import Builder, Check, Facts, Select, choose_runner, fits_tps, heads_problem, run_checks, truthy
 from ..archs import DSV4, GPT_OSS
+from . import quant
 from .vocab import MOE_BACKENDS
 
 RUNNER_FLAG = "--moe-backend"
@@ -53,6 +54,9 @@ CHECKS: tuple[Check, ...] = (
           "vLLM {version} predates --moe-backend; {value} cannot be expressed with its environment variables"),
     Check("K32", lambda f, r: f.fam == "sm121" and f.fmt == "nvfp4", "warn",
           "vLLM NVFP4 MoE on GB10 (SM121) with FlashInfer is known to crash at CUDA-graph capture (flashinfer#2776)"),
+    # GPTQ / AWQ / compressed-tensors WNA16 oracle and env-gated backends (engines/vllm/quant.py, vLLM 0.33.0)
+    *quant.CHECKS,
+    *quant.ENV_CHECKS,
 )
 
 # vLLM legacy env (<= 0.22) <-> flag (>= 0.23), tuning-rules.md 3.1
@@ -184,6 +188,7 @@ def plan_moe(b: Builder) -> PlanMoE:
                 b.set_env(k, v, "W7r", f"vLLM {f.version} predates --moe-backend: {runner} expressed as {k}={v}")
     else:
         run_checks(b, CHECKS, runner, RUNNER_FLAG)
+    _quant_plan(b, runner)
     if wk40 := moe_split_refusal(f, runner):  # the predicate placement sizes with too
         b.errors.append(wk40)
     if wk41 := attention_split_refusal(f):
@@ -199,6 +204,24 @@ def plan_moe(b: Builder) -> PlanMoE:
     if f.choices.deferred_finalize == "on":
         b.errors.append("[DF4] moe.deferredFinalize=on: vLLM has no deferred-finalize switch; use engine sglang or bundled")
     return PlanMoE(runnerBackend=runner, a2aBackend=f.a2a, deferredFinalize=False)
+
+
+def _quant_plan(b: Builder, runner: str) -> None:
+    """The WNA16 rows' per-case reasons (appended to their refusals, before 'Works instead'), the VQ0 note for
+    releases they were not read for, the env an env-gated backend needs, and what auto runs (engines/vllm/quant.py)."""
+    f = b.f
+    for rule, why in quant.detail(f, runner).items():
+        for i, e in enumerate(b.errors):
+            if e.startswith(f"[{rule}] "):
+                head, sep, tail = e.partition(" Works instead:")
+                b.errors[i] = f"{head}: {why}{sep}{tail}"
+    warnings, env, decisions = quant.plan_notes(f, runner)
+    b.warnings.extend(warnings)
+    if not b.errors:
+        for key, value, rule, reason in env:
+            b.set_env(key, value, rule, reason)
+    for key, value, reason in decisions:
+        b.decide(key, value, "VQ-AUTO", reason)
 
 
 def _vllm_moe_shape_problem(ck: CheckpointInfo, tp: int, dp: int, ep: int, runner: str) -> str | None:

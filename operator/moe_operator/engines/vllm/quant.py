@@ -1,0 +1,303 @@
+"""vLLM's integer weight-only (GPTQ / AWQ / compressed-tensors WNA16) MoE oracle and its env-gated backends, as
+validate rows over the plan's facts (they need CheckpointInfo.quantScheme: bits, group size, symmetry, activation
+order, which engine_rules.Case does not carry). Pure.
+
+Read from the released wheel vllm==0.33.0 (PyPI); paths are inside the wheel, lines are 0.33.0's. Other releases
+are not judged by these rows (VQ0 says so); 0.22.1's int_wna16 oracle has no map_wna16_backend (startup.py).
+
+How vLLM 0.33.0 builds a WNA16 MoE layer:
+  * config: `quant_method: gptq` -> AutoGPTQConfig (auto_gptq.py:95-160: (bits, sym) in {(4, True), (8, True)},
+    desc_act with groups refused by normalize_and_validate_gptq_desc_act, utils/gptq_utils.py:23-37);
+    `awq` -> AutoAWQConfig (auto_awq.py:182-213: 4 bits only); compressed-tensors WNA16 groups ->
+    CompressedTensorsWNA16MoEMethod (compressed_tensors_moe_wna16.py:60-130). No --quantization is needed: the
+    override_quantization_method of AutoGPTQConfig / AutoAWQConfig resolves the checkpoint's method
+    (auto_gptq.py:213-233, auto_awq.py:262-286; config/model.py:1394-1440);
+  * layer: AutoGPTQ / AutoAWQ take AutoGPTQMoEMethod / AutoAWQMoEMethod when check_moe_marlin_supports_layer
+    holds (utils/marlin_utils.py:356-388: CUDA, hidden % 128, per-rank intermediate % group, group in
+    -1/32/64/128), else MoeWNA16Config's MoeWNA16Method (auto_gptq.py:235-257, auto_awq.py:336-359);
+  * backend: select_wna16_moe_backend (fused_moe/oracle/int_wna16.py:256-363): map_wna16_backend for an
+    explicit --moe-backend (:238-253), _backend_incompatibility_reason (:146-235), then the experts class's
+    is_supported_config; auto walks _get_priority_backends (:126-143; Humming moves ahead of Marlin on
+    capability 9.0 when installed, utils/humming/priority.py:13-45).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_core.checkpoint import QuantScheme
+
+from ... import engine_rules
+from ...selection import Check, Facts, truthy
+
+READ = ("0.33.0",)  # releases whose WNA16 MoE code these rows were read from
+WNA16_FORMATS = frozenset({"gptq", "awq", "ct_wna16", "ct_int4_g32"})
+# map_wna16_backend's keys (oracle/int_wna16.py:238-253, 0.33.0)
+BACKENDS = ("triton", "marlin", "humming", "flashinfer_trtllm", "emulation", "rdna3")
+_PRIORITY = ("rdna3", "flashinfer_trtllm", "marlin", "triton", "humming", "emulation")  # :126-143
+_NVIDIA = frozenset({"sm80", "sm89", "sm90", "sm100", "sm110", "sm120", "sm121"})
+_O = "vllm/model_executor/layers/fused_moe/oracle/int_wna16.py"
+_FALSY = ("0", "false", "no", "off")
+
+
+def judged(version: str) -> bool:
+    return engine_rules.read_as("vllm", version) in READ
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What vLLM's WNA16 MoE path looks at for one layout."""
+
+    fmt: str
+    s: QuantScheme
+    family: str
+    hidden: int | None
+    moe_inter: int | None
+    moe_tp: int  # the MoE layer's tensor-parallel size (tp x dp without expert parallelism, else 1)
+    env: dict
+
+    @property
+    def rocm(self) -> bool:
+        return self.family.startswith("gfx")
+
+    @property
+    def ct(self) -> bool:
+        return self.s.method == "compressed-tensors"
+
+    @property
+    def group(self) -> int:
+        return -1 if self.s.groupSize is None else self.s.groupSize
+
+
+def layer(f: Facts) -> Layer | None:
+    """The layer's facts, or None when these rows do not judge the plan (format, release, scheme unknown)."""
+    s = f.ckpt.quantScheme
+    if f.fmt not in WNA16_FORMATS or s is None or not judged(f.version):
+        return None
+    c = f.choices
+    moe_tp = 1 if c.ep > 1 and c.tp * c.dp > 1 else c.tp * c.dp  # FusedMoEParallelConfig.make (config.py:1198-1225)
+    return Layer(f.fmt, s, f.fam, f.ckpt.hiddenSize, f.ckpt.moeIntermediateSize, max(moe_tp, 1), dict(c.env))
+
+
+def config_problem(x: Layer) -> str | None:
+    """The checkpoint's quantization config fails to build (any backend, auto included)."""
+    s = x.s
+    if s.method == "gptq":
+        if s.descAct and x.group != -1:
+            return ("GPTQ group activation ordering (desc_act=True) is no longer supported. Use a checkpoint with static "
+                    "activation ordering or desc_act=False. (normalize_and_validate_gptq_desc_act, model_executor/layers/"
+                    "quantization/utils/gptq_utils.py:23-37, from AutoGPTQConfig.__init__ auto_gptq.py:116)")
+        if (s.bits, s.sym) not in ((4, True), (8, True)):
+            return (f"Unsupported quantization config: bits={s.bits}, sym={s.sym} (AutoGPTQConfig.__init__, "
+                    "model_executor/layers/quantization/auto_gptq.py:150-155; --quantization moe_wna16 builds its linear "
+                    "layers with AutoGPTQConfig too, moe_wna16.py:214-216)")
+    if s.method == "awq" and s.bits != 4:
+        return (f"Unsupported num_bits = {s.bits}. Supported num_bits = 4 (AutoAWQConfig.__init__, "
+                "model_executor/layers/quantization/auto_awq.py:204-210)")
+    if x.ct and s.bits not in (4, 8):
+        return (f"compressed-tensors WNA16 MoE takes 4- or 8-bit weights, got {s.bits} (WNA16_SUPPORTED_TYPES_MAP, "
+                "compressed_tensors_moe_wna16.py:60-80)")
+    return None
+
+
+def marlin_layer_ok(x: Layer) -> bool:
+    """check_moe_marlin_supports_config(..., allow_tile_padding=True) (utils/marlin_utils.py:356-388): never on ROCm;
+    sizes not in config.json are not held against it."""
+    if x.rocm:
+        return False
+    ispp = x.moe_inter // x.moe_tp if x.moe_inter is not None else None
+    shape = (x.hidden is None or x.hidden % 128 == 0) and (x.group <= 0 or ispp is None or ispp % x.group == 0)
+    return shape and x.group in (-1, 32, 64, 128)
+
+
+def method(x: Layer) -> str:
+    """The MoE method: AutoGPTQMoEMethod / AutoAWQMoEMethod (Marlin layout), MoeWNA16Method, or
+    CompressedTensorsWNA16MoEMethod."""
+    if x.ct:
+        return "CompressedTensorsWNA16MoEMethod"
+    if marlin_layer_ok(x):
+        return "AutoGPTQMoEMethod" if x.s.method == "gptq" else "AutoAWQMoEMethod"
+    return "MoeWNA16Method"
+
+
+def _may_have_zp_bias(x: Layer) -> tuple[bool, bool]:
+    """(may_have_zp, may_have_bias) the method passes to select_wna16_moe_backend: AutoGPTQMoEMethod (not sym, True;
+    auto_gptq.py:472-479), AutoAWQMoEMethod (zero_point, True; auto_awq.py:538-545), MoeWNA16Method (has_zp, False;
+    moe_wna16.py:258-264), compressed-tensors (not symmetric, False; compressed_tensors_moe_wna16.py:102-109)."""
+    m = method(x)
+    zp = bool(x.s.zeroPoint) if x.s.zeroPoint is not None else x.s.sym is False
+    return zp, m in ("AutoGPTQMoEMethod", "AutoAWQMoEMethod")
+
+
+def env_off(env: dict, key: str) -> bool:
+    v = env.get(key)
+    return v is not None and v.strip().lower() in _FALSY
+
+
+def backend_problem(x: Layer, backend: str, flashinfer: str | None = "pinned") -> str | None:
+    """Why vLLM refuses `backend` for this layer (the engine's words and where), or None. Env gates that the plan
+    renders (VLLM_USE_FLASHINFER_MOE_INT4) count as set unless the user turned them off."""
+    if backend not in BACKENDS:
+        return (f"moe_backend='{backend}' is not supported for WNA16 MoE. Expected one of {list(BACKENDS)}. "
+                f"(map_wna16_backend, {_O}:238-253)")
+    m = method(x)
+    zp, bias = _may_have_zp_bias(x)
+    why = None
+    if backend == "flashinfer_trtllm" and (zp or bias):
+        why = "zero points and bias are not supported", "155"
+    elif backend == "rdna3":
+        why = ("only compressed-tensors checkpoints are supported", "158") if not x.ct else (
+            "kernel does not support current device (RDNA3 gfx1100 only; here " + x.family + ")",
+            "experts/rdna3_moe.py _supports_current_device")
+    elif backend == "triton" and bias:
+        why = "expert bias is not supported", "196"
+    elif backend == "triton" and x.ct and x.s.actorder == "group":
+        why = "group activation ordering is not supported", "203-205"
+    elif backend in ("marlin", "emulation") and m == "MoeWNA16Method":
+        why = "the MoeWNA16 checkpoint layout is not supported", "228-233"
+    elif backend == "marlin" and not marlin_layer_ok(x):
+        why = "Marlin not supported for this layer", "209-226"
+    if why:
+        where = why[1] if "/" in why[1] else f"_backend_incompatibility_reason, {_O}:{why[1]}"
+        return (f"WNA16 MoE backend '{backend.upper()}' does not support the deployment configuration since {why[0]}. "
+                f"({m}; {where})")
+    # the experts classes' is_supported_config (modular_kernel.py:580-633)
+    if backend == "flashinfer_trtllm":
+        if x.family != "sm100" or flashinfer == "none":  # the env gate: VQ-INT4ENV (the plan renders it)
+            return ("WNA16 MoE backend 'FLASHINFER_TRTLLM' does not support the deployment configuration since kernel "
+                    f"does not support current device (TrtLlmMxint4ExpertsMonolithic: CUDA 10.x family, FlashInfer "
+                    f"TRT-LLM fused MoE and VLLM_USE_FLASHINFER_MOE_INT4=1; here {x.family}, "
+                    f"VLLM_USE_FLASHINFER_MOE_INT4={x.env.get('VLLM_USE_FLASHINFER_MOE_INT4', 'unset')}, FlashInfer "
+                    f"{flashinfer or 'pinned'}; experts/trtllm_mxint4_moe.py:45-55, "
+                    "utils/flashinfer_mxint4_moe.py:24-31)")
+        if (x.s.bits, x.group) != (4, 32):
+            return ("WNA16 MoE backend 'FLASHINFER_TRTLLM' does not support the deployment configuration since kernel "
+                    f"does not support quantization scheme (INT4 group 32 only, kInt4Static32; here {x.s.bits}-bit group "
+                    f"{x.group}; experts/trtllm_mxint4_moe.py:62-66)")
+    if backend in ("marlin", "humming") and x.family not in _NVIDIA:
+        return (f"WNA16 MoE backend '{backend.upper()}' does not support the deployment configuration since kernel does "
+                f"not support current device (CUDA capability >= 7.5; here {x.family}; experts/marlin_moe.py:592-594, "
+                "fused_humming_moe.py:403-409)")
+    if backend == "triton" and x.ct and m == "CompressedTensorsWNA16MoEMethod" and x.s.strategy == "channel":
+        return ("AssertionError: weight_quant.strategy == 'group' (non-Marlin compressed-tensors WNA16 MoE takes group "
+                "scales only; compressed_tensors_moe_wna16.py:119-126)")
+    return None
+
+
+def auto_backend(x: Layer, flashinfer: str | None = "pinned") -> str | None:
+    """What --moe-backend auto runs: the first of _get_priority_backends that passes (oracle/int_wna16.py:126-143,
+    :332-359); auto does not set VLLM_USE_FLASHINFER_MOE_INT4, so FlashInfer's MxInt4 runs only with it set.
+    Humming (optional package, preferred on capability 9.0) is left out: the image decides."""
+    env_set = truthy(x.env.get("VLLM_USE_FLASHINFER_MOE_INT4"))
+    for b in _PRIORITY:
+        if b == "flashinfer_trtllm" and not env_set:
+            continue
+        if b in ("humming", "emulation"):
+            continue
+        if backend_problem(x, b, flashinfer) is None:
+            return b
+    return None
+
+
+def _refuses(f: Facts, r: str) -> str | None:
+    x = layer(f)
+    if x is None or config_problem(x) is not None:
+        return None
+    if r == "auto":
+        return None if auto_backend(x, f.choices.flashinfer_version) else "none"
+    return backend_problem(x, r, f.choices.flashinfer_version)
+
+
+def _cfg(f: Facts) -> str | None:
+    x = layer(f)
+    return config_problem(x) if x else None
+
+
+# The refusals as validate rows: they run on the final runner (explicit or auto) and an explicit runner's "works
+# instead" asks them too (selection.run_checks planner_ok). The message's detail is the engine's own, per case,
+# through VQ_DETAIL below (Check messages are static), so the rows' texts name the upstream function.
+CHECKS: tuple[Check, ...] = (
+    Check("VQ1", lambda f, r: _cfg(f) is not None, "reject",
+          "vLLM {version} cannot build this {fmt} checkpoint's quantization config at start-up (any --moe-backend)"),
+    Check("VQ2", lambda f, r: r != "auto" and _refuses(f, r) is not None, "reject",
+          "vLLM {version} refuses --moe-backend {value} for this {fmt} checkpoint on {gpu} at start-up "
+          "(select_wna16_moe_backend, model_executor/layers/fused_moe/oracle/int_wna16.py:256-363, vLLM 0.33.0)"),
+    Check("VQ3", lambda f, r: r == "auto" and _refuses(f, r) is not None, "reject",
+          "No WNA16 MoE backend supports the deployment configuration. ({fmt} on {gpu}: select_wna16_moe_backend, "
+          "model_executor/layers/fused_moe/oracle/int_wna16.py:361-363, vLLM 0.33.0)"),
+)
+
+
+def detail(f: Facts, runner: str) -> dict[str, str]:
+    """Check id -> the engine's own reason for this case (appended to the row's text by plan_moe)."""
+    x = layer(f)
+    if x is None:
+        return {}
+    if (cfg := config_problem(x)) is not None:
+        return {"VQ1": cfg}
+    if runner != "auto" and (p := backend_problem(x, runner, f.choices.flashinfer_version)):
+        return {"VQ2": p}
+    return {}
+
+
+def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[tuple[str, str, str, str]], list[tuple[str, str, str]]]:
+    """(warnings, env to render [(key, value, rule, reason)], decisions [(key, value, reason)]) for a WNA16
+    checkpoint or an env-gated backend."""
+    warnings: list[str] = []
+    env: list[tuple[str, str, str, str]] = []
+    decisions: list[tuple[str, str, str]] = []
+    if f.fmt in WNA16_FORMATS and not judged(f.version):
+        warnings.append(f"[VQ0] vLLM {f.version}: the GPTQ / AWQ / compressed-tensors WNA16 MoE rules were read from "
+                        f"vLLM {', '.join(READ)} only; not judged for this release (no rule is inferred across releases)")
+    x = layer(f)
+    if x is not None and config_problem(x) is None:
+        if runner == "auto" and (b := auto_backend(x, f.choices.flashinfer_version)):
+            decisions.append(("quant.moeMethod", f"{method(x)}/{b}",
+                              f"vLLM {f.version} builds {method(x)} and --moe-backend auto takes {b} for this {f.fmt} "
+                              f"checkpoint on {f.gpu_name} (select_wna16_moe_backend priority, {_O}:126-143"
+                              + ("; Humming first where installed on capability 9.0" if f.fam == "sm90" and b == "marlin"
+                                 else "") + ")"))
+        if runner == "flashinfer_trtllm" and backend_problem(x, runner, f.choices.flashinfer_version) is None:
+            env.append(("VLLM_USE_FLASHINFER_MOE_INT4", "1", "VQ-ENV",
+                        "FlashInfer's MxInt4 MoE (TrtLlmMxint4ExpertsMonolithic) runs only with VLLM_USE_FLASHINFER_MOE_INT4=1 "
+                        "(is_flashinfer_mxint4_moe_available, model_executor/layers/quantization/utils/"
+                        "flashinfer_mxint4_moe.py:24-31, vLLM 0.33.0)"))
+    if judged(f.version) and f.rocm and runner in AITER_ENV:
+        for key in AITER_ENV[runner]:
+            env.append((key, "1", "VQ-AITER",
+                        f"--moe-backend {runner} runs only with {' and '.join(AITER_ENV[runner])} set "
+                        "(rocm_aiter_ops.is_fused_moe_enabled / is_enabled, vllm/_aiter_ops.py:2288-2322; "
+                        "experts/rocm_aiter_moe.py:512-513, aiter_mxfp4_w4a16_moe.py:349-351, aiter_mxfp4_w4a4_moe.py:254-256,"
+                        " vLLM 0.33.0)"))
+    return warnings, env, decisions
+
+
+# AMD AITER backends and the env their experts classes' _supports_current_device read (vLLM 0.33.0):
+# AiterExperts needs VLLM_ROCM_USE_AITER and VLLM_ROCM_USE_AITER_MOE (default True; _aiter_ops.py:2321-2322),
+# the AITER Triton MXFP4 experts VLLM_ROCM_USE_AITER (:2288-2289; oracle/mxfp4.py:386-388 maps the values).
+AITER_ENV = {
+    "aiter": ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MOE"),
+    "aiter_triton_mxfp4_bf16": ("VLLM_ROCM_USE_AITER",),
+    "aiter_triton_mxfp4_mxfp4": ("VLLM_ROCM_USE_AITER",),
+}
+
+
+def _aiter_off(f: Facts, r: str) -> bool:
+    return judged(f.version) and f.rocm and r in AITER_ENV and any(env_off(dict(f.choices.env), k) for k in AITER_ENV[r])
+
+
+def _int4_env_off(f: Facts, r: str) -> bool:
+    return (r == "flashinfer_trtllm" and layer(f) is not None
+            and env_off(dict(f.choices.env), "VLLM_USE_FLASHINFER_MOE_INT4"))
+
+
+ENV_CHECKS: tuple[Check, ...] = (
+    Check("VQ-AITER", _aiter_off, "reject",
+          "--moe-backend {value} on {gpu}: AITER MoE is not enabled — set VLLM_ROCM_USE_AITER=1 and "
+          "VLLM_ROCM_USE_AITER_MOE=1 to enable it (the user's env turns it off; experts/rocm_aiter_moe.py:497-513, "
+          "vllm/_aiter_ops.py:2288-2322, vLLM 0.33.0)"),
+    Check("VQ-INT4ENV", _int4_env_off, "reject",
+          "--moe-backend flashinfer_trtllm for a WNA16 checkpoint needs VLLM_USE_FLASHINFER_MOE_INT4=1 and the user's env "
+          "sets it off (is_flashinfer_mxint4_moe_available, model_executor/layers/quantization/utils/"
+          "flashinfer_mxint4_moe.py:24-31, vLLM 0.33.0)"),
+)
