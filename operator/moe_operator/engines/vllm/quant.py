@@ -178,7 +178,10 @@ def backend_problem(x: Layer, backend: str, flashinfer: str | None = "pinned") -
         return (f"WNA16 MoE backend '{backend.upper()}' does not support the deployment configuration since kernel does "
                 f"not support current device (CUDA capability >= 7.5; here {x.family}; experts/marlin_moe.py:592-594, "
                 "fused_humming_moe.py:403-409)")
-    if backend == "triton" and x.ct and m == "CompressedTensorsWNA16MoEMethod" and x.s.strategy == "channel":
+    if backend == "emulation" and x.s.bits != 4:
+        return ("WNA16 MoE backend 'EMULATION' does not support the deployment configuration since kernel does not "
+                f"support quantization scheme (INT4 only; here {x.s.bits}-bit; experts/int4_emulation_moe.py:62-72)")
+    if backend != "marlin" and x.ct and x.s.strategy == "channel":
         return ("AssertionError: weight_quant.strategy == 'group' (non-Marlin compressed-tensors WNA16 MoE takes group "
                 "scales only; compressed_tensors_moe_wna16.py:119-126)")
     return None
@@ -187,12 +190,13 @@ def backend_problem(x: Layer, backend: str, flashinfer: str | None = "pinned") -
 def auto_backend(x: Layer, flashinfer: str | None = "pinned") -> str | None:
     """What --moe-backend auto runs: the first of _get_priority_backends that passes (oracle/int_wna16.py:126-143,
     :332-359); auto does not set VLLM_USE_FLASHINFER_MOE_INT4, so FlashInfer's MxInt4 runs only with it set.
-    Humming (optional package, preferred on capability 9.0) is left out: the image decides."""
+    Humming (optional package, preferred on capability 9.0) is left out: the image decides. EMULATION (INT4 dequantized
+    to BF16 on Triton, experts/int4_emulation_moe.py) is the list's last resort."""
     env_set = truthy(x.env.get("VLLM_USE_FLASHINFER_MOE_INT4"))
     for b in _PRIORITY:
         if b == "flashinfer_trtllm" and not env_set:
             continue
-        if b in ("humming", "emulation"):
+        if b == "humming":
             continue
         if backend_problem(x, b, flashinfer) is None:
             return b

@@ -1,0 +1,279 @@
+"""GPTQ / AWQ / compressed-tensors WNA16 checkpoints (issue 30 item 3): what inspection reads from config.json,
+and the plan each engine's released code accepts for every method x engine x GPU family
+(engines/sglang/quant.py, sglang 0.5.23; engines/vllm/quant.py, vLLM 0.33.0).
+
+The config.json shapes are those of public checkpoints (repo ids named on each); they were written from the
+published files, not fetched by this test. The expectations are written out by hand from the upstream code the
+rows cite, not computed by the rows."""
+
+import copy
+
+import pytest
+
+from moe_core.checkpoint import classify
+from moe_core.gpu import from_name
+from moe_operator.engines.command import Launch
+from moe_operator.engines.sglang import command as sg_command
+from moe_operator.planner import Choices, plan
+
+# Qwen/Qwen3-30B-A3B-GPTQ-Int4 (config.json: quantization_config as AutoGPTQ writes it)
+QWEN3_GPTQ = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "quantization_config": {"bits": 4, "damp_percent": 0.01, "desc_act": False, "group_size": 128,
+                            "quant_method": "gptq", "static_groups": False, "sym": True, "true_sequential": True},
+}
+_MIXTRAL = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+            "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 8}
+# TheBloke/Mixtral-8x7B-Instruct-v0.1-GPTQ (main branch: act-order groups)
+MIXTRAL_GPTQ_ACT = {**_MIXTRAL, "quantization_config": {
+    "bits": 4, "group_size": 128, "damp_percent": 0.1, "desc_act": True, "sym": True, "true_sequential": True,
+    "model_name_or_path": None, "model_file_base_name": "model", "quant_method": "gptq"}}
+# TheBloke/Mixtral-8x7B-Instruct-v0.1-AWQ
+MIXTRAL_AWQ = {**_MIXTRAL, "quantization_config": {
+    "quant_method": "awq", "zero_point": True, "group_size": 128, "bits": 4, "version": "gemm"}}
+# RedHatAI/Qwen3-30B-A3B-quantized.w4a16 (llm-compressor W4A16, group 128)
+QWEN3_CT_W4A16 = {**{k: v for k, v in QWEN3_GPTQ.items() if k != "quantization_config"}, "quantization_config": {
+    "config_groups": {"group_0": {"input_activations": None, "output_activations": None, "targets": ["Linear"],
+                                  "weights": {"actorder": None, "block_structure": None, "dynamic": False,
+                                              "group_size": 128, "num_bits": 4, "observer": "minmax",
+                                              "strategy": "group", "symmetric": True, "type": "int"}}},
+    "format": "pack-quantized", "ignore": ["lm_head"], "kv_cache_scheme": None,
+    "quant_method": "compressed-tensors", "quantization_status": "compressed"}}
+# moonshotai/Kimi-K2-Thinking (compressed-tensors INT4 group 32)
+KIMI_K2_THINKING = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
+    "moe_intermediate_size": 2048, "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64, "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "quantization_config": {"config_groups": {"group_0": {
+        "input_activations": None, "output_activations": None, "targets": ["Linear"],
+        "weights": {"actorder": None, "dynamic": False, "group_size": 32, "num_bits": 4, "observer": "minmax",
+                    "strategy": "group", "symmetric": True, "type": "int"}}},
+        "format": "pack-quantized", "ignore": ["lm_head"], "quant_method": "compressed-tensors"}}
+
+
+def _variant(cfg, **q):
+    out = copy.deepcopy(cfg)
+    out["quantization_config"].update(q)
+    return out
+
+
+def _ct_variant(cfg, **w):
+    out = copy.deepcopy(cfg)
+    out["quantization_config"]["config_groups"]["group_0"]["weights"].update(w)
+    return out
+
+
+# Derived layouts (not published checkpoints): the same Qwen3 GPTQ with asymmetric weights, and the RedHatAI one
+# with activation-order groups / group 64.
+QWEN3_GPTQ_ASYM = _variant(QWEN3_GPTQ, sym=False)
+QWEN3_CT_ACTORDER = _ct_variant(QWEN3_CT_W4A16, actorder="group")
+QWEN3_CT_G64 = _ct_variant(QWEN3_CT_W4A16, group_size=64)
+
+
+# ---- inspection -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cfg,fmt,scheme", [
+    (QWEN3_GPTQ, "gptq", dict(method="gptq", bits=4, groupSize=128, sym=True, descAct=False, zeroPoint=False)),
+    (MIXTRAL_GPTQ_ACT, "gptq", dict(method="gptq", bits=4, groupSize=128, sym=True, descAct=True)),
+    (QWEN3_GPTQ_ASYM, "gptq", dict(sym=False, zeroPoint=True)),
+    (MIXTRAL_AWQ, "awq", dict(method="awq", bits=4, groupSize=128, zeroPoint=True, sym=False)),
+    (QWEN3_CT_W4A16, "ct_wna16", dict(method="compressed-tensors", bits=4, groupSize=128, sym=True, actorder=None,
+                                      checkpointFormat="pack-quantized", strategy="group")),
+    (QWEN3_CT_ACTORDER, "ct_wna16", dict(actorder="group", descAct=True)),
+    (KIMI_K2_THINKING, "ct_int4_g32", dict(method="compressed-tensors", bits=4, groupSize=32, sym=True)),
+])
+def test_inspection_reads_the_quantization_scheme(cfg, fmt, scheme):
+    ck = classify(cfg, None, [])
+    assert ck.format == fmt
+    assert ck.quantScheme is not None
+    got = ck.quantScheme.model_dump()
+    assert {k: got[k] for k in scheme} == scheme
+    assert ck.quantMethod == cfg["quantization_config"]["quant_method"]
+
+
+def test_channelwise_compressed_tensors_and_other_methods():
+    chan = _ct_variant(QWEN3_CT_W4A16, strategy="channel", group_size=None, num_bits=8)
+    ck = classify(chan, None, [])
+    assert ck.format == "ct_wna16" and ck.quantScheme.groupSize == -1 and ck.quantScheme.bits == 8
+    # W8A8 INT (input activations quantized) is not weight-only
+    w8a8 = copy.deepcopy(QWEN3_CT_W4A16)
+    w8a8["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {"num_bits": 8, "type": "int"}
+    assert classify(w8a8, None, []).format == "other"
+    assert classify(w8a8, None, []).quantScheme is None
+    # formats that are not WNA16 carry no scheme
+    fp8 = {**_MIXTRAL, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    assert classify(fp8, None, []).quantScheme is None
+
+
+# ---- the matrix -------------------------------------------------------------------------------------------------
+
+GPUS = {"sm80": "A100", "sm89": "L40S", "sm90": "H200", "sm100": "B200", "sm110": "thor", "sm120": "rtx-pro-6000",
+        "sm121": "GB10", "gfx942": "MI300X", "gfx950": "MI355X"}
+ROCM = ("gfx942", "gfx950")
+LAYOUTS = {"qwen3_gptq": QWEN3_GPTQ, "mixtral_gptq_act": MIXTRAL_GPTQ_ACT, "qwen3_gptq_asym": QWEN3_GPTQ_ASYM,
+           "mixtral_awq": MIXTRAL_AWQ, "qwen3_ct": QWEN3_CT_W4A16, "qwen3_ct_actorder": QWEN3_CT_ACTORDER,
+           "kimi_k2_thinking": KIMI_K2_THINKING}
+
+
+def expected(engine: str, layout: str, fam: str):
+    """(refusal id or None, --quantization value or None, the MoE kernel auto runs): written from the code cited."""
+    rocm = fam in ROCM
+    if engine == "vllm":
+        # desc_act with groups: gptq_utils.py:23-37; asymmetric GPTQ: AutoGPTQConfig.__init__ auto_gptq.py:150-155
+        if layout in ("mixtral_gptq_act", "qwen3_gptq_asym"):
+            return "VQ1", None, None
+        # ROCm: no Marlin (marlin_utils.py:369-370) -> MoeWNA16Method / compressed-tensors on Triton
+        # NVIDIA: Marlin (FLASHINFER_TRTLLM needs VLLM_USE_FLASHINFER_MOE_INT4, not set under auto); activation-order
+        # groups refuse Triton (int_wna16.py:203-205), so ROCm falls to the INT4 emulation (int4_emulation_moe.py:58-72)
+        if rocm and layout == "qwen3_ct_actorder":
+            return None, None, "emulation"
+        return None, None, ("triton" if rocm else "marlin")
+    # sglang: ROCm has no GPTQ / AWQ MoE (model_config.py:2002-2016,2156-2160; awq.py:136-160)
+    if layout in ("qwen3_gptq", "mixtral_gptq_act", "qwen3_gptq_asym", "mixtral_awq") and rocm:
+        return "SQ1", None, None
+    if layout in ("qwen3_gptq", "mixtral_gptq_act"):  # Marlin-compatible, desc_act allowed (gptq.py:459-482)
+        return None, "gptq_marlin", "marlin"
+    if layout == "qwen3_gptq_asym":  # not Marlin-compatible, no desc_act: moe_wna16 (moe_wna16.py:170-192)
+        return None, "moe_wna16", "triton"
+    if layout == "mixtral_awq":
+        return None, "awq_marlin", "marlin"
+    # compressed-tensors (compressed_tensors.py:912-951): ROCm Triton; SM100 auto Triton for sym INT4 g32/128
+    # without actorder; else Marlin
+    if layout == "kimi_k2_thinking" and fam == "sm100":
+        return None, None, None  # the planner's S4 picks flashinfer_trtllm (CompressedTensorsMxInt4MoE)
+    if rocm or (fam == "sm100" and layout != "qwen3_ct_actorder"):
+        return None, None, "triton"
+    return None, None, "marlin"
+
+
+MATRIX = [(e, v, layout, fam) for e, v in (("sglang", "0.5.23"), ("vllm", "0.33.0")) for layout in LAYOUTS
+          for fam in GPUS]
+
+
+def _plan(cfg, engine, version, gpu, runner="auto", env=None, tp=1):
+    ck = classify(cfg, None, [])
+    return plan(ck, from_name(gpu), Choices(runner_backend=runner, tp=tp, env=env or {}), engine=engine,
+                engine_version=version)
+
+
+def _q(p):
+    return p.args[p.args.index("--quantization") + 1] if "--quantization" in p.args else None
+
+
+def _kernel(p):
+    d = [d.value for d in p.decisions if d.key in ("quant.moeKernel", "quant.moeMethod")]
+    return d[0].split("/")[-1] if d else None
+
+
+@pytest.mark.parametrize("engine,version,layout,fam", MATRIX, ids=[f"{e}{v}-{lay}-{fam}" for e, v, lay, fam in MATRIX])
+def test_matrix(engine, version, layout, fam):
+    refusal, quantization, kernel = expected(engine, layout, fam)
+    p = _plan(LAYOUTS[layout], engine, version, GPUS[fam])
+    if refusal:
+        assert any(e.startswith(f"[{refusal}]") for e in p.errors), p.errors
+        assert "--quantization" not in p.args
+        return
+    assert not p.errors, p.errors
+    assert _q(p) == quantization
+    if kernel is not None:
+        assert _kernel(p) == kernel, p.decisions
+    if layout == "kimi_k2_thinking" and fam == "sm100" and engine == "sglang":
+        assert p.moe.runnerBackend == "flashinfer_trtllm"
+
+
+# ---- explicit runners -------------------------------------------------------------------------------------------
+
+EXPLICIT = [
+    # vLLM 0.33.0: AutoGPTQMoEMethod passes may_have_bias=True (auto_gptq.py:472-479): Triton and FlashInfer refused
+    ("vllm", QWEN3_GPTQ, "H200", "triton", None, "VQ2", "expert bias is not supported"),
+    ("vllm", QWEN3_GPTQ, "H200", "marlin", None, None, None),
+    ("vllm", QWEN3_GPTQ, "B200", "flashinfer_trtllm", None, "VQ2", "zero points and bias are not supported"),
+    ("vllm", QWEN3_GPTQ, "H200", "deep_gemm", None, "VQ2", "is not supported for WNA16 MoE"),
+    ("vllm", MIXTRAL_AWQ, "H200", "triton", None, "VQ2", "expert bias is not supported"),
+    # ROCm: Marlin is CUDA-only (check_moe_marlin_supports_config, marlin_utils.py:369-370)
+    ("vllm", QWEN3_GPTQ, "MI355X", "marlin", None, "VQ2", "the MoeWNA16 checkpoint layout is not supported"),
+    ("vllm", QWEN3_GPTQ, "MI355X", "triton", None, None, None),
+    ("vllm", QWEN3_CT_W4A16, "H200", "triton", None, None, None),
+    ("vllm", QWEN3_CT_ACTORDER, "H200", "triton", None, "VQ2", "group activation ordering is not supported"),
+    # FlashInfer MxInt4: INT4 group 32 only (trtllm_mxint4_moe.py:62-66), SM100 family (:45-55)
+    ("vllm", QWEN3_CT_W4A16, "B200", "flashinfer_trtllm", None, "VQ2", "kInt4Static32"),
+    ("vllm", KIMI_K2_THINKING, "B200", "flashinfer_trtllm", None, None, None),
+    ("vllm", KIMI_K2_THINKING, "B200", "flashinfer_trtllm", {"VLLM_USE_FLASHINFER_MOE_INT4": "0"}, "VQ-INT4ENV", None),
+    # sglang 0.5.23: the Marlin MoE schemes assert runner auto (gptq_kernels.py:309, awq_moe.py:132)
+    ("sglang", QWEN3_GPTQ, "H200", "triton", None, "SQ2", "is_auto()"),
+    ("sglang", MIXTRAL_AWQ, "B200", "marlin", None, "SQ2", "is_auto()"),
+    ("sglang", QWEN3_GPTQ_ASYM, "H200", "triton", None, None, None),  # MoeWNA16Method runs Triton
+    ("sglang", QWEN3_GPTQ_ASYM, "H200", "flashinfer_cutlass", None, "SQ2", "Invalid quantization 'moe_wna16'"),
+    ("sglang", QWEN3_CT_W4A16, "H200", "triton", None, None, None),
+    ("sglang", QWEN3_CT_G64, "H200", "triton", None, "SQ2", "group_size=32 or 128"),
+]
+
+
+@pytest.mark.parametrize("engine,cfg,gpu,runner,env,refusal,words", EXPLICIT)
+def test_explicit_runner(engine, cfg, gpu, runner, env, refusal, words):
+    version = {"sglang": "0.5.23", "vllm": "0.33.0"}[engine]
+    p = _plan(cfg, engine, version, gpu, runner, env)
+    if refusal is None:
+        assert not p.errors, p.errors
+        return
+    hits = [e for e in p.errors if e.startswith(f"[{refusal}]")]
+    assert hits, p.errors
+    assert words is None or words in hits[0], hits[0]
+    assert "Works instead:" in hits[0]  # an explicit choice's refusal says what works
+
+
+def test_works_instead_offers_only_what_passes():
+    p = _plan(QWEN3_GPTQ, "vllm", "0.33.0", "H200", "triton")
+    tail = p.errors[0].split("Works instead:", 1)[1]
+    assert "marlin" in tail and "triton" not in tail.split(":", 1)[1].split("(")[0]
+    for r in ("marlin",):
+        assert not _plan(QWEN3_GPTQ, "vllm", "0.33.0", "H200", r).errors
+
+
+def test_ignored_runner_is_a_warning():
+    p = _plan(QWEN3_GPTQ_ASYM, "sglang", "0.5.23", "H200", "deep_gemm")
+    assert any(w.startswith("[SQ3]") and "Triton" in w for w in p.warnings), p.warnings
+
+
+def test_flashinfer_int4_env_is_rendered():
+    p = _plan(KIMI_K2_THINKING, "vllm", "0.33.0", "B200", "flashinfer_trtllm")
+    assert p.env.get("VLLM_USE_FLASHINFER_MOE_INT4") == "1"
+    assert not _plan(KIMI_K2_THINKING, "vllm", "0.33.0", "B200").env.get("VLLM_USE_FLASHINFER_MOE_INT4")
+
+
+# ---- env-gated backends -----------------------------------------------------------------------------------------
+
+BF16_QWEN3 = {k: v for k, v in QWEN3_GPTQ.items() if k != "quantization_config"}
+
+
+def test_vllm_aiter_env_rendered_on_rocm():
+    p = _plan(BF16_QWEN3, "vllm", "0.33.0", "MI355X", "aiter")
+    assert not p.errors, p.errors
+    assert p.env.get("VLLM_ROCM_USE_AITER") == "1" and p.env.get("VLLM_ROCM_USE_AITER_MOE") == "1"
+
+
+def test_vllm_aiter_turned_off_by_the_user_is_refused():
+    p = _plan(BF16_QWEN3, "vllm", "0.33.0", "MI355X", "aiter", env={"VLLM_ROCM_USE_AITER_MOE": "0"})
+    assert any(e.startswith("[VQ-AITER]") for e in p.errors), p.errors
+    assert p.env.get("VLLM_ROCM_USE_AITER_MOE") == "0"  # the user's env is never overridden
+
+
+# ---- releases not read, and the command line ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine,version,note", [("sglang", "0.5.21", "[SQ0]"), ("vllm", "0.22.1", "[VQ0]")])
+def test_release_not_read_for_these_rows_is_not_judged(engine, version, note):
+    p = _plan(MIXTRAL_GPTQ_ACT, engine, version, "H200")
+    assert any(w.startswith(note) for w in p.warnings), p.warnings
+    assert not [e for e in p.errors if e.startswith(("[SQ", "[VQ"))]
+    assert "--quantization" not in p.args
+
+
+def test_quantization_reaches_the_sglang_command():
+    p = _plan(QWEN3_GPTQ_ASYM, "sglang", "0.5.23", "B200")
+    _, args = sg_command.command(Launch(model="/models/m", extra=[], plan_args=p.args, nodes=1, role="single",
+                                        port=8000, plan_file="/plan/plan.json", dist_port=29500))
+    assert args[args.index("--quantization") + 1] == "moe_wna16"
