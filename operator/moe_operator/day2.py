@@ -46,6 +46,9 @@ ENGINE_METRICS = {
 }
 DEFAULT_TARGET = {"queue": 4, "kv": 80}
 EPP_PORT = 9002
+# InferencePoolReady=False reasons that get no Warning Event: every new pool passes through them
+# while its pods start (the condition says it; an Event per rollout would be noise)
+QUIET_REASONS = ("NoReadyEndpoints",)
 POOL_LABEL = "moe.serving.dev/inference-pool"  # serving pods of every MoEDeployment sharing a pool
 
 
@@ -218,6 +221,13 @@ def pool_pod_labels(spec: MoEDeploymentSpec, role: str) -> dict[str, str]:
     return {POOL_LABEL: p.poolName} if p.enabled and p.poolName and role != "worker" else {}
 
 
+def pool_selector(name: str, spec: MoEDeploymentSpec) -> dict[str, str]:
+    """The labels the rendered InferencePool selects: the serving pods of this MoEDeployment, or of
+    every MoEDeployment sharing spec.gateway.inferencePool.poolName."""
+    p = spec.gateway.inferencePool
+    return {POOL_LABEL: p.poolName} if p.poolName else serving_selector(name, spec.nodesPerReplica > 1)
+
+
 def inference_pool(name: str, namespace: str, labels: dict[str, str], selector: dict[str, str], port: int,
                    spec: MoEDeploymentSpec) -> dict[str, Any] | None:
     p = spec.gateway.inferencePool
@@ -226,10 +236,21 @@ def inference_pool(name: str, namespace: str, labels: dict[str, str], selector: 
     if p.poolName:  # shared: the MoEDeployment named like the pool renders it; the others only join
         if p.poolName != name:
             return None
-        selector = {POOL_LABEL: p.poolName}
+        selector = pool_selector(name, spec)
     epp_name, epp_port, failure_mode = endpoint_picker_ref(name, spec)
     return _load("inferencepool.yaml.j2", name=name, namespace=namespace, labels=labels, selector=selector, port=port,
                  epp_name=epp_name, epp_port=epp_port, failure_mode=failure_mode)
+
+
+def ready_endpoints(pods: list[dict[str, Any]]) -> int:
+    """How many of `pods` (API JSON) the endpoint picker routes to: Ready=True, with a pod IP, not
+    being deleted, as the picker's pod reconciler keeps them in its datastore (gateway-api-inference-
+    extension v1.0.1 pkg/epp/controller/pod_reconciler.go: podutil.IsPodReady and the pool's labels)."""
+    def ready(pod: dict[str, Any]) -> bool:
+        st = pod.get("status") or {}
+        return (not (pod.get("metadata") or {}).get("deletionTimestamp") and bool(st.get("podIP"))
+                and any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []))
+    return sum(1 for p in pods if ready(p))
 
 
 def endpoint_picker_ref(name: str, spec: MoEDeploymentSpec) -> tuple[str, int, str]:
@@ -239,16 +260,19 @@ def endpoint_picker_ref(name: str, spec: MoEDeploymentSpec) -> tuple[str, int, s
 
 
 def endpoint_picker_condition(name: str, spec: MoEDeploymentSpec, service: dict[str, Any] | None,
-                              pool: dict[str, Any] | None) -> tuple[str, str, str] | None:
+                              pool: dict[str, Any] | None, ready: int | None = None) -> tuple[str, str, str] | None:
     """(status, reason, message) of the InferencePoolReady condition, None when this MoEDeployment
     renders no pool (none asked for, or it joins another's shared pool).
 
-    The operator renders the InferencePool, not its endpoint picker (EPP): the pool's
-    endpointPickerRef must name a Service in the namespace. Without it a gateway calling the pool
-    with failureMode FailClose fails every request, so its absence is reported here: the Service
-    (`service`, None when missing) and its port, then what the gateways say of the live pool
-    (`pool`: status.parents[].conditions ResolvedRefs, InvalidExtensionRef when they cannot reach
-    the picker; gateway-api-inference-extension v1.0.1 api/v1/inferencepool_types.go)."""
+    The pool needs its endpoint picker (EPP): the pool's endpointPickerRef must name a Service in
+    the namespace. Without it a gateway calling the pool with failureMode FailClose fails every
+    request, so its absence is reported first: the Service (`service`, None when missing) and its
+    port, then what the gateways say of the live pool (`pool`: status.parents[].conditions
+    ResolvedRefs, InvalidExtensionRef when they cannot reach the picker; gateway-api-inference-
+    extension v1.0.1 api/v1/inferencepool_types.go). Then the pool must have somewhere to send a
+    request: `ready`, the pool's ready endpoints (ready_endpoints of the pods pool_selector picks);
+    True needs at least one. None: not counted (a caller that did not list the pods; the verdict is
+    the picker's alone and the message says so)."""
     p = spec.gateway.inferencePool
     if not p.enabled or (p.poolName and p.poolName != name):
         return None
@@ -274,7 +298,16 @@ def endpoint_picker_condition(name: str, spec: MoEDeploymentSpec, service: dict[
             if c.get("type") == "ResolvedRefs" and c.get("status") == "False":
                 return bad("EndpointPickerUnresolved", f"{gateway} cannot use the endpoint picker: "
                            f"{c.get('reason', '')}: {c.get('message', '')}".rstrip(": "))
-    return ("True", "EndpointPickerFound", f"endpoint picker Service {epp}:{port} ({mode})")
+    found = f"endpoint picker Service {epp}:{port} ({mode})"
+    if ready is None:
+        return ("True", "EndpointPickerFound", f"{found}; ready endpoints not counted")
+    selected = selector_string(pool_selector(name, spec))
+    if ready < 1:
+        return ("False", "NoReadyEndpoints",
+                f"InferencePool {name}: no ready endpoint (no Ready pod with labels {selected}): the gateway has "
+                f"nowhere to send a request; {found}")
+    return ("True", "EndpointPickerFound",
+            f"{ready} ready endpoint{'s' if ready != 1 else ''} (pods {selected}); {found}")
 
 
 def endpoint_picker(name: str, namespace: str, spec: MoEDeploymentSpec) -> list[dict[str, Any]]:

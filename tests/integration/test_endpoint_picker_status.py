@@ -2,10 +2,9 @@
 pool is rendered, the picker's Service is missing, so InferencePoolReady=False
 EndpointPickerMissing with a Warning Event, Ready=False and Stalled (FailClose: every request
 through the gateway would fail); once a Service <name>-epp with port 9002 exists,
-InferencePoolReady=True and Ready=True.
-
-Skipped until reconcile.py calls day2.endpoint_picker_condition (the call site is helper S34's
-file): then it runs as is."""
+InferencePoolReady=True (saying how many ready endpoints the pool has) and Ready=True; scaled to
+zero, the pool has no ready endpoint: InferencePoolReady=False NoReadyEndpoints (not Stalled, no
+Warning Event), and True again once a pod is back."""
 
 from __future__ import annotations
 
@@ -53,3 +52,19 @@ def test_missing_picker_is_reported_then_found(kubectl, namespace, operator):
     kubectl("apply", "-f", "-", input=json.dumps(svc))
     o = wait_for(cond("InferencePoolReady", "True", "EndpointPickerFound"), 60, "EndpointPickerFound", operator.log_tail)
     wait_for(cond("Ready", "True"), 90, "Ready=True", operator.log_tail)
+    replicas = doc["spec"]["replicas"]
+    wait_for(lambda: condition(get_json(kubectl, "moed", "pooled", "-n", namespace), "InferencePoolReady")["message"]
+             .startswith(f"{replicas} ready endpoints (pods "), 60, f"{replicas} ready endpoints", operator.log_tail)
+
+    # no pod, no endpoint: the pool reports it, as a state of the rollout (neither Stalled nor an Event)
+    kubectl("patch", "moed", "pooled", "-n", namespace, "--type", "merge", "-p", json.dumps({"spec": {"replicas": 0}}))
+    o = wait_for(cond("InferencePoolReady", "False", "NoReadyEndpoints"), 90, "NoReadyEndpoints", operator.log_tail)
+    assert "no ready endpoint" in condition(o, "InferencePoolReady")["message"]
+    assert condition(o, "Stalled")["status"] == "False"
+    assert not [e for e in get_json(kubectl, "events", "-n", namespace, "--field-selector",
+                                    "involvedObject.kind=MoEDeployment,involvedObject.name=pooled")["items"]
+                if e["reason"] == "NoReadyEndpoints"]
+    kubectl("patch", "moed", "pooled", "-n", namespace, "--type", "merge", "-p", json.dumps({"spec": {"replicas": 1}}))
+    o = wait_for(cond("InferencePoolReady", "True", "EndpointPickerFound"), 90, "a ready endpoint again",
+                 operator.log_tail)
+    assert condition(o, "InferencePoolReady")["message"].startswith("1 ready endpoint (pods ")
