@@ -90,6 +90,15 @@ STATES = {
     "endpoint picker missing (FailOpen)": (list(READY) + [("InferencePoolReady", "False", "EndpointPickerMissingFailOpen")],
                                            "True", "False", "False", "Current", "Healthy"),
     "placement held": (list(READY) + [("PlacementHeld", "True", "SettlingInventory")], "True", "True", "False", "InProgress", "Progressing"),
+    # the pool has no ready endpoint (day2.endpoint_picker_condition): a state of the rollout, never Stalled
+    "pool without endpoints, pods starting": ([INSPECTED, PLANNED, APPLIED, ("Available", "False", "ReplicasNotReady"),
+                                               ("Progressing", "True", "RollingOut"),
+                                               ("InferencePoolReady", "False", "NoReadyEndpoints")],
+                                              "False", "True", "False", "InProgress", "Progressing"),
+    "pool without endpoints, scaled to zero": ([INSPECTED, PLANNED, APPLIED, ("Available", "True", "ScaledToZero"),
+                                                ("Progressing", "False", "ScaledToZero"),
+                                                ("InferencePoolReady", "False", "NoReadyEndpoints")],
+                                               "True", "False", "False", "Current", "Healthy"),
 }
 
 
