@@ -16,7 +16,12 @@ What is extracted (by parsing the code, never by running it):
   * for every row with a marker: where the marker is (file:line, or absent), and a digest of the code
     around it (the enclosing statement), so a release whose check reads differently from the release
     the row was read in is flagged for a person to read, not taken on trust;
-  * digests of the functions whose facts are kept by hand (capability windows), for the same reason.
+  * for every function a row reads (`Source.reads`: vLLM's device windows, quant-scheme and pairing
+    checks, which have no marker string): where it is, located by qualified name anywhere in the
+    package (`Class.method` or a module-level `function`; the row's file is only a hint), and a
+    digest of its AST; a function that reads differently from every recorded release, or that is
+    missing where another recorded release has it, is flagged the same way (sglang's hand-kept
+    function digests, `hand_kept`, work as before).
 
 `--write` records the release in operator/moe_operator/engine_rules/data/<engine>.json (the one
 source the rows read: which releases were read, their choices, which rows they have). It refuses a
@@ -41,14 +46,9 @@ from moe_operator import engine_rules  # noqa: E402
 from moe_operator.engine_rules import recorded as rules_data  # noqa: E402
 
 # Functions whose facts are hand-kept data (vLLM capability windows): their digest per release.
+# (vLLM's are the functions its rows read: Source.reads, digested per function below.)
 HAND_KEPT = {
-    "vllm": {
-        "support_deep_gemm": ("vllm/platforms/cuda.py", "support_deep_gemm"),
-        "triton_mxfp4_window": ("vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py",
-                                "_supports_current_device"),
-        "deep_gemm_mxfp4": ("vllm/model_executor/layers/fused_moe/experts/deep_gemm_moe.py",
-                            "_supports_current_device"),
-    },
+    "vllm": {},
     "sglang": {
         # which runners are fused-only and how the fused function is looked up (SG-FUSED, SG-PERMUTE)
         "moe_runner_init": ("sglang/srt/layers/moe/moe_runner/runner.py", "MoeRunner.__init__"),
@@ -221,6 +221,42 @@ class Tree:
                     return _digest(ast.dump(node, include_attributes=False))
         return None
 
+    def locate(self, qual: str) -> list[tuple[str, int, str]]:
+        """Every definition whose qualified name is `qual` ("Class.method", "Outer.Inner.method", a
+        module-level "function" or, failing that, a module-level constant), anywhere in the package: (file, line, AST digest). Only the files
+        that contain the last name are parsed."""
+        parts = qual.split(".")
+        out = []
+        for rel in self.files_with(parts[-1]):
+            mod = self.tree(rel)
+            if mod is None:
+                continue
+            scope: list[ast.AST] = [mod]
+            for i, name in enumerate(parts):
+                last = i == len(parts) - 1
+                kinds = (ast.FunctionDef, ast.AsyncFunctionDef) if last else (ast.ClassDef,)
+                scope = [n for s in scope for n in getattr(s, "body", []) if isinstance(n, kinds) and n.name == name]
+            if not scope and len(parts) == 1:  # a module-level constant a check reads (a set of names)
+                scope = [n for n in mod.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                         and any(isinstance(t, ast.Name) and t.id == qual
+                                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+            out += [(rel, n.lineno, _digest(ast.dump(n, include_attributes=False))) for n in scope]
+        return out
+
+    def function(self, qual: str, hint: str = "") -> dict:
+        """Where `qual` is and its digest: {"at": file:line, "digest"}; {"at": None, "digest": None}
+        when the release has no such definition; several definitions: the one in `hint`'s file, else
+        all of them (at: a list, digest: of the digests together) so the reader sees the ambiguity."""
+        found = self.locate(qual)
+        if hint:
+            found = [f for f in found if f[0] == hint] or found
+        if not found:
+            return {"at": None, "digest": None}
+        if len(found) == 1:
+            rel, line, digest = found[0]
+            return {"at": f"{rel}:{line}", "digest": digest}
+        return {"at": [f"{rel}:{line}" for rel, line, _ in found], "digest": _digest("".join(d for *_, d in found))}
+
     def marker(self, text: str) -> tuple[str | None, str | None]:
         """(file:line of the first place the marker is, digest of its enclosing statement)."""
         for rel, lines in self.text.items():
@@ -264,6 +300,8 @@ def _digest(text: str) -> str:
 
 
 ORACLES = ("fp8", "nvfp4", "mxfp4", "mxfp8", "unquantized")
+# oracles that a release may lack (recorded as null: the rows that read it do not apply there)
+OPTIONAL_ORACLES = {"wna16": ("int_wna16.py", "map_wna16_backend")}  # first in 0.25.0
 
 
 def extract(engine: str, version: str, root: Path) -> dict:
@@ -290,6 +328,8 @@ def extract(engine: str, version: str, root: Path) -> dict:
         missing = [q for q, keys in out["oracles"].items() if keys is None]
         if missing:
             raise SystemExit(f"vllm {version}: oracle maps not found for {', '.join(missing)}: read them by hand")
+        for q, (file, fn) in OPTIONAL_ORACLES.items():
+            out["oracles"][q] = tree.mapping_keys(oracle + file, fn)
     out["flashinfer_pin"] = flashinfer_pin(root)
     out["hand_kept"] = {k: tree.function_digest(rel, fn) for k, (rel, fn) in HAND_KEPT[engine].items()}
     markers = {}
@@ -298,6 +338,12 @@ def extract(engine: str, version: str, root: Path) -> dict:
             where, digest = tree.marker(rule.source.marker)
             markers[rule.id] = {"at": where, "digest": digest}
     out["markers"] = markers
+    functions = {}
+    for rule in engine_rules._rules(engine):
+        for qual in rule.source.reads:
+            functions.setdefault(qual, tree.function(qual, rule.source.file))
+    if functions:
+        out["functions"] = functions
     return out
 
 
@@ -328,6 +374,12 @@ def flagged(engine: str, version: str, got: dict, recorded: dict) -> list[str]:
         seen = {r["hand_kept"].get(key) for r in recorded.values()} - {None}
         if seen and digest not in seen:
             out.append(key)
+    for qual, f in got.get("functions", {}).items():
+        seen = {(r.get("functions", {}).get(qual) or {}).get("digest") for r in recorded.values()} - {None}
+        if f["digest"] is None and seen:  # gone (or renamed): does the row's check still exist?
+            out.append(qual)
+        elif f["digest"] is not None and f["digest"] not in seen and any("functions" in r for r in recorded.values()):
+            out.append(qual)
     return out
 
 
@@ -340,7 +392,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--reviewed", default="", help="rows/facts read by a person in this release (comma list)")
     ap.add_argument("--note", default="", help="what the person found (recorded with the release)")
+    ap.add_argument("--note-file", default="", help="the same, from a file")
     a = ap.parse_args(argv)
+    if a.note_file:
+        a.note = Path(a.note_file).read_text().strip()
     got = extract(a.engine, a.version, Path(a.root))
     recorded = rules_data.releases(a.engine)
     prior = {v: r for v, r in recorded.items() if v != a.version}
@@ -350,14 +405,18 @@ def main(argv: list[str]) -> int:
           f"({got['runner_choices']['at']}), {len(got['a2a_choices']['values'])} a2a choices, "
           f"{present}/{len(got['markers'])} row markers present")
     for rid in flags:
-        m = got["markers"].get(rid)
-        print(f"  TO READ {rid}: the code differs from every recorded release" + (f" ({m['at']})" if m else ""))
+        m = got["markers"].get(rid) or got.get("functions", {}).get(rid)
+        where = f" ({m['at']})" if m and m["at"] else " (absent here)" if m else ""
+        rows = sorted(r.id for r in engine_rules._rules(a.engine) if rid in r.source.reads)
+        print(f"  TO READ {rid}: the code differs from every recorded release{where}"
+              + (f"; read by {', '.join(rows)}" if rows else ""))
     if a.check:
         have = recorded.get(a.version)
         if have is None:
             print(f"  {a.engine} {a.version} is not recorded")
             return 1
-        diff = [k for k in ("runner_choices", "a2a_choices", "fused_funcs", "oracles", "flashinfer_pin", "hand_kept", "markers")
+        diff = [k for k in ("runner_choices", "a2a_choices", "fused_funcs", "oracles", "flashinfer_pin", "hand_kept", "markers",
+                                  "functions")
                 if _comparable(have.get(k), k) != _comparable(got.get(k), k)]
         for k in diff:
             print(f"  DIFFERS {k}: recorded {have.get(k)!r} vs wheel {got.get(k)!r}"[:2000])
@@ -369,15 +428,14 @@ def main(argv: list[str]) -> int:
             print(f"  not recorded: read {', '.join(unread)} first (then --reviewed)")
             return 1
         got["reviewed"] = sorted(reviewed)
-        if a.note:
-            got["note"] = a.note
+        got["note"] = a.note or (recorded.get(a.version) or {}).get("note", "")
         rules_data.write(a.engine, a.version, got)
         print(f"  recorded in {rules_data.path(a.engine)}")
     return 0
 
 
 def _comparable(value, key):
-    if key == "markers" and isinstance(value, dict):
+    if key in ("markers", "functions") and isinstance(value, dict):
         return {k: (v or {}).get("digest") for k, v in value.items()}
     if key in ("runner_choices", "a2a_choices") and isinstance(value, dict):
         return value.get("values")

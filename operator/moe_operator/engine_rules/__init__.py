@@ -43,6 +43,10 @@ class Source:
     version: str  # the release the lines refer to
     since: str  # first release in VERSIONS_READ that has the check (found by its message)
     marker: str = ""  # a literal piece of the upstream code/message used to find it per release
+    # the functions the row reads, by qualified name ("Class.method" or "function", anywhere in the
+    # package): for checks without a marker string; each release records where they are and an AST
+    # digest of each (scripts/engine_rules_extract.py), and the row applies where one of them is
+    reads: tuple[str, ...] = ()
 
     def cite(self, engine: str) -> str:
         first = f"; present since {engine} {self.since} (releases read)" if self.since != self.version else ""
@@ -144,13 +148,13 @@ def coverage_note(engine: str, version: str) -> str | None:
 
 
 def _applies(rule: Rule, case: Case) -> bool:
-    """The release was read and has the row's check: its marker was found in that very release
-    (recorded data), so a check that appeared and went applies only where it is; rows without a
-    marker apply from `since`."""
+    """The release was read and has the row's check: its marker (or every function it reads) was
+    found in that very release (recorded data), so a check that appeared and went applies only where
+    it is; rows with neither apply from `since`."""
     read = read_as(case.engine, case.version)
     if read is None:
         return False
-    has = recorded.has_check(case.engine, read, rule.id)
+    has = recorded.has_check(case.engine, read, rule.id, rule.source.reads)
     return has if has is not None else vt(rule.source.since) <= vt(case.version)
 
 
@@ -191,7 +195,7 @@ def check(case: Case, skip_same_as: frozenset[str] = frozenset()) -> list[Refusa
         if rule.when(case):
             msg = rule.message.format(**_fields(case), **(rule.extra(case) if rule.extra else {}))
             src = rule.source
-            first = recorded.first_with(case.engine, rule.id)
+            first = recorded.first_with(case.engine, rule.id, rule.source.reads)
             if first is not None and first != src.since:  # the releases read say where the check starts
                 src = replace(src, since=first)
             out.append(Refusal(rule, f"[{rule.id}] {case.engine} {case.version} refuses this at start-up: {msg} "

@@ -60,17 +60,24 @@ def release(engine: str, version: str) -> dict[str, Any] | None:
     return releases(engine).get(version)
 
 
-def has_check(engine: str, version: str, rule_id: str) -> bool | None:
-    """Whether this release has the row's check (its marker was found); None: not recorded."""
+def has_check(engine: str, version: str, rule_id: str, reads: tuple[str, ...] = ()) -> bool | None:
+    """Whether this release has the row's check: its marker was found, or (a row without one) a
+    function it reads (`reads`, by qualified name) is there (one backend's check may sit in several
+    classes, not all of them in every release); None: not recorded."""
     r = release(engine, version)
-    if r is None or rule_id not in r.get("markers", {}):
+    if r is None:
         return None
-    return r["markers"][rule_id].get("at") is not None
+    if rule_id in r.get("markers", {}):
+        return r["markers"][rule_id].get("at") is not None
+    functions = r.get("functions", {})
+    if reads and all(q in functions for q in reads):
+        return any(functions[q].get("at") is not None for q in reads)
+    return None
 
 
-def first_with(engine: str, rule_id: str) -> str | None:
+def first_with(engine: str, rule_id: str, reads: tuple[str, ...] = ()) -> str | None:
     """The first release read that has the row's check (None: no recorded release has it)."""
-    return next((v for v, r in releases(engine).items() if (r.get("markers", {}).get(rule_id) or {}).get("at")), None)
+    return next((v for v in releases(engine) if has_check(engine, v, rule_id, reads)), None)
 
 
 def write(engine: str, version: str, facts: dict[str, Any]) -> None:

@@ -13,4 +13,4 @@ DEFAULT_VERSIONS = {sglang.NAME: sglang.DEFAULT_VERSION, vllm.NAME: vllm.DEFAULT
                     bundled.NAME: bundled.DEFAULT_VERSION}
 # Every runner value any engine accepts (the CRD's enum for moe.runnerBackend), and every a2a value.
 ALL_RUNNERS = tuple(dict.fromkeys([*sglang.RUNNERS, *vllm.MOE_BACKENDS, *bundled.RUNNERS]))
-ALL_A2A = tuple(dict.fromkeys([*sglang.A2A, *vllm.A2A_EXTRA]))
+ALL_A2A = tuple(dict.fromkeys([*sglang.A2A, *vllm.A2A]))

@@ -14,15 +14,63 @@ import pytest
 from moe_operator import engine_rules, planner
 from moe_operator.engine_rules import Case, recorded
 from moe_operator.engines.sglang import startup as sg_rules
+from moe_operator.engines.vllm import startup as vl_rules
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 import engine_rules_extract as extract  # noqa: E402
 
 # PyPI's sglang releases from 0.5.10 to 0.5.23, post releases included (pip index versions sglang,
-# 2026-12-01); vLLM: the releases read so far (0.23-0.32 are not yet: they are "not judged").
+# 2026-12-01); vLLM's from 0.22.0 to 0.33.0 (pip index versions vllm, 2026-12-02: no post releases in the range).
 SGLANG_RANGE = ("0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14",
                 "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22",
                 "0.5.23")
+
+
+VLLM_RANGE = ("0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0",
+              "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+
+
+def test_every_vllm_release_in_the_range_was_read():
+    assert tuple(recorded.releases("vllm")) == VLLM_RANGE == engine_rules.VERSIONS_READ["vllm"]
+    for v in VLLM_RANGE:
+        assert engine_rules.coverage_note("vllm", v) is None, v
+        r = recorded.release("vllm", v)
+        assert r["runner_choices"]["values"] and r["a2a_choices"]["values"] and r["flashinfer_pin"], v
+        # every function a row reads was looked for, by qualified name
+        assert set(r["functions"]) == {q for rule in vl_rules.RULES for q in rule.source.reads}, v
+    assert vl_rules.choices("0.27.1")[0] == tuple(recorded.release("vllm", "0.27.1")["runner_choices"]["values"])
+
+
+def test_vllm_ranged_rows_follow_the_code_release_by_release():
+    ids = lambda case: {r.rule.id for r in engine_rules.check(case)}  # noqa: E731
+    import dataclasses
+    # support_deep_gemm gains family 120 in 0.24.0 (platforms/cuda.py)
+    dg = Case("vllm", "0.23.0", "fp8", "Qwen3MoeForCausalLM", "sm120", "deep_gemm")
+    assert "VL-DEV-DEEP_GEMM" in ids(dg) and "VL-DEV-DEEP_GEMM" not in ids(dataclasses.replace(dg, version="0.24.0"))
+    # the OpenAI Triton MXFP4 window widens from < 11.0 to < 13.0 in 0.32.0
+    tr = Case("vllm", "0.31.0", "mxfp4", "GptOssForCausalLM", "sm120", "triton")
+    assert "VL-DEV-TRITON-MXFP4" in ids(tr) and "VL-DEV-TRITON-MXFP4" not in ids(dataclasses.replace(tr, version="0.32.0"))
+    # HPC-Ops: 9.0 or family 100 in 0.25.0-0.27.1, 9.0 only from 0.28.0; no hpc check before 0.25.0
+    hpc = Case("vllm", "0.27.1", "fp8", "DeepseekV3ForCausalLM", "sm100", "hpc")
+    assert "VL-DEV-HPC" not in ids(hpc) and "VL-DEV-HPC" in ids(dataclasses.replace(hpc, version="0.28.0"))
+    [row] = [r for r in vl_rules.RULES if r.id == "VL-DEV-HPC"]
+    assert recorded.has_check("vllm", "0.24.0", row.id, row.source.reads) is False
+    [text] = [r.text for r in engine_rules.check(dataclasses.replace(hpc, version="0.28.0", family="sm120"))
+              if r.rule.id == "VL-DEV-HPC"]
+    assert "present since vllm 0.25.0" in text
+    # validate_flashinfer_moe_ep_model: both megakernels 0.29.0-0.31.0, the DeepGEMM one only from 0.32.0;
+    # DeepseekV41ForCausalLM allowed from 0.30.0; absent before 0.29.0
+    ep = Case("vllm", "0.29.0", "dsv4_fp4", "DeepseekV41ForCausalLM", "sm100", "flashinfer_moe_ep_mega_deep_gemm")
+    assert "VL-EP-ARCH" in ids(ep) and "VL-EP-ARCH" not in ids(dataclasses.replace(ep, version="0.30.0"))
+    cute = Case("vllm", "0.31.0", "dsv4_fp4", "Qwen3MoeForCausalLM", "sm100", "flashinfer_moe_ep_mega_cutedsl")
+    assert "VL-EP-ARCH" in ids(cute)
+    # the megakernels' capability check at config time exists 0.29.0-0.31.0 only
+    cc = dataclasses.replace(ep, version="0.31.0", family="sm90")
+    assert "VL-FI-MOE-EP-CC" in ids(cc) and "VL-FI-MOE-EP-CC" not in ids(dataclasses.replace(cc, version="0.32.0"))
+    # the all2all pairing check arrives in 0.32.0
+    a2a = Case("vllm", "0.31.0", "dsv4_fp4", "DeepseekV4ForCausalLM", "sm100", "flashinfer_moe_ep_mega_deep_gemm",
+               a2a="deepep_low_latency", tp=8, ep=8)
+    assert "VL-EP-A2A" not in ids(a2a) and "VL-EP-A2A" in ids(dataclasses.replace(a2a, version="0.32.0"))
 
 
 def test_every_sglang_release_in_the_range_was_read():
@@ -42,6 +90,11 @@ def test_a_check_that_reads_differently_from_every_other_release_was_read_by_a_p
         unique = [rid for rid, m in r["markers"].items() if m["at"] and m["digest"] not in
                   {(o["markers"].get(rid) or {}).get("digest") for o in others}]
         unique += [k for k, d in r["hand_kept"].items() if d and d not in {o["hand_kept"].get(k) for o in others}]
+        # a function a row reads (vLLM's device windows): unique code, or missing where another release has it
+        for q, f in r.get("functions", {}).items():
+            seen = {(o.get("functions", {}).get(q) or {}).get("digest") for o in others} - {None}
+            if (f["digest"] is None and seen) or (f["digest"] is not None and f["digest"] not in seen):
+                unique.append(q)
         assert set(unique) <= set(r.get("reviewed", ())), (v, sorted(set(unique) - set(r.get("reviewed", ()))))
         assert r.get("note"), v  # what the reader found
 

@@ -434,8 +434,8 @@ def test_an_unread_release_is_not_judged_and_names_the_nearest_read_ones():
     assert "older" in note and "not judged" in note and "0.5.10" in note
     note = engine_rules.coverage_note("sglang", "0.5.30")
     assert "newer" in note and "not judged" in note and "0.5.23" in note
-    assert "older" in engine_rules.coverage_note("vllm", "0.16.0") and "0.22.1" in engine_rules.coverage_note("vllm", "0.16.0")
-    assert "0.22.1 (older), 0.33.0 (newer)" in engine_rules.coverage_note("vllm", "0.25.0")
+    assert "older" in engine_rules.coverage_note("vllm", "0.16.0") and "0.22.0" in engine_rules.coverage_note("vllm", "0.16.0")
+    assert "0.25.1 (older), 0.26.0 (newer)" in engine_rules.coverage_note("vllm", "0.25.2")
     # a post release is a release of its own, not its base's
     assert "0.5.23" in engine_rules.coverage_note("sglang", "0.5.23.post1")
     assert engine_rules.read_as("sglang", "0.5.23.post1") is None and engine_rules.read_as("sglang", "v0.5.23") == "0.5.23"
@@ -450,24 +450,24 @@ def test_an_unread_release_is_not_judged_and_names_the_nearest_read_ones():
     with pytest.raises(ValueError, match="not read"):
         sg_rules.choices("0.5.24")
     with pytest.raises(ValueError, match="not read"):
-        vl_rules.release("0.25.0")
+        vl_rules.release("0.25.2")
 
 
 def test_unread_version_warns_in_the_plan():
-    p = _plan("vllm", "0.25.0", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1))
+    p = _plan("vllm", "0.25.2", "B200", "nvfp4", DSV3, "flashinfer_trtllm", "none", (1, 1, 1))
     assert any(w.startswith("[ER0]") for w in p.warnings)
 
 
 def test_vllm_release_between_two_read_ones_is_not_judged():
-    # refused by both 0.22.1 and 0.33.0 (read): for 0.25.0 (not read) the start-up rows are not judged,
+    # refused by the releases read (0.22.1, 0.33.0): for 0.25.2 (no such release: not read) the start-up rows are not judged,
     # the plan warns, and the planner's own rows still run
     read = _plan("vllm", "0.33.0", "H200", "nvfp4", QWEN3, "flashinfer_cutedsl", "none", (1, 1, 1))
     assert any(e.startswith("[VL-DEV-FLASHINFER_CUTEDSL]") for e in read.errors)
-    p = _plan("vllm", "0.25.0", "H200", "nvfp4", QWEN3, "flashinfer_cutedsl", "none", (1, 1, 1))
+    p = _plan("vllm", "0.25.2", "H200", "nvfp4", QWEN3, "flashinfer_cutedsl", "none", (1, 1, 1))
     assert not [e for e in p.errors if e.startswith("[VL-")]
     er0 = [w for w in p.warnings if w.startswith("[ER0]")]
-    assert er0 and "not judged" in er0[0] and "0.22.1 (older), 0.33.0 (newer)" in er0[0]
-    # b12x first read in 0.33.0: 0.33.0 accepts it as a choice, 0.22.1 refuses it (read releases only)
+    assert er0 and "not judged" in er0[0] and "0.25.1 (older), 0.26.0 (newer)" in er0[0]
+    # b12x first read in 0.29.0: 0.33.0 accepts it as a choice, 0.22.1 refuses it (read releases only)
     assert not [e for e in _plan("vllm", "0.33.0", "rtx-pro-6000", "nvfp4", QWEN3, "b12x", "none", (1, 1, 1)).errors
                 if e.startswith("[VL-CHOICE]")]
 

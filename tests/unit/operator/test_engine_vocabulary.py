@@ -33,7 +33,18 @@ def test_vocabulary_is_what_the_releases_read_accept():
     # vLLM: every --moe-backend of every release read, plus the two values the legacy env translates to (W7)
     assert set(vllm.MOE_BACKENDS) - _recorded("vllm", "runner_choices") == {"flashinfer_trtllm_afp8",
                                                                              "flashinfer_cutlass_afp8"}
-    assert set(vllm.A2A_EXTRA) <= _recorded("vllm", "a2a_choices")
+    assert _recorded("vllm", "runner_choices") <= set(vllm.MOE_BACKENDS)  # the CRD enum lacks none of them
+    # --all2all-backend: every value of every release read, and nothing else
+    assert set(vllm.A2A) == _recorded("vllm", "a2a_choices")
+
+
+def test_the_crd_a2a_enum_has_every_value_an_engine_release_read_accepts():
+    # vLLM 0.33.0's All2AllBackend values the enum once lacked (it listed only five of vLLM's own)
+    for a2a in ("nixl_ep", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided", "mori_high_throughput",
+                "mori_low_latency", "moonep"):
+        assert a2a in recorded.release("vllm", "0.33.0")["a2a_choices"]["values"]
+        assert a2a in typing.get_args(api.MoESpec.model_fields["a2aBackend"].annotation)
+    assert set(vocabulary.ALL_A2A) == _recorded("sglang", "a2a_choices") | _recorded("vllm", "a2a_choices")
 
 
 def test_selection_and_start_up_rows_use_the_same_lists():

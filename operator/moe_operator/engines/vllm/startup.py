@@ -1,9 +1,10 @@
 """vLLM's start-up checks of `--moe-backend` (and `--all2all-backend` with it), as rows.
 
-Read from the released wheels vllm==0.22.1 and vllm==0.33.0 (PyPI); paths are inside the wheel,
-lines are 0.33.0's. What differs between the two (the CLI choices, each oracle's accepted values,
-the DeepGEMM and OpenAI-Triton capability windows) is data per release in `RELEASES`; a release
-not read is not judged (engine_rules.coverage_note).
+Read from the released wheels of every vLLM release 0.22.0-0.33.0 on PyPI (data/vllm.json); paths are
+inside the wheel, lines are 0.33.0's unless a row says otherwise. What differs between releases is data:
+the CLI choices and each oracle's accepted values are extracted per release (`RELEASES`); the capability
+windows and name sets a row reads by hand are ranged (`_WINDOWS`: where the code changed, found by the
+per-function digests of `Source.reads`). A release not read is not judged (engine_rules.coverage_note).
 
 How an explicit `--moe-backend` is checked (0.33.0):
   1. argparse: the value must be one of the `MoEBackend` Literal (vllm/config/kernel.py:122-147; the
@@ -26,7 +27,7 @@ both run on automatic choices too and size placement's layouts (planner.split_re
 
 from __future__ import annotations
 
-from ...engine_rules import Case, Rule, Source, read_as, recorded
+from ...engine_rules import Case, Rule, Source, read_as, recorded, release_key
 
 A2A_FLAG = "--all2all-backend"
 
@@ -37,39 +38,49 @@ FAMILY_100 = frozenset({"sm100"})  # is_device_capability_family(100): 10.x
 FAMILY_120 = frozenset({"sm120", "sm121"})  # is_device_capability_family(120): 12.x
 
 # Per release read: the CLI choices (MoEBackend and All2AllBackend Literals, vllm/config/kernel.py and
-# config/parallel.py, minus the "passthrough" the CLI removes) and each oracle's map_*_backend keys come
-# from the wheel (data/vllm.json, scripts/engine_rules_extract.py); the capability windows and the WNA16
-# map (0.33.0 only: 0.22.1's int_wna16 oracle has none) are read by hand, below.
-_WINDOWS = {
-    "0.22.1": {
-        # platforms/cuda.py:557-559 support_deep_gemm: 9.0 or family 100
-        "deep_gemm": frozenset({"sm90"}) | FAMILY_100,
-        # experts/deep_gemm_moe.py:358-364 MXFP4 DeepGEMM: family 100
-        "deep_gemm_mxfp4": FAMILY_100,
-        # experts/gpt_oss_triton_kernels_moe.py:43-49: 9.0 <= capability < 11.0 on CUDA
-        "triton_mxfp4": frozenset({"sm90", "sm100", "gfx942", "gfx950"}),
-    },
-    "0.33.0": {
-        "wna16": {"triton", "marlin", "humming", "flashinfer_trtllm", "emulation", "rdna3"},
-        # platforms/cuda.py:691-697 support_deep_gemm: 9.0, family 100 or family 120
-        "deep_gemm": frozenset({"sm90"}) | FAMILY_100 | FAMILY_120,
-        # experts/deep_gemm_moe.py:474-479 MXFP4 DeepGEMM: family 100 or 120
-        "deep_gemm_mxfp4": FAMILY_100 | FAMILY_120,
-        # experts/gpt_oss_triton_kernels_moe.py:41-62: 9.0 <= capability < 13.0 on CUDA, ROCm gfx9
-        "triton_mxfp4": frozenset({"sm90", "sm100", "sm110", "sm120", "sm121", "gfx942", "gfx950"}),
-    },
+# config/parallel.py, minus the "passthrough" the CLI removes) and each oracle's map_*_backend keys (the WNA16
+# one from 0.25.0) come from the wheel (data/vllm.json, scripts/engine_rules_extract.py). The capability windows
+# and name sets below are read by hand, as ranged rows: (first release read with this reading, value); a release
+# read takes the newest entry at or below it. Every release's digest of the functions these are read from is
+# recorded (Source.reads), and a digest that differs from every other release's was read and its finding noted
+# with the release (data/vllm.json "reviewed"/"note"), so a range starts where the code changed.
+_WINDOWS: dict[str, tuple[tuple[str, object], ...]] = {
+    # platforms/cuda.py CudaPlatformBase.support_deep_gemm: 9.0 or family 100 (0.22.0-0.23.0, cuda.py:557-559),
+    # also family 120 from 0.24.0 (0.33.0 cuda.py:691-697)
+    "deep_gemm": (("0.22.0", frozenset({"sm90"}) | FAMILY_100), ("0.24.0", frozenset({"sm90"}) | FAMILY_100 | FAMILY_120)),
+    # experts/deep_gemm_moe.py DeepGemmFP4Experts._supports_current_device: family 100; from 0.24.0 100 or 120
+    "deep_gemm_mxfp4": (("0.22.0", FAMILY_100), ("0.24.0", FAMILY_100 | FAMILY_120)),
+    # experts/gpt_oss_triton_kernels_moe.py _triton_kernel_moe_supports_current_device: CUDA 9.0 <= cap < 11.0
+    # (0.22.0-0.31.0), < 13.0 from 0.32.0; ROCm gfx9 (or gfx1x, no family here) throughout
+    "triton_mxfp4": (("0.22.0", frozenset({"sm90", "sm100", "gfx942", "gfx950"})),
+                     ("0.32.0", frozenset({"sm90", "sm100", "sm110", "sm120", "sm121", "gfx942", "gfx950"}))),
+    # hpc_moe.py HPCExperts._supports_current_device: 9.0 or family 100 (0.25.0-0.27.1), 9.0 only from 0.28.0
+    "hpc": (("0.25.0", frozenset({"sm90"}) | FAMILY_100), ("0.28.0", frozenset({"sm90"}))),
+    # config/kernel.py validate_flashinfer_moe_ep_model: the backends it restricts (FLASHINFER_MOE_EP_BACKENDS,
+    # 0.29.0-0.31.0; FLASHINFER_MOE_EP_DEEP_GEMM alone from 0.32.0) and the architectures it allows
+    # (FLASHINFER_MOE_EP_ARCHITECTURES; DeepseekV41ForCausalLM from 0.30.0)
+    "ep_arch_backends": (("0.29.0", frozenset({"flashinfer_moe_ep_mega_deep_gemm", "flashinfer_moe_ep_mega_cutedsl"})),
+                         ("0.32.0", frozenset({"flashinfer_moe_ep_mega_deep_gemm"}))),
+    "ep_archs": (("0.29.0", frozenset({"DeepseekV4ForCausalLM", "DeepSeekV4MTPModel"})),
+                 ("0.30.0", frozenset({"DeepseekV4ForCausalLM", "DeepSeekV4MTPModel", "DeepseekV41ForCausalLM"}))),
 }
 
 
-def _release_data(v: str, r: dict) -> dict:
+def window(name: str, version: str):
+    """The hand-read value `name` has in this read release (None: before its first entry)."""
+    key = release_key(read_as("vllm", version) or version)
+    at = [(first, value) for first, value in _WINDOWS[name] if release_key(first) <= key]
+    return at[-1][1] if at else None
+
+
+def _release_data(r: dict) -> dict:
     out = {"choices": tuple(r["runner_choices"]["values"]), "all2all": tuple(r["a2a_choices"]["values"])}
-    out.update({q: set(keys) for q, keys in r["oracles"].items()})
-    out.update(_WINDOWS.get(v, {}))
+    out.update({q: set(keys) for q, keys in r["oracles"].items() if keys is not None})
     return out
 
 
-# A release is judged only where every fact above was read for it (the windows by hand).
-RELEASES = {v: _release_data(v, r) for v, r in recorded.releases("vllm").items() if v in _WINDOWS}
+# Every release recorded (a release not recorded is not judged).
+RELEASES = {v: _release_data(r) for v, r in recorded.releases("vllm").items()}
 
 
 def release(version: str) -> dict:
@@ -104,8 +115,8 @@ MAPPINGS: dict[str, Source] = {
                     "_BACKEND_NAME_MAP.get(runner_backend)"),
     "unquantized": Source(_O + "unquantized.py", "180-194", "map_unquantized_backend", V, "0.22.1",
                           "is not supported for unquantized MoE"),
-    # 0.22.1's int_wna16 oracle has no map_wna16_backend: no mapping row there
-    "wna16": Source(_O + "int_wna16.py", "238-253", "map_wna16_backend (compressed_tensors_moe_wna16.py:102)", V, V,
+    # the int_wna16 oracle has map_wna16_backend from 0.25.0 (none before: no mapping row there)
+    "wna16": Source(_O + "int_wna16.py", "238-253", "map_wna16_backend (compressed_tensors_moe_wna16.py:102)", V, "0.25.0",
                     "is not supported for WNA16 MoE"),
 }
 
@@ -119,8 +130,9 @@ def _mapped(c: Case) -> bool:
     return o is not None and c.runner in release(c.version).get(o, ())
 
 
-def _src(file: str, lines: str, function: str, since: str = "0.22.1", marker: str = "") -> Source:
-    return Source(file=file, lines=lines, function=function, version=V, since=since, marker=marker)
+def _src(file: str, lines: str, function: str, since: str = "0.22.1", marker: str = "",
+         reads: tuple[str, ...] = ()) -> Source:
+    return Source(file=file, lines=lines, function=function, version=V, since=since, marker=marker, reads=reads)
 
 
 _NAMES = {"fp8": "FP8", "nvfp4": "NvFP4", "mxfp4": "MXFP4", "mxfp8": "MXFP8", "unquantized": "unquantized",
@@ -137,13 +149,14 @@ def _mapping_rule(oracle: str) -> Rule:
 
 
 def _device(name: str, families, file: str, lines: str, function: str, oracles: tuple[str, ...],
-            what: str, same_as: tuple[str, ...] = (), suffix: str = "", since: str = "0.22.1") -> Rule:
+            what: str, reads: tuple[str, ...], same_as: tuple[str, ...] = (), suffix: str = "",
+            since: str = "0.22.1") -> Rule:
     fams = families if callable(families) else (lambda c, f=families: f)
     return Rule(f"VL-DEV-{name.upper()}{suffix}", "vllm",
                 lambda c: _oracle(c) in oracles and _mapped(c) and c.runner == name and c.family not in fams(c),
                 f"{{fmt}} MoE backend '{name}' does not support the deployment configuration since kernel does not "
                 f"support current device ({what}; here {{family}})",
-                _src(file, lines, function, since), same_as=same_as)
+                _src(file, lines, function, since, reads=reads), same_as=same_as)
 
 
 # Backends whose experts classes all have FusedMoEActivationFormat.Standard (0.33.0): FlashInferExperts
@@ -158,6 +171,9 @@ _STANDARD_ONLY = {
 }
 
 _ALL = ("fp8", "nvfp4", "mxfp4", "mxfp8", "unquantized", "wna16")
+# the OpenAI Triton MXFP4 window: the experts classes' checks and the module function they call
+_TRITON_MXFP4 = ("BaseOAITritonExperts._supports_current_device", "OAITritonMxfp4ExpertsMonolithic._supports_current_device",
+                 "_triton_kernel_moe_supports_current_device")
 
 RULES: tuple[Rule, ...] = (
     Rule("VL-CHOICE", "vllm", lambda c: c.runner not in release(c.version)["choices"],
@@ -168,61 +184,87 @@ RULES: tuple[Rule, ...] = (
          _src("vllm/config/parallel.py", "45-60", "All2AllBackend (argparse choices, engine/arg_utils.py:1157-1161)"),
          flag="a2a"),
     Rule("VL-EP-ARCH", "vllm",
-         lambda c: c.runner == "flashinfer_moe_ep_mega_deep_gemm"
-         and c.arch not in ("DeepseekV4ForCausalLM", "DeepSeekV4MTPModel", "DeepseekV41ForCausalLM"),
-         "moe_backend='flashinfer_moe_ep_mega_deep_gemm' is only supported for DeepSeek-V4 models "
-         "(['DeepSeekV4MTPModel', 'DeepseekV41ForCausalLM', 'DeepseekV4ForCausalLM']), but the model is ['{arch}'].",
-         _src("vllm/config/kernel.py", "231-243", "validate_flashinfer_moe_ep_model", "0.33.0")),
+         lambda c: c.runner in window("ep_arch_backends", c.version) and c.arch not in window("ep_archs", c.version),
+         "moe_backend='{runner}' is only supported for DeepSeek-V4 models ({archs}), but the model is ['{arch}'].",
+         _src("vllm/config/kernel.py", "231-243", "validate_flashinfer_moe_ep_model", "0.29.0",
+              reads=("validate_flashinfer_moe_ep_model", "FLASHINFER_MOE_EP_BACKENDS", "FLASHINFER_MOE_EP_ARCHITECTURES")),
+         extra=lambda c: {"archs": sorted(window("ep_archs", c.version))}),
+    # 0.29.0-0.31.0: the FlashInfer MoE-EP megakernels' capability check at config time (called from the
+    # DeepSeek-V4 model, models/deepseek_v4/nvidia/model.py:810); from 0.32.0 it is the experts class's
+    # supports_current_device (VL-DEV-FLASHINFER_MOE_EP_CUTEDSL)
+    Rule("VL-FI-MOE-EP-CC", "vllm",
+         lambda c: c.runner in ("flashinfer_moe_ep_mega_deep_gemm", "flashinfer_moe_ep_mega_cutedsl")
+         and (c.family not in FAMILY_100 or (c.cc is not None and c.cc not in ("10.0", "10.3"))),
+         "moe_backend='{runner}' is only supported on compute capability 10.0, 10.3 (SM100/SM103), but this device "
+         "is {family}.",
+         Source("vllm/utils/flashinfer_moe_ep.py", "79-99", "validate_fi_moe_ep_config", "0.31.0", "0.29.0",
+                reads=("validate_fi_moe_ep_config", "FI_MOE_EP_SUPPORTED_CAPABILITIES"))),
     Rule("VL-EP-A2A", "vllm",
          lambda c: c.runner in ("flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm")
          and c.a2a not in ("none", "allgather_reducescatter"),
          "moe_backend='{runner}' dispatches and combines itself and cannot be paired with all2all_backend='{a2a}'; "
          "leave --all2all-backend unset.",
-         _src("vllm/config/kernel.py", "195-215", "bind_passthrough_all2all_backend", "0.33.0"), flag="both"),
+         _src("vllm/config/kernel.py", "195-215", "bind_passthrough_all2all_backend", "0.32.0",
+              reads=("bind_passthrough_all2all_backend",)), flag="both"),
     *(_mapping_rule(o) for o in _ALL),
     # experts classes' _supports_current_device (CUDA capability gates)
     _device("flashinfer_trtllm", FAMILY_100, _E + "trtllm_fp8_moe.py", "165-171",
             "TrtLlm*Experts._supports_current_device (also trtllm_nvfp4_moe.py:204-211, trtllm_mxfp4_moe.py:121-123, "
-            "trtllm_bf16_moe.py:95-102)", _ALL, "Blackwell SM100 family only", same_as=("K14",)),
+            "trtllm_bf16_moe.py:95-102)", _ALL, "Blackwell SM100 family only",
+            ("TrtLlmFp8ExpertsBase._supports_current_device", "TrtLlmNvFp4ExpertsBase._supports_current_device",
+             "TrtLlmMxfp4ExpertsBase._supports_current_device", "TrtLlmBf16ExpertsBase._supports_current_device"), same_as=("K14",)),
     _device("flashinfer_cutlass", frozenset({"sm90"}) | FAMILY_100 | FAMILY_120, _E + "flashinfer_cutlass_moe.py", "128-139",
             "FlashInferExperts._supports_current_device", _ALL,
-            "capability 9.0 or the 10.x / 12.x families; SM110 excluded (flashinfer-ai/flashinfer#3134)", same_as=("WV1",)),
+            "capability 9.0 or the 10.x / 12.x families; SM110 excluded (flashinfer-ai/flashinfer#3134)",
+            ("FlashInferExperts._supports_current_device",), same_as=("WV1",)),
     _device("flashinfer_cutedsl", FAMILY_100, _E + "flashinfer_cutedsl_moe.py", "88-94",
-            "FlashInferCuteDSLExperts._supports_current_device", ("nvfp4",), "10.x family only"),
+            "FlashInferCuteDSLExperts._supports_current_device", ("nvfp4",), "10.x family only",
+            ("FlashInferCuteDSLExperts._supports_current_device",)),
     _device("flashinfer_b12x", FAMILY_120, _E + "flashinfer_b12x_moe.py", "165-171",
-            "FlashInferB12xExperts._supports_current_device", ("nvfp4",), "12.x family only"),
+            "FlashInferB12xExperts._supports_current_device", ("nvfp4",), "12.x family only",
+            ("FlashInferB12xExperts._supports_current_device",)),
     _device("b12x", FAMILY_120, "vllm/model_executor/layers/fused_moe/b12x.py", "499-507",
-            "B12xExperts._supports_current_device", ("nvfp4", "mxfp4"), "12.x family only", since="0.33.0"),
+            "B12xExperts._supports_current_device", ("nvfp4", "mxfp4"), "12.x family only",
+            ("B12xExperts._supports_current_device",), since="0.29.0"),
     _device("cutlass", FAMILY_100 | {"sm110"} | FAMILY_120, _E + "cutlass_moe.py", "716-722",
-            "CutlassExpertsFp4._supports_current_device", ("nvfp4",), "10.x, 11.x or 12.x family"),
-    _device("deep_gemm", lambda c: release(c.version)["deep_gemm"], "vllm/platforms/cuda.py", "691-697",
+            "CutlassExpertsFp4._supports_current_device", ("nvfp4",), "10.x, 11.x or 12.x family",
+            ("CutlassExpertsFp4._supports_current_device",)),
+    _device("deep_gemm", lambda c: window("deep_gemm", c.version), "vllm/platforms/cuda.py", "691-697",
             "CudaPlatform.support_deep_gemm (via is_deep_gemm_supported, vllm/utils/deep_gemm.py:113-118)",
-            ("fp8", "mxfp8"), "Hopper 9.0 or the 10.x family (0.33: also 12.x)"),
-    _device("deep_gemm", lambda c: release(c.version)["deep_gemm_mxfp4"], _E + "deep_gemm_moe.py", "474-479",
-            "DeepGemmMxfp4Experts._supports_current_device", ("mxfp4",), "10.x family (0.33: or 12.x), MXFP4 DeepGEMM",
-            suffix="-MXFP4"),
+            ("fp8", "mxfp8"), "Hopper 9.0 or the 10.x family (from 0.24.0 also 12.x)",
+            ("DeepGemmExperts._supports_current_device", "is_deep_gemm_supported", "CudaPlatformBase.support_deep_gemm")),
+    _device("deep_gemm", lambda c: window("deep_gemm_mxfp4", c.version), _E + "deep_gemm_moe.py", "474-479",
+            "DeepGemmMxfp4Experts._supports_current_device", ("mxfp4",), "10.x family (from 0.24.0 or 12.x), MXFP4 DeepGEMM",
+            ("DeepGemmFP4Experts._supports_current_device",), suffix="-MXFP4"),
     _device("marlin", NVIDIA, _E + "marlin_moe.py", "592-594", "MarlinExperts._supports_current_device", _ALL,
-            "CUDA capability >= 7.5"),
+            "CUDA capability >= 7.5", ("MarlinExpertsBase._supports_current_device",)),
     _device("humming", NVIDIA, _E + "fused_humming_moe.py", "403-409", "Humming*Experts._supports_current_device", _ALL,
-            "CUDA capability >= 7.5 with humming installed"),
-    _device("triton", lambda c: release(c.version)["triton_mxfp4"],
+            "CUDA capability >= 7.5 with humming installed", ("HummingExpertsBase._supports_current_device",)),
+    _device("triton", lambda c: window("triton_mxfp4", c.version),
             _E + "gpt_oss_triton_kernels_moe.py", "41-62", "_triton_kernel_moe_supports_current_device", ("mxfp4",),
-            "OpenAI Triton MXFP4 kernels: CUDA 9.0 <= capability < 13.0 (0.22.1: < 11.0), or ROCm gfx9", suffix="-MXFP4"),
+            "OpenAI Triton MXFP4 kernels: CUDA 9.0 <= capability < 11.0 (from 0.32.0 < 13.0), or ROCm gfx9", _TRITON_MXFP4,
+            suffix="-MXFP4"),
     Rule("VL-DEV-AITER", "vllm",
          lambda c: _mapped(c) and c.runner.startswith("aiter") and not c.rocm,
          "{fmt} MoE backend '{runner}' does not support the deployment configuration since kernel does not support "
          "current device (AMD AITER kernels: rocm_aiter_ops on ROCm; here {family})",
          _src(_E + "rocm_aiter_moe.py", "513-514", "AiterExperts._supports_current_device (also aiter_mxfp4_w4a16_moe.py:"
-              "349-354, aiter_mxfp4_w4a8_moe.py:211-215, aiter_mxfp8_moe.py:47-55)")),
-    _device("hpc", frozenset({"sm90"}), "vllm/model_executor/layers/fused_moe/hpc_moe.py", "63-65",
-            "HpcExperts._supports_current_device", ("fp8",), "capability 9.0 only (Tencent HPC-Ops)", since="0.33.0"),
+              "349-354, aiter_mxfp4_w4a8_moe.py:211-215, aiter_mxfp8_moe.py:47-55)",
+              reads=("AiterExperts._supports_current_device", "AiterW4A16ExpertsMonolithic._supports_current_device",
+                     "AiterW4A8ExpertsMonolithic._supports_current_device",
+                     "AiterMxfp8Experts._supports_current_device"))),
+    _device("hpc", lambda c: window("hpc", c.version), "vllm/model_executor/layers/fused_moe/hpc_moe.py", "63-65",
+            "HPCExperts._supports_current_device", ("fp8",),
+            "capability 9.0 only (Tencent HPC-Ops; 0.25.0-0.27.1 also the 10.x family)",
+            ("HPCExperts._supports_current_device",), since="0.25.0"),
     _device("flashinfer_moe_ep_cutedsl", FAMILY_100, "vllm/model_executor/layers/fused_moe/flashinfer_moe_ep.py", "40-47",
             "supports_current_device (FlashInferMoeEpExperts)", ("nvfp4", "mxfp4"), "capability 10.0 or 10.3",
-            since="0.33.0"),
-    _device("triton_unfused", lambda c: release(c.version)["triton_mxfp4"],
+            ("supports_current_device", "FlashInferMoeEpExperts._supports_current_device"), since="0.32.0"),
+    _device("triton_unfused", lambda c: window("triton_mxfp4", c.version),
             _E + "gpt_oss_triton_kernels_moe.py", "41-62", "_triton_kernel_moe_supports_current_device "
             "(UnfusedOAITritonExperts, :1179)", ("mxfp4",),
-            "OpenAI Triton MXFP4 kernels: CUDA 9.0 <= capability < 13.0 (0.22.1: < 11.0), or ROCm gfx9", suffix="-MXFP4"),
+            "OpenAI Triton MXFP4 kernels: CUDA 9.0 <= capability < 11.0 (from 0.32.0 < 13.0), or ROCm gfx9", _TRITON_MXFP4,
+            suffix="-MXFP4"),
     # An image without FlashInfer (engine.flashinferVersion none; vLLM's wheel pins flashinfer-python, so only a custom
     # image lacks it): every FlashInfer experts class's _supports_current_device ends in a has_flashinfer_* probe
     # (vllm/utils/flashinfer.py:88-106 has_flashinfer: find_spec("flashinfer"), then the submodule/function probes
@@ -274,12 +316,14 @@ RULES: tuple[Rule, ...] = (
          "FP8 MoE backend 'FLASHINFER_CUTLASS' does not support the deployment configuration since kernel does not "
          "support quantization scheme kFp8Static128BlockSym x kFp8Dynamic128Sym (block FP8 only on capability 9.0; "
          "here {family})",
-         _src(_E + "flashinfer_cutlass_moe.py", "146-180", "FlashInferExperts._supports_quant_scheme")),
+         _src(_E + "flashinfer_cutlass_moe.py", "146-180", "FlashInferExperts._supports_quant_scheme",
+              reads=("FlashInferExperts._supports_quant_scheme",))),
     Rule("VL-QS-FICUTLASS-NVFP4", "vllm",
          lambda c: _oracle(c) == "nvfp4" and c.runner == "flashinfer_cutlass" and c.family == "sm90",
          "NvFp4 MoE backend 'FLASHINFER_CUTLASS' does not support the deployment configuration since kernel does not "
          "support quantization scheme kNvfp4Static x kNvfp4Dynamic (needs capability >= 10.0; here {family})",
-         _src(_E + "flashinfer_cutlass_moe.py", "146-180", "FlashInferExperts._supports_quant_scheme")),
+         _src(_E + "flashinfer_cutlass_moe.py", "146-180", "FlashInferExperts._supports_quant_scheme",
+              reads=("FlashInferExperts._supports_quant_scheme",))),
 )
 
 
