@@ -56,6 +56,14 @@ NAME_RULES = [
      "names its pods' revision label, at most 63 characters"},
     {"rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
      "message": "metadata.name must be a DNS-1035 label (lower case letters, digits and '-', starting with a letter): it names the Service"},
+    # a deployed picker is a Deployment and a Service named endpointPicker.name: under the object's own
+    # name they would be applied over the workload's Deployment and Service (same owner)
+    {"rule": "!has(self.spec.gateway) || !has(self.spec.gateway.inferencePool) || "
+             "!has(self.spec.gateway.inferencePool.endpointPicker) || "
+             "!has(self.spec.gateway.inferencePool.endpointPicker.name) || "
+             "self.spec.gateway.inferencePool.endpointPicker.name != self.metadata.name",
+     "message": "spec.gateway.inferencePool.endpointPicker.name must differ from metadata.name: the workload's "
+     "Deployment and Service have that name"},
 ]
 LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
@@ -303,8 +311,11 @@ class AutoscalingSpec(_Model):
 
 
 class EndpointPickerRef(_Model):
-    name: str | None = Field(None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-                             description="Service of the endpoint picker (EPP) in this namespace; default <name>-epp")
+    # a Service name (DNS-1035 label); a deployed picker's Deployment, ServiceAccount, Role and pods'
+    # app.kubernetes.io/instance label carry it too (63 at most)
+    name: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+                             description="Service of the endpoint picker (EPP) in this namespace (a DNS-1035 label, "
+                             "at most 63 characters, not metadata.name); default <name>-epp")
     port: int = Field(9002, ge=1, le=65535, description="the EPP Service's gRPC port")
     failureMode: Literal["FailOpen", "FailClose"] = Field(
         "FailClose", description="what the gateway does when the endpoint picker does not answer")
