@@ -29,6 +29,8 @@ from typing import Any
 Cond = dict[str, Any]
 # InferencePoolReady reasons (day2.endpoint_picker_condition) of a FailClose pool without a usable
 # endpoint picker: every request through the gateway fails. Under FailOpen they end in "FailOpen".
+# NoReadyEndpoints (no Ready pod in the pool) is not among them: pods starting are Available=False
+# already, and a pool scaled to zero is a state the user chose, neither Stalled nor blocking Ready.
 EPP_BLOCKING = ("EndpointPickerMissing", "EndpointPickerPortMissing", "EndpointPickerUnresolved")
 
 # (type, status) -> reasons that mean "stuck until someone changes something"; None: every reason
