@@ -150,8 +150,8 @@ def expected(engine: str, layout: str, fam: str):
     return None, None, "marlin"
 
 
-MATRIX = [(e, v, layout, fam) for e, v in (("sglang", "0.5.23"), ("vllm", "0.33.0")) for layout in LAYOUTS
-          for fam in GPUS]
+MATRIX = [(e, v, layout, fam) for e, v in (("sglang", "0.5.23"), ("sglang", "0.5.22"), ("vllm", "0.33.0"))
+          for layout in LAYOUTS for fam in GPUS]
 
 
 def _plan(cfg, engine, version, gpu, runner="auto", env=None, tp=1):
@@ -264,12 +264,37 @@ def test_vllm_aiter_turned_off_by_the_user_is_refused():
 
 # ---- releases not read, and the command line ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("engine,version,note", [("sglang", "0.5.21", "[SQ0]"), ("vllm", "0.22.1", "[VQ0]")])
-def test_release_not_read_for_these_rows_is_not_judged(engine, version, note):
-    p = _plan(MIXTRAL_GPTQ_ACT, engine, version, "H200")
+@pytest.mark.parametrize("engine,version,cfg,note", [
+    ("sglang", "0.5.14", MIXTRAL_GPTQ_ACT, "[SQ0]"),  # GPTQ / AWQ rows: 0.5.17-0.5.23
+    ("sglang", "0.5.21", QWEN3_CT_G64, "[SQ0]"),  # compressed-tensors rows: 0.5.22-0.5.23
+    ("vllm", "0.22.1", MIXTRAL_GPTQ_ACT, "[VQ0]"),  # WNA16 rows: 0.32.0-0.33.0
+    ("vllm", "0.31.0", MIXTRAL_GPTQ_ACT, "[VQ0]"),
+])
+def test_release_not_read_for_these_rows_is_not_judged(engine, version, cfg, note):
+    p = _plan(cfg, engine, version, "H200", "triton" if cfg is QWEN3_CT_G64 else "auto")
     assert any(w.startswith(note) for w in p.warnings), p.warnings
     assert not [e for e in p.errors if e.startswith(("[SQ", "[VQ"))]
     assert "--quantization" not in p.args
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.19", "0.5.20", "0.5.22"])
+def test_sglang_gptq_rows_hold_from_0_5_17(version):
+    """The GPTQ / AWQ / moe_wna16 functions read have the same code from 0.5.17 (engines/sglang/quant.py)."""
+    assert _q(_plan(QWEN3_GPTQ, "sglang", version, "H200")) == "gptq_marlin"
+    assert _q(_plan(QWEN3_GPTQ_ASYM, "sglang", version, "H200")) == "moe_wna16"
+    rocm = _plan(QWEN3_GPTQ_ASYM, "sglang", version, "MI355X").errors
+    # 0.5.17-0.5.19 list 'gptq' as ROCm-supported: the layer's TypeError; from 0.5.20 the ROCm check itself
+    words = "GPTQ Method does not support MoE" if version < "0.5.20" else "is currently not supported in ROCm"
+    assert any(e.startswith("[SQ1]") and words in e for e in rocm), rocm
+
+
+def test_vllm_0_32_0_has_the_same_wna16_code():
+    from moe_operator import engine_rules
+    p = _plan(MIXTRAL_GPTQ_ACT, "vllm", "0.32.0", "H200")
+    if engine_rules.read_as("vllm", "0.32.0"):
+        assert any(e.startswith("[VQ1]") for e in p.errors), p.errors
+    else:  # 0.32.0 not among the releases read by engine_rules: not judged at all
+        assert not [e for e in p.errors if e.startswith("[VQ")]
 
 
 def test_quantization_reaches_the_sglang_command():

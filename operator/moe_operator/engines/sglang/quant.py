@@ -3,7 +3,13 @@ plan must pass, which runners the layer methods accept, what auto runs. Validate
 (they need CheckpointInfo.quantScheme, which engine_rules.Case does not carry). Pure.
 
 Read from the released wheel sglang==0.5.23 (PyPI); paths are inside the wheel (sglang/srt/...), lines are
-0.5.23's. Other releases are not judged by these rows (SQ0 says so).
+0.5.23's. The functions the GPTQ / AWQ rows read (GPTQConfig / GPTQMarlinConfig / AWQConfig / AWQMarlinConfig /
+MoeWNA16Config methods, AWQMoEScheme, the GPTQ Marlin kernel's create_moe_runner, marlin_utils' type and group
+checks) have the same AST in the wheels of 0.5.17-0.5.22, and ModelConfig._verify_quantization differs there only in
+methods these rows do not use, except that 0.5.17-0.5.19 still list 'gptq' as ROCm-supported (removed in 0.5.20):
+there a non-Marlin GPTQ checkpoint on ROCm reaches GPTQConfig's MoE TypeError instead. The compressed-tensors rows
+(CompressedTensorsConfig.get_moe_scheme and its WNA16 helpers) hold for 0.5.22-0.5.23 only (0.5.21 and older
+differ). Releases outside those ranges are not judged by these rows (SQ0 says so).
 
 How sglang 0.5.23 resolves a WNA16 checkpoint:
   * `--quantization`: ModelConfig._verify_quantization (configs/model_config.py:2000-2171) asks every method's
@@ -32,16 +38,21 @@ from dataclasses import dataclass
 from moe_core.checkpoint import QuantScheme
 
 from ... import engine_rules
+from ...engine_rules import vt
 from ...selection import Check, Facts
 
-READ = ("0.5.23",)  # releases whose WNA16 MoE code these rows were read from
+# releases whose code these rows were read from, per method (see above)
+READ = {"gptq": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
+        "awq": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
+        "compressed-tensors": ("0.5.22", "0.5.23")}
+_METHOD = {"gptq": "gptq", "awq": "awq", "ct_wna16": "compressed-tensors", "ct_int4_g32": "compressed-tensors"}
 WNA16_FORMATS = frozenset({"gptq", "awq", "ct_wna16", "ct_int4_g32"})
 MARLIN_GROUPS = (-1, 32, 64, 128)  # layers/quantization/marlin_utils.py:44 MARLIN_SUPPORTED_GROUP_SIZES
 _Q = "sglang/srt/layers/quantization/"
 
 
-def judged(version: str) -> bool:
-    return engine_rules.read_as("sglang", version) in READ
+def judged(fmt: str, version: str) -> bool:
+    return engine_rules.read_as("sglang", version) in READ.get(_METHOD.get(fmt, ""), ())
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,7 @@ class Layer:
     fmt: str
     s: QuantScheme
     family: str
+    version: str = "0.5.23"
 
     @property
     def rocm(self) -> bool:
@@ -61,9 +73,9 @@ class Layer:
 
 def layer(f: Facts) -> Layer | None:
     s = f.ckpt.quantScheme
-    if f.fmt not in WNA16_FORMATS or s is None or not judged(f.version):
+    if f.fmt not in WNA16_FORMATS or s is None or not judged(f.fmt, f.version):
         return None
-    return Layer(f.fmt, s, f.fam)
+    return Layer(f.fmt, s, f.fam, f.version)
 
 
 def gptq_marlin_compatible(s: QuantScheme) -> bool:
@@ -92,6 +104,10 @@ def resolve(x: Layer) -> tuple[str | None, str]:
     if x.rocm:
         if s.method == "gptq":
             q = "gptq_marlin" if gptq_marlin_compatible(s) else "gptq"
+            if q == "gptq" and vt(x.version) < (0, 5, 20):  # 'gptq' still in the ROCm list (0.5.17-0.5.19)
+                return None, ("GPTQ Method does not support MoE, please use gptq_marlin (GPTQConfig.get_quant_method, "
+                              f"{_Q}gptq/gptq.py:173-179; sglang 0.5.17-0.5.19 list 'gptq' as ROCm-supported, "
+                              "gptq_marlin and moe_wna16 are not)")
             return None, (f"{q} quantization is currently not supported in ROCm. (ModelConfig._verify_quantization, "
                           "sglang/srt/configs/model_config.py:2156-2160; moe_wna16 is not in its ROCm list either, :2002-2016)")
         return None, ("AWQ MoE has no ROCm path: AWQ stays 'awq' off CUDA (is_awq_marlin_compatible, "
@@ -191,9 +207,11 @@ def _runner(f: Facts, r: str) -> str | None:
 
 CHECKS: tuple[Check, ...] = (
     Check("SQ1", lambda f, r: _start(f) is not None, "reject",
-          "sglang {version} cannot start this {fmt} checkpoint's MoE layers on {gpu} (any --moe-runner-backend)"),
+          "sglang {version} cannot start this {fmt} checkpoint's MoE layers on {gpu} (any --moe-runner-backend; "
+          "lines of sglang 0.5.23, the same code in the releases engines/sglang/quant.py names)"),
     Check("SQ2", lambda f, r: r != "auto" and _runner(f, r) is not None, "reject",
-          "sglang {version} refuses --moe-runner-backend {value} for this {fmt} checkpoint at start-up"),
+          "sglang {version} refuses --moe-runner-backend {value} for this {fmt} checkpoint at start-up (lines of "
+          "sglang 0.5.23, the same code in the releases engines/sglang/quant.py names)"),
 )
 
 
@@ -213,10 +231,11 @@ def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[str], list[tuple[
     warnings: list[str] = []
     args: list[str] = []
     decisions: list[tuple[str, str, str, str]] = []
-    if f.fmt in WNA16_FORMATS and not judged(f.version):
-        warnings.append(f"[SQ0] sglang {f.version}: the GPTQ / AWQ / compressed-tensors WNA16 MoE rules were read from "
-                        f"sglang {', '.join(READ)} only; not judged for this release (no --quantization is passed; no "
-                        "rule is inferred across releases)")
+    if f.fmt in WNA16_FORMATS and not judged(f.fmt, f.version):
+        read = READ[_METHOD[f.fmt]]
+        warnings.append(f"[SQ0] sglang {f.version}: the {_METHOD[f.fmt]} MoE rules were read for sglang {read[0]}-{read[-1]} "
+                        "only; not judged for this release (no --quantization is passed; no rule is inferred across "
+                        "releases)")
     x = layer(f)
     if x is None:
         return warnings, args, decisions
