@@ -52,3 +52,53 @@ class Engine(Protocol):
 
     def auto_fallbacks(self, plan: Plan) -> list[str]:
         """Engine-specific fallbacks beyond the rule-id table (`fallbacks`)."""
+
+
+class ImageEngine:
+    """An engine served from its own image (sglang, vLLM): the Engine protocol over its folder's modules
+    (vocab, command, plan, startup). The two differ only in their fallback table and in the runner the
+    split check assumes (`split_runner`)."""
+
+    serves_local_dir = False
+    runs_runtime_image = False
+    rendezvous = False
+    ready_path = "/health"
+    a2a_needs_ep = True
+
+    def __init__(self, vocab: Any, command: Any, plan: Any, startup: Any,
+                 fallbacks: Mapping[str, tuple[Callable[[str], bool], str]]):
+        self.name = vocab.NAME
+        self.default_version = vocab.DEFAULT_VERSION
+        self.max_len_flag = command.MAX_LEN_FLAG
+        self.startup = startup
+        self.deferred_env = plan.DEFERRED_ENV
+        self.fallbacks = fallbacks
+        self._plan, self._command = plan, command
+
+    def choices(self, choices: Choices) -> Choices:
+        return choices
+
+    def default_flashinfer(self, version: str, gpu: GpuClass) -> str | None:
+        return self._plan.default_flashinfer(version, gpu)
+
+    def plan_moe(self, b: Builder) -> PlanMoE:
+        return self._plan.plan_moe(b)
+
+    def moe_split_refusal(self, f: Facts, runner: str = "auto") -> str | None:
+        return self._plan.moe_split_refusal(f, runner)
+
+    def split_runner(self, f: Facts) -> str:
+        """The runner the split check of a layout not planned yet assumes."""
+        return "auto"
+
+    def split_refusal(self, f: Facts) -> str | None:
+        return self._plan.moe_split_refusal(f, self.split_runner(f)) or self._plan.attention_split_refusal(f)
+
+    def auto_fallbacks(self, p: Plan) -> list[str]:
+        return []
+
+    def command(self, launch: Launch) -> tuple[list[str], list[str]]:
+        return self._command.command(launch)
+
+    def env_runner(self, env: dict[str, str], family: str) -> list[tuple[str, str]]:
+        return self._plan.env_runner(env, family)
