@@ -171,3 +171,54 @@ def test_the_committed_data_is_what_the_rows_read():
     assert list(data["releases"]) == sorted(data["releases"], key=engine_rules.release_key)
     for v, r in data["releases"].items():
         assert set(r["markers"]) == {rule.id for rule in engine_rules._rules("sglang") if rule.source.marker}, v
+
+
+def _fake_vllm(root: Path, window: str, with_hpc: bool = True, moved: bool = False):
+    """A vLLM package with the pieces the extraction reads: the CLI Literals, the oracle maps, and two device
+    checks (one moved to another file when `moved`)."""
+    pkg = root / "vllm"
+    (pkg / "config").mkdir(parents=True)
+    (pkg / "config" / "kernel.py").write_text('MoEBackend = Literal["auto", "triton", "hpc"]\n')
+    (pkg / "config" / "parallel.py").write_text('All2AllBackend = Literal["naive", "passthrough"]\n')
+    oracle = pkg / "model_executor/layers/fused_moe/oracle"
+    oracle.mkdir(parents=True)
+    for q in extract.ORACLES:
+        body = "_BACKEND_NAME_MAP = {'triton': 1}\n" if q == "mxfp8" else \
+            f"def map_{q}_backend(b):\n    mapping = {{'triton': 1}}\n    return mapping[b]\n"
+        (oracle / f"{q}.py").write_text(body)
+    experts = pkg / "model_executor/layers/fused_moe/experts"
+    experts.mkdir()
+    (experts / "gpt_oss_triton_kernels_moe.py").write_text(textwrap.dedent(f'''
+        def _triton_kernel_moe_supports_current_device():
+            cap = get_cap()
+            return (9, 0) <= cap < {window}
+        '''))
+    if with_hpc:
+        hpc = pkg / "model_executor/layers/fused_moe" / ("hpc_ops_moe.py" if moved else "hpc_moe.py")
+        hpc.write_text("class HPCExperts:\n    @staticmethod\n    def _supports_current_device():\n"
+                       "        return is_device_capability(90)\n")
+
+
+def test_the_extraction_digests_each_function_a_row_reads_by_qualified_name(tmp_path):
+    _fake_vllm(tmp_path / "a", "(11, 0)")
+    a = extract.extract("vllm", "0.0.1", tmp_path / "a")
+    tri = a["functions"]["_triton_kernel_moe_supports_current_device"]
+    assert tri["at"] == "vllm/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py:2" and tri["digest"]
+    assert a["functions"]["HPCExperts._supports_current_device"]["at"] == "vllm/model_executor/layers/fused_moe/hpc_moe.py:3"
+    assert a["functions"]["CudaPlatformBase.support_deep_gemm"] == {"at": None, "digest": None}
+    assert a["oracles"]["wna16"] is None and a["a2a_choices"]["values"] == ["none", "naive"]
+    # found by qualified name wherever the file is: a moved class keeps its digest, nothing to read
+    _fake_vllm(tmp_path / "b", "(11, 0)", moved=True)
+    b = extract.extract("vllm", "0.0.2", tmp_path / "b")
+    assert b["functions"]["HPCExperts._supports_current_device"]["at"].endswith("hpc_ops_moe.py:3")
+    assert extract.flagged("vllm", "0.0.2", b, {"0.0.1": a}) == []
+    # a changed window is flagged (for a person to read), and so is a check that went
+    _fake_vllm(tmp_path / "c", "(13, 0)", with_hpc=False)
+    c = extract.extract("vllm", "0.0.3", tmp_path / "c")
+    assert extract.flagged("vllm", "0.0.3", c, {"0.0.1": a}) == ["_triton_kernel_moe_supports_current_device",
+                                                                "HPCExperts._supports_current_device"]
+    # a row applies where a function it reads is (recorded data), and not where none is
+    [hpc] = [r for r in vl_rules.RULES if r.id == "VL-DEV-HPC"]
+    assert recorded.has_check("vllm", "0.24.0", hpc.id, hpc.source.reads) is False
+    assert recorded.has_check("vllm", "0.25.0", hpc.id, hpc.source.reads) is True
+    assert recorded.first_with("vllm", hpc.id, hpc.source.reads) == "0.25.0"

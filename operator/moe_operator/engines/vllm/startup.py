@@ -67,10 +67,11 @@ _WINDOWS: dict[str, tuple[tuple[str, object], ...]] = {
 
 
 def window(name: str, version: str):
-    """The hand-read value `name` has in this read release (None: before its first entry)."""
+    """The hand-read value `name` has in this read release (empty before its first entry: the rows
+    that read it do not apply there anyway, their functions are absent)."""
     key = release_key(read_as("vllm", version) or version)
     at = [(first, value) for first, value in _WINDOWS[name] if release_key(first) <= key]
-    return at[-1][1] if at else None
+    return at[-1][1] if at else frozenset()
 
 
 def _release_data(r: dict) -> dict:
