@@ -24,6 +24,7 @@ import torch
 
 from moe_kernels import attention_decode as _ad
 from moe_kernels.attention_decode import LOG2E, _pow2, triton
+from moe_kernels.paged_kv import _dequant, gather_kv
 
 if triton is not None:
     import triton.language as tl
@@ -277,8 +278,6 @@ def mla_decompress(ckv_cache, krot_cache, w_uk, w_uv, block_tables, kv_len: int,
                    kv_scale: float = 1.0):
     """The latent prefix of every row, gathered once and decompressed: K [B*nb, 16, h, nope],
     V [B*nb, 16, h, v], k_rot [B*nb, 16, r] (zero-padded to whole blocks), and their identity table [B, nb]."""
-    from moe_kernels.paged_attention import _dequant, gather_kv
-
     B, H, D, V = block_tables.shape[0], w_uk.shape[0], w_uk.shape[1], w_uv.shape[1]
     nb = triton.cdiv(kv_len, MHA_BLOCK)
     pad = nb * MHA_BLOCK - kv_len

@@ -23,54 +23,14 @@ same scale (`k_scale`, `v_scale`; MLA one `kv_scale` for c_kv and k_rot) and deq
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+# the cache's storage (slots, writes, gathers) is moe_kernels.paged_kv's; its names stay importable from here
+from moe_kernels.paged_kv import FP8, FP8_MAX, _dequant, gather_kv, quantize_fp8, slot_mapping, write_kv  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------------------
 # torch reference
-
-def slot_mapping(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[B, S] flat cache slots of the tokens at `positions` [B, S]."""
-    blk = torch.gather(block_tables, 1, torch.div(positions, block_size, rounding_mode="floor"))
-    return blk * block_size + positions % block_size
-
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # e4m3fn's largest finite value: torch's cast gives NaN beyond it, so writes saturate
-
-
-def quantize_fp8(values: torch.Tensor, scale: float) -> torch.Tensor:
-    """values / scale in e4m3, saturated at +-448."""
-    return (values.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-
-
-def write_kv(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, scale: float = 1.0) -> None:
-    """cache [NB, bs, ...]; slots [B, S]; values [B, S, ...]. An fp8 cache stores values / scale."""
-    flat = cache.view(-1, *cache.shape[2:])
-    v = values.reshape(-1, *values.shape[2:])
-    if cache.dtype == FP8:
-        v = quantize_fp8(v, scale)
-    elif scale != 1.0:
-        raise ValueError(f"write_kv: a scale ({scale}) applies to an fp8 cache only, not {cache.dtype}")
-    flat[slots.reshape(-1)] = v.to(cache.dtype)
-
-
-def _dequant(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
-    """A gathered cache slice in the query's dtype (an fp8 slice times its scale, in fp32 first)."""
-    if x.dtype == FP8:
-        return (x.float() * scale).to(dtype)
-    return x.to(dtype)
-
-
-def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """[B, kv_len, ...]: each row's first kv_len cached tokens, read through its block table."""
-    bs = cache.shape[1]
-    nb = math.ceil(kv_len / bs)
-    g = cache[block_tables[:, :nb]]  # [B, nb, bs, ...]
-    return g.reshape(g.shape[0], nb * bs, *cache.shape[2:])[:, :kv_len]
-
 
 def visible(positions: torch.Tensor, kv_len: int, window: int | None = None) -> torch.Tensor:
     """[B, 1, S, L] boolean: key j visible to the query at position p (j <= p, and p - j < window)."""

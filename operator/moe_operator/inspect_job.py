@@ -16,7 +16,8 @@ import json
 from typing import Any
 
 from . import model_cache
-from .render import FIELD_MANAGER, Owner, inspection_job
+from .field_manager import made_here
+from .render import Owner, inspection_job
 
 
 def job_name(uri: str) -> str:
@@ -28,11 +29,6 @@ def _uid(obj: Any) -> str | None:
         return (obj.get("metadata") or {}).get("uid")
     meta = getattr(obj, "metadata", None)
     return getattr(meta, "uid", None)
-
-
-def _made_by_us(obj: dict[str, Any]) -> bool:
-    managers = {f.get("manager") for f in (obj.get("metadata") or {}).get("managedFields") or []}
-    return managers <= {FIELD_MANAGER}
 
 
 def controlled_by(pod: Any, job_uid: str) -> bool:
@@ -51,7 +47,7 @@ def result(kube, namespace: str, owner: Owner, uri: str, image: str) -> dict[str
     if job is None:
         made = kube.apply(inspection_job(namespace, name, uri, image, owner)) or {}
         uid = _uid(made)
-        if uid and _made_by_us(made):
+        if uid and made_here(made):
             rec.inspect_jobs[(namespace, name)] = uid
             rec.save(kube)
         return None

@@ -34,6 +34,7 @@ from . import images
 from .api import ModelCacheStatus, MoEDeploymentSpec
 from .cache_ledger import Record, new_record  # noqa: F401  (Record: tests build empty ones)
 from .download_cli import PERMANENT_EXIT_CODES, READY_MARKER
+from .field_manager import made_here
 from .model_uri import ModelURI
 from .security import container_security, pod_security
 
@@ -248,15 +249,6 @@ def recorded(kube, namespace: str) -> tuple[dict[str, str], dict[str, str]]:
     return claims, jobs
 
 
-def _made_here(obj: dict[str, Any]) -> bool:
-    """A create by our apply: no other field manager has touched it (a same-named object someone
-    made between our get and our apply has theirs)."""
-    from .render import FIELD_MANAGER  # render imports this module
-
-    managers = {f.get("manager") for f in (obj.get("metadata") or {}).get("managedFields") or []}
-    return managers <= {FIELD_MANAGER}
-
-
 def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: CheckpointInfo | None,
            image: str, copy_groups: tuple[int, ...] = ()) -> ModelCacheStatus:
     """Create the PVC and its fill Job when missing, mark `user`, and say where the cache stands.
@@ -269,7 +261,7 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
         made = kube.apply(claim_obj) or {}
         live = kube.get("PersistentVolumeClaim", namespace, claim) or made or claim_obj
         uid = (live.get("metadata") or {}).get("uid")
-        if uid and _made_here(made or live):
+        if uid and made_here(made or live):
             RECORD.claims[(namespace, claim)] = claims[claim] = uid
             RECORD.save(kube)
     meta = live.get("metadata") or {}
@@ -299,7 +291,7 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
         made = kube.apply(fill_job(namespace, spec, image, hub_endpoint(), copy_groups)) or {}
         got = kube.get("Job", namespace, job_name) or made
         uid = (got.get("metadata") or {}).get("uid")
-        if uid and _made_here(made or got):
+        if uid and made_here(made or got):
             RECORD.jobs[claim_uid] = uid
             RECORD.save(kube)
             base["jobUid"] = uid

@@ -22,6 +22,7 @@ from .api import MoEDeploymentSpec
 from .engines import registry as engines
 from .engines.bundled import vocab as bundled_vocab
 from .engines.command import Launch
+from .field_manager import FIELD_MANAGER  # noqa: F401  (kube.py imports it from here)
 from moe_core.gpu import GpuClass
 from . import images
 from . import model_cache, pod_overlay
@@ -35,7 +36,6 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefi
                           keep_trailing_newline=True)
 _env.policies["json.dumps_kwargs"] = {"sort_keys": False}
 
-FIELD_MANAGER = "moe-operator"
 PORT = 8000
 DIST_PORT = 29500  # torch.distributed rendezvous of a bundled multi-node replica (moe-runtime serve --dist-port)
 PLAN_DIR = "/etc/moe"

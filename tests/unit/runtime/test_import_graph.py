@@ -1,7 +1,7 @@
 """The import graph of moe_core, moe_operator, moe_runtime and moe_kernels has no cycle among its
-module-level imports, and inside moe_runtime no function-level import closes one either: such an
-import exists only to keep the cycle from breaking the import (issue 33 item 2), so it is refused
-like the cycle itself. (moe_kernels and moe_operator still have one each: `lazy_cycles` lists them.)
+module-level imports, and no function-level import closes one either: such an import exists only
+to keep the cycle from breaking the import (issue 33 items 2 and 4), so it is refused like the cycle
+itself, in all four packages. One is still known (`KNOWN_LAZY`, with its reason); any other fails.
 
 The graph is read from the source (ast), not by importing: every `import` / `from ... import`
 statement, resolved to the package's own modules (a name imported from a package is its submodule
@@ -117,9 +117,10 @@ def cycles(graph_edges) -> list[list[str]]:
     return out
 
 
-def lazy_cycles(mods: dict[str, Path], within: str = "") -> list[str]:
-    """Cycles closed only by function-level imports whose importer is under `within` (all: "")."""
-    e = edges(mods)
+def lazy_cycles(mods: dict[str, Path], within: str = "", known: frozenset[str] = frozenset()) -> list[str]:
+    """Cycles closed only by function-level imports whose importer is under `within` (all: ""). A
+    function-level import named in `known` ("importer imports imported") is taken out of the graph first."""
+    e = [x for x in edges(mods) if not (x[2] and f"{x[0]} imports {x[1]}" in known)]
     out = []
     for c in cycles(e):
         lazy = sorted({f"{a}:{line} imports {b} inside a function" for a, b, f, line in e
@@ -129,16 +130,31 @@ def lazy_cycles(mods: dict[str, Path], within: str = "") -> list[str]:
     return out
 
 
-def problems(mods: dict[str, Path], within: str = "moe_runtime.") -> list[str]:
+def problems(mods: dict[str, Path], within: str = "", known: frozenset[str] = frozenset()) -> list[str]:
     e = edges(mods)
     out = [f"import cycle: {' <-> '.join(c)}" for c in cycles([x for x in e if not x[2]])]
-    return out or lazy_cycles(mods, within)
+    return out or lazy_cycles(mods, within, known)
+
+
+# engine_rules asks the engine registry for an engine's start-up rows at call time, and those rows are
+# built from engine_rules' Case/Rule (engines/<engine>/startup.py): not this file's owners' to move
+# (issue 33 item 4 took the kernels' and model_cache's; this one is reported to the lead).
+KNOWN_LAZY = frozenset({"moe_operator.engine_rules imports moe_operator.engines.registry"})
 
 
 def test_the_four_packages_have_no_import_cycle():
     mods = modules(PACKAGES)
     assert len(mods) > 100 and "moe_runtime.dist.group" in mods
-    assert problems(mods) == []
+    assert {"moe_kernels.paged_attention", "moe_operator.render", "moe_core.plan"} <= set(mods)
+    assert problems(mods, known=KNOWN_LAZY) == []
+
+
+def test_a_known_lazy_import_excuses_only_itself(tmp_path):
+    mods = _write(tmp_path, {"__init__.py": "", "a.py": "from . import b\n", "b.py": "def f():\n    from . import a\n",
+                             "c.py": "from . import d\n", "d.py": "def f():\n    from . import c\n"})
+    got = problems(mods, known=frozenset({"pkg.b imports pkg.a"}))
+    assert len(got) == 1 and "pkg.d:2 imports pkg.c inside a function" in got[0]
+    assert problems(mods, known=frozenset({"pkg.b imports pkg.a", "pkg.d imports pkg.c"})) == []
 
 
 def _write(tmp_path, files: dict[str, str]) -> dict[str, Path]:
