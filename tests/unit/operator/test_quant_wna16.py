@@ -262,6 +262,15 @@ def test_vllm_aiter_turned_off_by_the_user_is_refused():
     assert p.env.get("VLLM_ROCM_USE_AITER_MOE") == "0"  # the user's env is never overridden
 
 
+def test_sglang_aiter_env_rendered_for_unquantized_experts():
+    p = _plan(BF16_QWEN3, "sglang", "0.5.23", "MI355X", "aiter")
+    assert not p.errors, p.errors
+    assert p.env.get("SGLANG_USE_AITER") == "1"
+    off = _plan(BF16_QWEN3, "sglang", "0.5.23", "MI355X", "aiter", env={"SGLANG_USE_AITER": "0"})
+    assert off.env["SGLANG_USE_AITER"] == "0" and any(w.startswith("[SQ-AITER]") for w in off.warnings)
+    assert "SGLANG_USE_AITER" not in _plan(BF16_QWEN3, "sglang", "0.5.23", "MI355X").env  # auto: not asked
+
+
 # ---- releases not read, and the command line ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("engine,version,cfg,note", [

@@ -413,6 +413,10 @@ def _quant_plan(b: Builder, runner: str) -> None:
     b.args += args
     for key, value, rule, reason in decisions:
         b.decide(key, value, rule, reason)
+    warnings, env = quant.aiter_env(f, runner)
+    b.warnings.extend(warnings)
+    for key, value, rule, reason in env:
+        b.set_env(key, value, rule, reason)
 
 
 # Where `auto` falls back (admission warnings, issue 16 item 3): decision rule id -> (does this value fall back,

@@ -252,3 +252,27 @@ def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[str], list[tuple[
         decisions.append(("quant.moeKernel", k, "SQ-AUTO", f"sglang {f.version} runs this {f.fmt} checkpoint's experts on "
                                                            f"{k} on {f.gpu_name} (--quantization {q})"))
     return warnings, args, decisions
+
+
+# ---- env-gated backends -------------------------------------------------------------------------------------------
+# UnquantizedFusedMoEMethod builds the AITER runner only with SGLANG_USE_AITER=1 on ROCm (_use_aiter,
+# layers/quantization/unquant.py:70, :1196-1219, sglang 0.5.23); without it an explicit --moe-runner-backend aiter
+# runs the Triton runner built just before (:1169-1194). The plan renders the variable for it; a user's off value is
+# kept (the user's env wins) and reported. (FP8's aiter path needs it too: startup row SG-FP8-AITER refuses it
+# unset, from the user's env.)
+AITER_READ = ("0.5.23",)
+_FALSY = ("0", "false", "no", "off")
+
+
+def aiter_env(f: Facts, runner: str) -> tuple[list[str], list[tuple[str, str, str, str]]]:
+    """(warnings, env [(key, value, rule, reason)]) for an explicit aiter runner on unquantized experts."""
+    if runner != "aiter" or not f.rocm or f.fmt != "bf16" or engine_rules.read_as("sglang", f.version) not in AITER_READ:
+        return [], []
+    v = f.choices.env.get("SGLANG_USE_AITER")
+    if v is not None and v.strip().lower() in _FALSY:
+        return [f"[SQ-AITER] --moe-runner-backend aiter with SGLANG_USE_AITER={v}: sglang {f.version} builds no AITER "
+                "runner for unquantized experts and runs Triton (layers/quantization/unquant.py:70, 1169-1219)"], []
+    return [], [("SGLANG_USE_AITER", "1", "SQ-AITER",
+                 f"--moe-runner-backend aiter runs AITER's fused MoE only with SGLANG_USE_AITER=1 on ROCm; unset, sglang "
+                 f"{f.version} runs Triton (UnquantizedFusedMoEMethod.create_moe_runner, layers/quantization/unquant.py:70, "
+                 "1169-1219)")]
