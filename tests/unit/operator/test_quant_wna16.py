@@ -297,6 +297,15 @@ def test_sglang_gptq_rows_hold_from_0_5_17(version):
     assert any(e.startswith("[SQ1]") and words in e for e in rocm), rocm
 
 
+def test_unjudged_release_and_moe_wna16_are_decisions():
+    """Recorded as decisions (rule SQ0 / VQ0, SQ-Q moe_wna16, VQ-AUTO MoeWNA16Method) for admission to report."""
+    assert [d.value for d in _plan(QWEN3_GPTQ_ASYM, "sglang", "0.5.23", "H200").decisions if d.rule == "SQ-Q"] == ["moe_wna16"]
+    assert [d.rule for d in _plan(QWEN3_GPTQ, "sglang", "0.5.14", "H200").decisions if d.key == "quant.judged"] == ["SQ0"]
+    assert [d.rule for d in _plan(QWEN3_GPTQ, "vllm", "0.22.1", "H200").decisions if d.key == "quant.judged"] == ["VQ0"]
+    rocm = _plan(QWEN3_GPTQ, "vllm", "0.33.0", "MI355X")
+    assert [d.value for d in rocm.decisions if d.rule == "VQ-AUTO"] == ["MoeWNA16Method/triton"]
+
+
 def test_vllm_0_32_0_has_the_same_wna16_code():
     from moe_operator import engine_rules
     p = _plan(MIXTRAL_GPTQ_ACT, "vllm", "0.32.0", "H200")

@@ -236,6 +236,8 @@ def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[str], list[tuple[
         warnings.append(f"[SQ0] sglang {f.version}: the {_METHOD[f.fmt]} MoE rules were read for sglang {read[0]}-{read[-1]} "
                         "only; not judged for this release (no --quantization is passed; no rule is inferred across "
                         "releases)")
+        decisions.append(("quant.judged", "no", "SQ0", f"sglang {f.version} not among the releases the {_METHOD[f.fmt]} "
+                                                     f"MoE rules were read for ({read[0]}-{read[-1]})"))
     x = layer(f)
     if x is None:
         return warnings, args, decisions

@@ -221,7 +221,8 @@ def _quant_plan(b: Builder, runner: str) -> None:
         for key, value, rule, reason in env:
             b.set_env(key, value, rule, reason)
     for key, value, reason in decisions:
-        b.decide(key, value, "VQ-AUTO", reason)
+        b.decide(key, value, "VQ0" if key == "quant.judged" else "VQ-AUTO", reason)
+
 
 
 def _vllm_moe_shape_problem(ck: CheckpointInfo, tp: int, dp: int, ep: int, runner: str) -> str | None:

@@ -258,6 +258,8 @@ def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[tuple[str, str, s
     if f.fmt in WNA16_FORMATS and not judged(f.version):
         warnings.append(f"[VQ0] vLLM {f.version}: the GPTQ / AWQ / compressed-tensors WNA16 MoE rules were read from "
                         f"vLLM {', '.join(READ)} only; not judged for this release (no rule is inferred across releases)")
+        decisions.append(("quant.judged", "no", f"vLLM {f.version} not among the releases the WNA16 MoE rules were read "
+                                                f"for ({', '.join(READ)})"))
     x = layer(f)
     if x is not None and config_problem(x) is None:
         if runner == "auto" and (b := auto_backend(x, f.choices.flashinfer_version)):
