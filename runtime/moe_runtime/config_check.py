@@ -12,71 +12,39 @@ names the file, the key and the value.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 from pathlib import Path
 from typing import Any
 
 from . import models
 from .errors import BadInput
 from .model_spec import is_moe_layer, num_experts
+from .models.common.config import COMMON_KEYS, ROPE_KEYS, Key
 
-MAX_INT = 2**31 - 1  # beyond int32 a dimension or count is an overflow or a typo, not a model
 SUPPORTED_ROPE = ("default", "yarn")  # models.common.rope_parameters
 
 
-@dataclass(frozen=True)
-class Key:
-    kind: str  # "int" | "float" | "bool" | "str" | "ints" (a list of layer indices) | "strs"
-    low: float = 1  # smallest accepted value ("int", "float")
-    open_low: bool = False  # "float": strictly above `low`
-
-    def problem(self, v: Any) -> str | None:
-        """Why `v` (a non-null JSON value) is not of this key's type, or None."""
-        if self.kind == "bool":
-            return None if isinstance(v, bool) else "must be true or false"
-        if self.kind == "str":
-            return None if isinstance(v, str) else "must be a string"
-        if self.kind == "strs":
-            return None if isinstance(v, list) and all(isinstance(i, str) for i in v) else "must be a list of strings"
-        if self.kind == "ints":
-            ok = isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_INT for i in v)
-            return None if ok else "must be a list of layer indices (integers >= 0)"
-        if self.kind == "int":
-            if not isinstance(v, int) or isinstance(v, bool):
-                return f"must be an integer in {int(self.low)}..{MAX_INT}"
-            return None if self.low <= v <= MAX_INT else f"must be an integer in {int(self.low)}..{MAX_INT}"
-        # float: a JSON int is a float too (rope_theta: 10000), a bool or a string is not
-        bound = f"> {self.low:g}" if self.open_low else f">= {self.low:g}"
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            return f"must be a finite number {bound}"
-        return None if (v > self.low if self.open_low else v >= self.low) else f"must be a finite number {bound}"
+@lru_cache(maxsize=None)
+def all_keys() -> MappingProxyType[str, Key]:
+    """Every top-level key the runtime reads, with its type: the shared ones (models.common.config) and
+    each architecture's own (its Arch.config_keys). The types are checked before the architecture is
+    known (a config that names none is refused after its values), so every architecture's keys count;
+    two that type one key differently are refused here, not left to whichever comes first."""
+    out = dict(COMMON_KEYS)
+    for module in models.names():
+        for k, key in models.get(module).config_keys.items():
+            if out.setdefault(k, key) != key:
+                raise AssertionError(f"config key {k!r}: {module} types it {key}, another {out[k]}")
+    return MappingProxyType(out)
 
 
-POSITIVE, COUNT = Key("int"), Key("int", 0)
-POS_FLOAT, BOOL, STR = Key("float", 0, True), Key("bool"), Key("str")
+def __getattr__(name: str):
+    if name == "KEYS":  # the whole table, asked of the architectures at first use (they load lazily)
+        return all_keys()
+    raise AttributeError(name)
 
-# Every top-level key the runtime reads (models/, model_spec, parallel, serve), with its type.
-KEYS: dict[str, Key] = {
-    **dict.fromkeys(("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
-                     "intermediate_size", "moe_intermediate_size", "num_experts_per_tok", "head_dim",
-                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "n_group",
-                     "topk_group", "moe_layer_freq", "decoder_sparse_step", "max_position_embeddings",
-                     "original_max_position_embeddings", "sliding_window"), POSITIVE),
-    **dict.fromkeys(("n_routed_experts", "num_experts", "num_local_experts", "n_shared_experts", "first_k_dense_replace",
-                     "num_nextn_predict_layers", "num_mtp_layers",
-                     "q_lora_rank"), COUNT),  # q_lora_rank 0 (or null): no query compression, as the model reads it
-    **dict.fromkeys(("rms_norm_eps", "rope_theta", "routed_scaling_factor", "swiglu_alpha", "swiglu_limit"), POS_FLOAT),
-    **dict.fromkeys(("tie_word_embeddings", "norm_topk_prob", "rope_interleave", "attention_bias"), BOOL),
-    **dict.fromkeys(("scoring_func", "topk_method", "model_type"), STR),
-    "mlp_only_layers": Key("ints"), "layer_types": Key("strs"),
-}
-# ... and inside rope_scaling / rope_parameters (config_keys.rope_dict, models.common.rope_parameters)
-ROPE_KEYS: dict[str, Key] = {
-    "rope_type": STR, "type": STR, "rope_theta": POS_FLOAT, "factor": POS_FLOAT,
-    "original_max_position_embeddings": POSITIVE, "beta_fast": POS_FLOAT, "beta_slow": POS_FLOAT,
-    "mscale": Key("float", 0), "mscale_all_dim": Key("float", 0), "attention_factor": POS_FLOAT, "truncate": BOOL,
-}
+
 # What each architecture cannot be built without is its Arch.required (models/<arch>/arch.py); the
 # experts' keys only when the model has experts, intermediate_size only with a dense layer.
 MOE_REQUIRED = ("moe_intermediate_size", "num_experts_per_tok")
@@ -89,8 +57,9 @@ def _show(v: Any) -> str:
 
 def type_problems(cfg: dict[str, Any]) -> list[str]:
     """`key = value: why` for each key (as written, under any spelling) whose value is not of its type."""
+    keys = all_keys()
     out = [f"{k} = {_show(v)}: {why}" for k, v in cfg.items()
-           if k in KEYS and v is not None and (why := KEYS[k].problem(v))]
+           if k in keys and v is not None and (why := keys[k].problem(v))]
     for name in ("rope_scaling", "rope_parameters"):
         rp = cfg.get(name)
         if rp is None:

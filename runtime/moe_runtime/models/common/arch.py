@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from .config import Key
 from .experts import stack_per_expert
 from .spec import Spec, per_expert_specs
 
@@ -40,6 +41,7 @@ class ArchBase(ABC):
     default_theta: float = 10000.0
     required: tuple[str, ...] = ()
     experts_key: str = "num_experts"
+    config_keys: dict[str, Key] = {}  # its own config.json keys and their types (beyond config.COMMON_KEYS)
 
     def is_moe_layer(self, cfg: dict[str, Any], i: int) -> bool:
         step = int(cfg.get("decoder_sparse_step") or 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..common.arch import ArchBase, num_experts
+from ..common.config import BOOL, COUNT, POS_FLOAT, POSITIVE, STR
 from ..common.spec import model_ends, per_expert_shapes
 from . import model
 
@@ -34,6 +35,15 @@ class DeepseekV3Arch(ArchBase):
     required = ("hidden_size", "vocab_size", "num_attention_heads", "num_hidden_layers", "qk_nope_head_dim",
                 "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
     experts_key = "n_routed_experts"
+    # its own config.json keys (the shared ones: models.common.config.COMMON_KEYS)
+    config_keys = {
+        **dict.fromkeys(("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "n_group", "topk_group",
+                         "moe_layer_freq"), POSITIVE),
+        **dict.fromkeys(("n_shared_experts", "first_k_dense_replace", "num_mtp_layers",
+                         "q_lora_rank"), COUNT),  # q_lora_rank 0 (or null): no query compression, as the model reads it
+        "routed_scaling_factor": POS_FLOAT, "rope_interleave": BOOL, "norm_topk_prob": BOOL,
+        "scoring_func": STR, "topk_method": STR,
+    }
 
     def is_moe_layer(self, cfg: dict[str, Any], i: int) -> bool:
         return num_experts(cfg) > 0 and i >= int(cfg.get("first_k_dense_replace") or 0) and \

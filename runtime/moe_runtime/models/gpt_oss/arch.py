@@ -21,6 +21,7 @@ from moe_kernels.formats import quantize_mxfp4
 
 from ...errors import RuntimeFailure
 from ..common.arch import ArchBase, gqa_problems, num_experts
+from ..common.config import BOOL, POS_FLOAT, POSITIVE, Key
 from ..common.spec import FLOAT_DTYPES, Spec, model_ends
 from . import model
 from .experts import stack_experts
@@ -70,6 +71,9 @@ class GptOssArch(ArchBase):
     default_theta = 150000.0  # GptOssConfig's default_theta
     required = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers")
     experts_key = "num_local_experts"
+    # its own config.json keys (the shared ones: models.common.config.COMMON_KEYS)
+    config_keys = {"sliding_window": POSITIVE, "swiglu_alpha": POS_FLOAT, "swiglu_limit": POS_FLOAT,
+                   "attention_bias": BOOL, "layer_types": Key("strs")}
 
     def dense_shapes(self, cfg: dict[str, Any]):
         H, V, nh, nkv, hd, E, inter = dims(cfg)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..common.arch import ArchBase, gqa_problems, num_experts
+from ..common.config import BOOL
 from ..common.spec import model_ends, per_expert_shapes
 from . import model
 
@@ -26,6 +27,7 @@ class Qwen3MoeArch(ArchBase):
     aliases = {"num_experts": ("num_local_experts",)}  # Qwen3MoeConfig's attribute_map (5.x writes num_local_experts)
     required = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers")
     experts_key = "num_experts"
+    config_keys = {"norm_topk_prob": BOOL}  # its own config.json keys (the shared ones: models.common.config)
 
     def dense_shapes(self, cfg: dict[str, Any]):
         H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
