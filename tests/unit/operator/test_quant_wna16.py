@@ -276,8 +276,8 @@ def test_sglang_aiter_env_rendered_for_unquantized_experts():
 @pytest.mark.parametrize("engine,version,cfg,note", [
     ("sglang", "0.5.14", MIXTRAL_GPTQ_ACT, "[SQ0]"),  # GPTQ / AWQ rows: 0.5.17-0.5.23
     ("sglang", "0.5.21", QWEN3_CT_G64, "[SQ0]"),  # compressed-tensors rows: 0.5.22-0.5.23
-    ("vllm", "0.22.1", MIXTRAL_GPTQ_ACT, "[VQ0]"),  # WNA16 rows: 0.32.0-0.33.0
-    ("vllm", "0.31.0", MIXTRAL_GPTQ_ACT, "[VQ0]"),
+    ("vllm", "0.22.1", MIXTRAL_GPTQ_ACT, "[VQ0]"),  # WNA16 rows: 0.30.0-0.33.0
+    ("vllm", "0.29.0", MIXTRAL_GPTQ_ACT, "[VQ0]"),
 ])
 def test_release_not_read_for_these_rows_is_not_judged(engine, version, cfg, note):
     p = _plan(cfg, engine, version, "H200", "triton" if cfg is QWEN3_CT_G64 else "auto")
@@ -306,10 +306,11 @@ def test_unjudged_release_and_moe_wna16_are_decisions():
     assert [d.value for d in rocm.decisions if d.rule == "VQ-AUTO"] == ["MoeWNA16Method/triton"]
 
 
-def test_vllm_0_32_0_has_the_same_wna16_code():
+@pytest.mark.parametrize("version", ["0.30.0", "0.31.0", "0.32.0"])
+def test_vllm_0_30_to_0_32_have_the_same_wna16_code(version):
     from moe_operator import engine_rules
-    p = _plan(MIXTRAL_GPTQ_ACT, "vllm", "0.32.0", "H200")
-    if engine_rules.read_as("vllm", "0.32.0"):
+    p = _plan(MIXTRAL_GPTQ_ACT, "vllm", version, "H200")
+    if engine_rules.read_as("vllm", version):
         assert any(e.startswith("[VQ1]") for e in p.errors), p.errors
     else:  # 0.32.0 not among the releases read by engine_rules: not judged at all
         assert not [e for e in p.errors if e.startswith("[VQ")]

@@ -159,7 +159,8 @@ def runner_problem(x: Layer, runner: str) -> str | None:
                  if q == "gptq_marlin" else f"AWQMoEScheme.create_moe_runner, {_Q}awq/schemes/awq_moe.py:129-134")
         return f"AssertionError: get_moe_runner_backend().is_auto() ({q} MoE runs Marlin only; {where})"
     if runner in ("flashinfer_cutlass", "flashinfer_cutedsl"):
-        name = "FlashInfer Cutlass MOE supports only" if runner == "flashinfer_cutlass" else "FlashInfer CuteDSL MOE currently supports only"
+        name = ("FlashInfer Cutlass MOE supports only" if runner == "flashinfer_cutlass"
+                else "FlashInfer CuteDSL MOE currently supports only")
         return (f"Invalid quantization '{q}'. {name}: 'modelopt_fp4', ... (handle_moe_kernel_config, "
                 "sglang/srt/arg_groups/moe_hook.py:78-101)")
     if q == "compressed-tensors" and runner == "triton" and not ct_triton_supported(x.s):

@@ -2,13 +2,15 @@
 validate rows over the plan's facts (they need CheckpointInfo.quantScheme: bits, group size, symmetry, activation
 order, which engine_rules.Case does not carry). Pure.
 
-Read from the released wheel vllm==0.33.0 (PyPI); paths are inside the wheel, lines are 0.33.0's. vllm==0.32.0 has
-the same code for every file these rows read (oracle/int_wna16.py, auto_gptq.py, moe_wna16.py, utils/gptq_utils.py,
-utils/marlin_utils.py, compressed_tensors_moe_wna16.py, utils/flashinfer_mxint4_moe.py byte for byte; auto_awq.py,
-experts/{marlin,triton,trtllm_mxint4,rocm_aiter}_moe.py and _aiter_ops.py differ only outside the checks used:
-parameter replacement, post_gemm2_hook, routing methods, other AITER ops), so the rows apply to it too. Releases
-0.22.0-0.31.0 differ in those files (0.22.x has no auto_awq.py nor trtllm_mxint4_moe.py) and are not judged by
-these rows (VQ0 says so).
+Read from the released wheel vllm==0.33.0 (PyPI); paths are inside the wheel, lines are 0.33.0's. In the wheels of
+0.30.0, 0.31.0 and 0.32.0 every function these rows read has the same AST as in 0.33.0 (int_wna16.py
+_backend_incompatibility_reason / map_wna16_backend / select_wna16_moe_backend, AutoGPTQConfig / AutoAWQConfig /
+MoeWNA16Config and their MoE methods, normalize_and_validate_gptq_desc_act, check_moe_marlin_supports_config,
+CompressedTensorsWNA16MoEMethod.__init__, the WNA16 experts classes' _supports_current_device / _supports_quant_scheme,
+is_flashinfer_mxint4_moe_available, AiterExperts and rocm_aiter_ops.is_fused_moe_enabled / is_enabled), except in
+0.30.0 for CPU-only paths (ZEN_CPU), the compressed-tensors weight transposition and the order of a list; Humming's
+move ahead of Marlin on capability 9.0 starts in 0.32.0. 0.22.0-0.29.0 differ (no map_wna16_backend before 0.25, no
+desc_act validation, another Marlin layer check) and are not judged by these rows (VQ0 says so).
 
 How vLLM 0.33.0 builds a WNA16 MoE layer:
   * config: `quant_method: gptq` -> AutoGPTQConfig (auto_gptq.py:95-160: (bits, sym) in {(4, True), (8, True)},
@@ -35,7 +37,7 @@ from moe_core.checkpoint import QuantScheme
 from ... import engine_rules
 from ...selection import Check, Facts, truthy
 
-READ = ("0.32.0", "0.33.0")  # releases whose WNA16 MoE code these rows were read from (see above)
+READ = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")  # releases whose WNA16 MoE code these rows hold for (above)
 WNA16_FORMATS = frozenset({"gptq", "awq", "ct_wna16", "ct_int4_g32"})
 # map_wna16_backend's keys (oracle/int_wna16.py:238-253, 0.33.0)
 BACKENDS = ("triton", "marlin", "humming", "flashinfer_trtllm", "emulation", "rdna3")
@@ -230,10 +232,11 @@ CHECKS: tuple[Check, ...] = (
           "vLLM {version} cannot build this {fmt} checkpoint's quantization config at start-up (any --moe-backend)"),
     Check("VQ2", lambda f, r: r != "auto" and _refuses(f, r) is not None, "reject",
           "vLLM {version} refuses --moe-backend {value} for this {fmt} checkpoint on {gpu} at start-up "
-          "(select_wna16_moe_backend, model_executor/layers/fused_moe/oracle/int_wna16.py:256-363, vLLM 0.33.0; the same in 0.32.0)"),
+          "(select_wna16_moe_backend, model_executor/layers/fused_moe/oracle/int_wna16.py:256-363, vLLM 0.33.0; "
+          "the same code in 0.30.0-0.32.0)"),
     Check("VQ3", lambda f, r: r == "auto" and _refuses(f, r) is not None, "reject",
           "No WNA16 MoE backend supports the deployment configuration. ({fmt} on {gpu}: select_wna16_moe_backend, "
-          "model_executor/layers/fused_moe/oracle/int_wna16.py:361-363, vLLM 0.33.0; the same in 0.32.0)"),
+          "model_executor/layers/fused_moe/oracle/int_wna16.py:361-363, vLLM 0.33.0; the same code in 0.30.0-0.32.0)"),
 )
 
 
@@ -267,7 +270,7 @@ def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[tuple[str, str, s
                               f"vLLM {f.version} builds {method(x)} and --moe-backend auto takes {b} for this {f.fmt} "
                               f"checkpoint on {f.gpu_name} (select_wna16_moe_backend priority, {_O}:126-143"
                               + ("; Humming first where installed on capability 9.0" if f.fam == "sm90" and b == "marlin"
-                                 else "") + ")"))
+                                 and f.ver >= (0, 32) else "") + ")"))
         if runner == "flashinfer_trtllm" and backend_problem(x, runner, f.choices.flashinfer_version) is None:
             env.append(("VLLM_USE_FLASHINFER_MOE_INT4", "1", "VQ-ENV",
                         "FlashInfer's MxInt4 MoE (TrtLlmMxint4ExpertsMonolithic) runs only with VLLM_USE_FLASHINFER_MOE_INT4=1 "
@@ -306,9 +309,9 @@ ENV_CHECKS: tuple[Check, ...] = (
     Check("VQ-AITER", _aiter_off, "reject",
           "--moe-backend {value} on {gpu}: AITER MoE is not enabled — set VLLM_ROCM_USE_AITER=1 and "
           "VLLM_ROCM_USE_AITER_MOE=1 to enable it (the user's env turns it off; experts/rocm_aiter_moe.py:497-513, "
-          "vllm/_aiter_ops.py:2288-2322, vLLM 0.33.0; the same in 0.32.0)"),
+          "vllm/_aiter_ops.py:2288-2322, vLLM 0.33.0; the same code in 0.30.0-0.32.0)"),
     Check("VQ-INT4ENV", _int4_env_off, "reject",
           "--moe-backend flashinfer_trtllm for a WNA16 checkpoint needs VLLM_USE_FLASHINFER_MOE_INT4=1 and the user's env "
           "sets it off (is_flashinfer_mxint4_moe_available, model_executor/layers/quantization/utils/"
-          "flashinfer_mxint4_moe.py:24-31, vLLM 0.33.0; the same in 0.32.0)"),
+          "flashinfer_mxint4_moe.py:24-31, vLLM 0.33.0; the same code in 0.30.0-0.32.0)"),
 )
