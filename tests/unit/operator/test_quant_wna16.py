@@ -275,7 +275,7 @@ def test_sglang_aiter_env_rendered_for_unquantized_experts():
 
 @pytest.mark.parametrize("engine,version,cfg,note", [
     ("sglang", "0.5.14", MIXTRAL_GPTQ_ACT, "[SQ0]"),  # GPTQ / AWQ rows: 0.5.17-0.5.23
-    ("sglang", "0.5.21", QWEN3_CT_G64, "[SQ0]"),  # compressed-tensors rows: 0.5.22-0.5.23
+    ("sglang", "0.5.16", QWEN3_CT_G64, "[SQ0]"),  # compressed-tensors rows: 0.5.17-0.5.23
     ("vllm", "0.22.1", MIXTRAL_GPTQ_ACT, "[VQ0]"),  # WNA16 rows: 0.30.0-0.33.0
     ("vllm", "0.29.0", MIXTRAL_GPTQ_ACT, "[VQ0]"),
 ])
@@ -304,6 +304,15 @@ def test_unjudged_release_and_moe_wna16_are_decisions():
     assert [d.rule for d in _plan(QWEN3_GPTQ, "vllm", "0.22.1", "H200").decisions if d.key == "quant.judged"] == ["VQ0"]
     rocm = _plan(QWEN3_GPTQ, "vllm", "0.33.0", "MI355X")
     assert [d.value for d in rocm.decisions if d.rule == "VQ-AUTO"] == ["MoeWNA16Method/triton"]
+
+
+@pytest.mark.parametrize("version,gate", [("0.5.17", False), ("0.5.18", False), ("0.5.19", True), ("0.5.21", True)])
+def test_sglang_compressed_tensors_triton_gate_from_0_5_19(version, gate):
+    """0.5.17-0.5.18: an explicit triton takes any WNA16 scheme and SM100 auto runs Marlin; from 0.5.19 the
+    Triton scheme gate and the SM100 auto-Triton default (compressed_tensors.py:925-947 in 0.5.23)."""
+    g64 = _plan(QWEN3_CT_G64, "sglang", version, "H200", "triton")
+    assert bool([e for e in g64.errors if e.startswith("[SQ2]")]) == gate, g64.errors
+    assert _kernel(_plan(QWEN3_CT_W4A16, "sglang", version, "B200")) == ("triton" if gate else "marlin")
 
 
 @pytest.mark.parametrize("version", ["0.30.0", "0.31.0", "0.32.0"])

@@ -8,8 +8,11 @@ MoeWNA16Config methods, AWQMoEScheme, the GPTQ Marlin kernel's create_moe_runner
 checks) have the same AST in the wheels of 0.5.17-0.5.22, and ModelConfig._verify_quantization differs there only in
 methods these rows do not use, except that 0.5.17-0.5.19 still list 'gptq' as ROCm-supported (removed in 0.5.20):
 there a non-Marlin GPTQ checkpoint on ROCm reaches GPTQConfig's MoE TypeError instead. The compressed-tensors rows
-(CompressedTensorsConfig.get_moe_scheme and its WNA16 helpers) hold for 0.5.22-0.5.23 only (0.5.21 and older
-differ). Releases outside those ranges are not judged by these rows (SQ0 says so).
+(CompressedTensorsConfig.get_moe_scheme's WNA16 branch, CompressedTensorsWNA16MoE) hold for 0.5.17-0.5.23: 0.5.19-0.5.21
+differ only in NPU paths, log lines and (0.5.21 and older) _is_wNa16_group_channel not requiring integer weights,
+which integer checkpoints do not notice; 0.5.17-0.5.18 have no Triton scheme gate (an explicit triton takes any
+WNA16 scheme) and no SM100 auto-Triton (auto runs Marlin). Releases outside those ranges are not judged by these
+rows (SQ0 says so).
 
 How sglang 0.5.23 resolves a WNA16 checkpoint:
   * `--quantization`: ModelConfig._verify_quantization (configs/model_config.py:2000-2171) asks every method's
@@ -44,7 +47,9 @@ from ...selection import Check, Facts
 # releases whose code these rows were read from, per method (see above)
 READ = {"gptq": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
         "awq": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
-        "compressed-tensors": ("0.5.22", "0.5.23")}
+        "compressed-tensors": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")}
+# the Triton WNA16 scheme gate and the SM100 auto-Triton default of compressed-tensors (compressed_tensors.py:925-947)
+_CT_TRITON_GATE = (0, 5, 19)
 _METHOD = {"gptq": "gptq", "awq": "awq", "ct_wna16": "compressed-tensors", "ct_int4_g32": "compressed-tensors"}
 WNA16_FORMATS = frozenset({"gptq", "awq", "ct_wna16", "ct_int4_g32"})
 MARLIN_GROUPS = (-1, 32, 64, 128)  # layers/quantization/marlin_utils.py:44 MARLIN_SUPPORTED_GROUP_SIZES
@@ -163,7 +168,8 @@ def runner_problem(x: Layer, runner: str) -> str | None:
                 else "FlashInfer CuteDSL MOE currently supports only")
         return (f"Invalid quantization '{q}'. {name}: 'modelopt_fp4', ... (handle_moe_kernel_config, "
                 "sglang/srt/arg_groups/moe_hook.py:78-101)")
-    if q == "compressed-tensors" and runner == "triton" and not ct_triton_supported(x.s):
+    if q == "compressed-tensors" and runner == "triton" and not ct_triton_supported(x.s) \
+            and vt(x.version) >= _CT_TRITON_GATE:
         return ("The Triton WNA16 MoE backend only supports symmetric INT4 group quantization with group_size=32 or 128 "
                 f"and no actorder. (CompressedTensorsConfig.get_moe_scheme, {_Q}compressed_tensors/compressed_tensors.py:"
                 "925-937)")
@@ -191,7 +197,7 @@ def auto_kernel(x: Layer) -> str | None:
         return "marlin"
     if q == "moe_wna16":
         return "triton"
-    if x.rocm or (x.family == "sm100" and ct_triton_supported(x.s)):
+    if x.rocm or (x.family == "sm100" and ct_triton_supported(x.s) and vt(x.version) >= _CT_TRITON_GATE):
         return "triton"
     return "marlin"
 
