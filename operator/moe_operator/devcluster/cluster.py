@@ -275,7 +275,7 @@ class DevCluster:
         shutil.rmtree(lay.root / "certs", ignore_errors=True)
         pki = pkimod.generate(lay.pki_dir, components.SERVICE_IP)
         tokens = pki.tokens()
-        shutil.copyfile(b.kwok_stages, lay.kwok_config)
+        lay.kwok_config.write_text(components.kwok_config(b.kwok_stages.read_text()))
         ports = _distinct_ports()
         server = f"https://127.0.0.1:{ports.apiserver}"
         st: dict[str, Any] = {"version": 1, "bin_dir": str(b.dir), "server": server,
@@ -372,7 +372,9 @@ class DevCluster:
             if time.monotonic() - last >= 5:
                 last = time.monotonic()
                 log(f"waiting for nodes: {len(ready)}/{len(want)} Ready")
-            time.sleep(0.5)
+            # each look is a LIST of every node (~3 KB each): thousands of them twice a second were
+            # a load of their own on the API server the nodes register with
+            time.sleep(max(0.5, len(want) / 1000))
         raise StartError(f"only {len(ready)}/{len(want)} nodes Ready after {timeout:.0f}s; "
                          f"see {self.layout.log('kwok')}")
 

@@ -12,9 +12,18 @@ Flag choices, and why:
   root-CA publisher, node lifecycle, ...) with per-controller service-account credentials, and
   signs CSRs with the cluster CA;
 - leader election is off: there is exactly one replica of each and it saves startup time;
-- kwok manages only nodes annotated kwok.x-k8s.io/node=fake, with the stages kwokctl uses by
-  default (node-fast, node-heartbeat-with-lease, pod-fast) and node leases so the node lifecycle
-  controller keeps them Ready.
+- kwok manages only nodes annotated kwok.x-k8s.io/node=fake, with kwokctl's default stages
+  (node-fast, pod-fast) less the node heartbeat, and no node Leases: a simulated node is made Ready
+  once and stays Ready at no cost. With kwokctl's heartbeat-with-lease defaults each node's Lease
+  is renewed every 10 s (lease 40 s / 4) by 4 workers (kwok's nodeLeaseParallelism): 500 writes/s
+  at 5,000 nodes, more than two loaded cores sustain, so Leases expired, the node lifecycle
+  controller marked nodes Unknown (and tainted them), kwok re-initialised them, and 5,004 nodes
+  never all stayed Ready (issue 34). The node lifecycle controller stays on (taints of a node made
+  NotReady by hand, eviction) with grace periods long enough that a node without heartbeats is
+  never taken for dead;
+- kwok's stage workers (4 by default) are raised to KWOK_PARALLELISM, so thousands of nodes
+  registering at once, and thousands of pods, go through their stages in seconds; the scheduler
+  gets the controller manager's client QPS (its default 50 binds 2,000 pods in 40 s at best).
 """
 
 from __future__ import annotations
@@ -36,6 +45,33 @@ SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = _os.environ.get("MOE_DEV_POD_CIDR", "127.1.0.0/16")
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+NODE_GRACE = "8760h"
+KWOK_PARALLELISM = 16
+KWOK_DEFAULT_OPTIONS = {"cidr": "10.0.0.0/24", "manageAllNodes": False, "enableDebuggingHandlers": True,
+                        "enableContentionProfiling": False, "enableProfilingHandler": True,
+                        "podPlayStageParallelism": 4, "nodePlayStageParallelism": 4, "nodeLeaseParallelism": 4,
+                        "podsOnNodeSyncParallelism": 1, "enablePodsOnNodeSyncListPager": True,
+                        "enablePodsOnNodeSyncStreamWatch": False}
+# Stages left out of kwokctl's defaults: periodic node status writes (every 10-20 min per node, on
+# top of the Leases), which nothing here needs.
+DROPPED_STAGES = ("node-heartbeat-with-lease", "node-heartbeat")
+
+
+def kwok_config(stages: str) -> str:
+    """kwok's --config: the Stage documents of `stages` (kwok-stages.yaml of the binaries) except
+    DROPPED_STAGES, and a KwokConfiguration with the stage workers raised (pure)."""
+    import re
+
+    docs = [d for d in re.split(r"(?m)^---[ \t]*$", stages) if d.strip()]
+    kept = [d for d in docs
+            if not any(re.search(rf"(?m)^  name: {re.escape(n)}[ \t]*$", d) for n in DROPPED_STAGES)]
+    # every option kwok defaults (zz_generated.defaults.go of kwok v0.8.0): a KwokConfiguration read
+    # from --config is not defaulted, and podsOnNodeSyncParallelism 0 would sync no pod at all
+    options = {**KWOK_DEFAULT_OPTIONS, "nodePlayStageParallelism": KWOK_PARALLELISM,
+               "podPlayStageParallelism": KWOK_PARALLELISM}
+    conf = ("apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n"
+            + "".join(f"  {k}: {str(v).lower() if isinstance(v, bool) else v}\n" for k, v in options.items()))
+    return "".join("---\n" + d.strip("\n") + "\n" for d in kept + [conf])
 
 
 @dataclass
@@ -129,6 +165,9 @@ def kube_controller_manager(b: Binaries, lay: Layout, p: Ports) -> list[str]:
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--leader-elect=false",
         "--kube-api-qps=200", "--kube-api-burst=400",
+        # no heartbeats and no Leases from kwok's nodes (see the module docstring): never
+        # "Kubelet stopped posting node status"; a year is forever for a dev cluster
+        f"--node-monitor-grace-period={NODE_GRACE}", f"--node-startup-grace-period={NODE_GRACE}",
     ]
 
 
@@ -140,6 +179,7 @@ def kube_scheduler(b: Binaries, lay: Layout, p: Ports) -> list[str]:
         "--bind-address=127.0.0.1", f"--secure-port={p.scheduler}",
         f"--cert-dir={lay.cert_dir('kube-scheduler')}",
         "--leader-elect=false",
+        "--kube-api-qps=200", "--kube-api-burst=400",
     ]
 
 
@@ -151,7 +191,7 @@ def kwok(b: Binaries, lay: Layout, p: Ports) -> list[str]:
         f"--config={lay.kwok_config}",
         "--manage-all-nodes=false",
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-        "--node-lease-duration-seconds=40",
+        "--node-lease-duration-seconds=0",  # no node Leases (see the module docstring)
         # Every node's InternalIP and kubelet endpoint is kwok's own server (it answers the
         # kubelet API for logs/exec), served with the API server's certificate (SAN 127.0.0.1).
         "--node-ip=127.0.0.1", f"--node-port={p.kwok}",
