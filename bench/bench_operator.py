@@ -130,6 +130,7 @@ def run_operator(dc, kubeconfig: str, op_root: Path, docs: list[dict], stream: s
         time.sleep(3)
         cpu0, _ = proc_stats(op.pid)
         r0 = metric(port, "moe_operator_reconciles_total")
+        w0 = api_requests(dc)
         t0 = time.monotonic()
         dc.kubectl("apply", "-f", "-", input=stream, timeout=900)
         r["applied"] = time.monotonic() - t0
@@ -152,6 +153,12 @@ def run_operator(dc, kubeconfig: str, op_root: Path, docs: list[dict], stream: s
         cpu1, rss = proc_stats(op.pid)
         r.update(planned=planned_at, available=available_at, rollout_cpu=cpu1 - cpu0, elapsed=elapsed,
                  reconciles=metric(port, "moe_operator_reconciles_total") - r0)
+        # writes on the MoEDeployments themselves during the rollout (kubectl's creates excluded):
+        # kopf's finalizer and annotation patches, and status patches
+        w1 = api_requests(dc)
+        r["rollout_moed_writes"] = {f"{v} {res}": w1.get((v, res), 0) - w0.get((v, res), 0) for v, res in w1
+                                    if res.startswith("moedeployments") and v not in ("GET", "CREATE", "POST")
+                                    and w1.get((v, res), 0) - w0.get((v, res), 0)}
         degraded: dict[str, int] = {}
         for o in moeds(dc):
             for c in (o.get("status") or {}).get("conditions", []):
@@ -186,6 +193,9 @@ def run_operator(dc, kubeconfig: str, op_root: Path, docs: list[dict], stream: s
             op.kill()
     errors = Path(log.name).read_text(errors="replace")
     r["tracebacks"], r["apply_errors"] = errors.count("Traceback"), sorted(set(re.findall(r"HTTP (4\d\d|5\d\d)", errors)))
+    # what those failures said (issue 34 item 3: 422/500 applies under load), a few distinct lines
+    lines = {re.sub(r"\d+", "N", ln.strip())[:300] for ln in errors.splitlines() if re.search(r"HTTP (4\d\d|5\d\d)", ln)}
+    r["apply_error_lines"] = sorted(lines)[:8]
     return r
 
 
@@ -249,8 +259,8 @@ def main() -> int:
     print()
     print(f"{sum(pools.values())} kwok nodes, {n} MoEDeployments; apply with no operator (API only) {api_create:.1f} s")
     print("| operator | all Planned | all Available | rollout CPU | peak RSS | idle CPU | idle requests / object / min "
-          "| Service back | ConfigMap back | Degraded | tracebacks |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| Service back | ConfigMap back | Degraded | tracebacks | MoEDeployment writes / object (rollout) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         per_min = {f"{v} {res}": c * 60 / a.idle_seconds / n for (v, res), c in sorted(r["idle"].items())}
         total = sum(per_min.values())
@@ -258,7 +268,8 @@ def main() -> int:
               f"{r['rollout_cpu']:.1f} s ({100 * r['rollout_cpu'] / r['elapsed']:.0f}% of a core) | {r['rss'] / 2**20:.0f} MiB | "
               f"{r['idle_cpu']:.2f} s in {a.idle_seconds:.0f} s ({100 * r['idle_cpu'] / a.idle_seconds:.1f}%) | "
               f"{total:.2f} (" + ", ".join(f"{k} {v:.2f}" for k, v in per_min.items()) + ") | "
-              f"{_s(r['service_back'])} | {_s(r['configmap_back'])} | {r['degraded'] or '-'} | {r['tracebacks']} |")
+              f"{_s(r['service_back'])} | {_s(r['configmap_back'])} | {r['degraded'] or '-'} | {r['tracebacks']} | "
+              + (", ".join(f"{k} {v / n:.2f}" for k, v in sorted(r["rollout_moed_writes"].items())) or "0") + " |")
     if len(results) == 2 and results[0]["planned"] and results[1]["planned"]:
         b, c = results
         print(f"ratios (baseline / this checkout): all Planned {b['planned'] / c['planned']:.2f}x, "
