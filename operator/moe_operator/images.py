@@ -1,28 +1,32 @@
 """Runtime image variants: the image follows the node (CPU arch, CUDA major, flashinfer on Blackwell).
 
-One table, read by the planner (which flashinfer the bundled image has) and the renderer (which tag).
+The renderer reads the tags here; what each variant holds is moe_core.image_contents (the planner reads it too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moe_core.gpu import GpuClass
+from moe_core import image_contents
+from moe_core.gpu import GpuClass, from_name
 
 from .engines.sglang import image as _sglang_image, vocab as _sglang_vocab
 from .engines.vllm import image as _vllm_image, vocab as _vllm_vocab
 
 RUNTIME_REPOSITORY = "ghcr.io/moe-operator/moe-runtime"
 RUNTIME_VERSION = "0.1.0"
-# flashinfer-python shipped in the Blackwell variants of the bundled image (pyproject extra `flashinfer`).
-BUNDLED_FLASHINFER = "0.7.2"
-# Families whose bundled image variant carries flashinfer (its MoE kernels target Blackwell; on
-# Hopper our own Triton W4A16 kernels are the bundled choice).
-FLASHINFER_FAMILIES = frozenset({"sm100", "sm120", "sm121"})
+# flashinfer-python of the Blackwell variants, and which families get them: the image-contents table's
+BUNDLED_FLASHINFER = image_contents.FLASHINFER
+FLASHINFER_FAMILIES = image_contents.FLASHINFER_FAMILIES
 
 
 def bundled_image_flashinfer(gpu: GpuClass) -> str | None:
-    return BUNDLED_FLASHINFER if gpu.family in FLASHINFER_FAMILIES else None
+    return image_contents.bundled_packages(gpu.family, gpu.is_rocm)["flashinfer-python"]
+
+
+def bundled_image_packages(gpu: GpuClass) -> dict[str, str | None]:
+    """The kernel packages of the runtime image variant this GPU class gets (moe_core.image_contents)."""
+    return image_contents.bundled_packages(gpu.family, gpu.is_rocm)
 
 
 def cuda_major(gpu: GpuClass) -> int:
@@ -47,6 +51,12 @@ def runtime_image(gpu: GpuClass, repository: str | None = None, version: str | N
     if gpu.arch == "arm64":
         parts.append("arm64")
     return f"{repository}:{'-'.join(parts)}"
+
+
+def tool_image(repository: str | None = None) -> str:
+    """The runtime image of the operator's own Jobs (checkpoint inspection, model cache fill): they
+    need no GPU and are pinned to amd64 nodes, so the amd64 CUDA variant whatever GPU the workload gets."""
+    return runtime_image(from_name("sm90"), repository)
 
 
 # --- engine images (sglang, vLLM) per CPU architecture -------------------------------------------
