@@ -274,8 +274,8 @@ def test_sglang_aiter_env_rendered_for_unquantized_experts():
 # ---- releases not read, and the command line ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("engine,version,cfg,note", [
-    ("sglang", "0.5.14", MIXTRAL_GPTQ_ACT, "[SQ0]"),  # GPTQ / AWQ rows: 0.5.17-0.5.23
-    ("sglang", "0.5.16", QWEN3_CT_G64, "[SQ0]"),  # compressed-tensors rows: 0.5.17-0.5.23
+    ("sglang", "0.5.13", MIXTRAL_GPTQ_ACT, "[SQ0]"),  # GPTQ / AWQ rows: 0.5.14-0.5.23
+    ("sglang", "0.5.14", QWEN3_CT_G64, "[SQ0]"),  # compressed-tensors rows: 0.5.15-0.5.23
     ("vllm", "0.22.1", MIXTRAL_GPTQ_ACT, "[VQ0]"),  # WNA16 rows: 0.30.0-0.33.0
     ("vllm", "0.29.0", MIXTRAL_GPTQ_ACT, "[VQ0]"),
 ])
@@ -286,13 +286,13 @@ def test_release_not_read_for_these_rows_is_not_judged(engine, version, cfg, not
     assert "--quantization" not in p.args
 
 
-@pytest.mark.parametrize("version", ["0.5.17", "0.5.19", "0.5.20", "0.5.22"])
-def test_sglang_gptq_rows_hold_from_0_5_17(version):
-    """The GPTQ / AWQ / moe_wna16 functions read have the same code from 0.5.17 (engines/sglang/quant.py)."""
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.15.post1", "0.5.17", "0.5.19", "0.5.20", "0.5.22"])
+def test_sglang_gptq_rows_hold_from_0_5_14(version):
+    """The GPTQ / AWQ / moe_wna16 functions read have the same code from 0.5.14 (engines/sglang/quant.py)."""
     assert _q(_plan(QWEN3_GPTQ, "sglang", version, "H200")) == "gptq_marlin"
     assert _q(_plan(QWEN3_GPTQ_ASYM, "sglang", version, "H200")) == "moe_wna16"
     rocm = _plan(QWEN3_GPTQ_ASYM, "sglang", version, "MI355X").errors
-    # 0.5.17-0.5.19 list 'gptq' as ROCm-supported: the layer's TypeError; from 0.5.20 the ROCm check itself
+    # 0.5.14-0.5.19 list 'gptq' as ROCm-supported: the layer's TypeError; from 0.5.20 the ROCm check itself
     words = "GPTQ Method does not support MoE" if version < "0.5.20" else "is currently not supported in ROCm"
     assert any(e.startswith("[SQ1]") and words in e for e in rocm), rocm
 
@@ -300,15 +300,16 @@ def test_sglang_gptq_rows_hold_from_0_5_17(version):
 def test_unjudged_release_and_moe_wna16_are_decisions():
     """Recorded as decisions (rule SQ0 / VQ0, SQ-Q moe_wna16, VQ-AUTO MoeWNA16Method) for admission to report."""
     assert [d.value for d in _plan(QWEN3_GPTQ_ASYM, "sglang", "0.5.23", "H200").decisions if d.rule == "SQ-Q"] == ["moe_wna16"]
-    assert [d.rule for d in _plan(QWEN3_GPTQ, "sglang", "0.5.14", "H200").decisions if d.key == "quant.judged"] == ["SQ0"]
+    assert [d.rule for d in _plan(QWEN3_GPTQ, "sglang", "0.5.13", "H200").decisions if d.key == "quant.judged"] == ["SQ0"]
     assert [d.rule for d in _plan(QWEN3_GPTQ, "vllm", "0.22.1", "H200").decisions if d.key == "quant.judged"] == ["VQ0"]
     rocm = _plan(QWEN3_GPTQ, "vllm", "0.33.0", "MI355X")
     assert [d.value for d in rocm.decisions if d.rule == "VQ-AUTO"] == ["MoeWNA16Method/triton"]
 
 
-@pytest.mark.parametrize("version,gate", [("0.5.17", False), ("0.5.18", False), ("0.5.19", True), ("0.5.21", True)])
+@pytest.mark.parametrize("version,gate", [("0.5.15", False), ("0.5.17", False), ("0.5.18", False), ("0.5.19", True),
+                                          ("0.5.21", True)])
 def test_sglang_compressed_tensors_triton_gate_from_0_5_19(version, gate):
-    """0.5.17-0.5.18: an explicit triton takes any WNA16 scheme and SM100 auto runs Marlin; from 0.5.19 the
+    """0.5.15-0.5.18: an explicit triton takes any WNA16 scheme and SM100 auto runs Marlin; from 0.5.19 the
     Triton scheme gate and the SM100 auto-Triton default (compressed_tensors.py:925-947 in 0.5.23)."""
     g64 = _plan(QWEN3_CT_G64, "sglang", version, "H200", "triton")
     assert bool([e for e in g64.errors if e.startswith("[SQ2]")]) == gate, g64.errors

@@ -5,12 +5,15 @@ plan must pass, which runners the layer methods accept, what auto runs. Validate
 Read from the released wheel sglang==0.5.23 (PyPI); paths are inside the wheel (sglang/srt/...), lines are
 0.5.23's. The functions the GPTQ / AWQ rows read (GPTQConfig / GPTQMarlinConfig / AWQConfig / AWQMarlinConfig /
 MoeWNA16Config methods, AWQMoEScheme, the GPTQ Marlin kernel's create_moe_runner, marlin_utils' type and group
-checks) have the same AST in the wheels of 0.5.17-0.5.22, and ModelConfig._verify_quantization differs there only in
-methods these rows do not use, except that 0.5.17-0.5.19 still list 'gptq' as ROCm-supported (removed in 0.5.20):
-there a non-Marlin GPTQ checkpoint on ROCm reaches GPTQConfig's MoE TypeError instead. The compressed-tensors rows
-(CompressedTensorsConfig.get_moe_scheme's WNA16 branch, CompressedTensorsWNA16MoE) hold for 0.5.17-0.5.23: 0.5.19-0.5.21
+checks) have the same AST in the wheels of 0.5.14-0.5.22 (0.5.15.post1 included; marlin_utils differs only in a
+missing-capability guard), and ModelConfig._verify_quantization differs there only in methods and draft-model cases
+these rows do not use, except that 0.5.14-0.5.19 still list 'gptq' as ROCm-supported (removed in 0.5.20): there a
+non-Marlin GPTQ checkpoint on ROCm reaches GPTQConfig's MoE TypeError instead. 0.5.13 and older differ (the GPTQ
+Marlin MoE runner, AWQMoEScheme; no gptq/ package before 0.5.13). The compressed-tensors rows
+(CompressedTensorsConfig.get_moe_scheme's WNA16 branch, CompressedTensorsWNA16MoE) hold for 0.5.15-0.5.23 (0.5.15-0.5.18
+branch identical to 0.5.17's; 0.5.14 takes the scheme from the "Linear" target group and is not judged): 0.5.19-0.5.21
 differ only in NPU paths, log lines and (0.5.21 and older) _is_wNa16_group_channel not requiring integer weights,
-which integer checkpoints do not notice; 0.5.17-0.5.18 have no Triton scheme gate (an explicit triton takes any
+which integer checkpoints do not notice; 0.5.15-0.5.18 have no Triton scheme gate (an explicit triton takes any
 WNA16 scheme) and no SM100 auto-Triton (auto runs Marlin). Releases outside those ranges are not judged by these
 rows (SQ0 says so).
 
@@ -45,9 +48,8 @@ from ...engine_rules import vt
 from ...selection import Check, Facts
 
 # releases whose code these rows were read from, per method (see above)
-READ = {"gptq": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
-        "awq": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
-        "compressed-tensors": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")}
+_FROM_15 = ("0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+READ = {"gptq": ("0.5.14",) + _FROM_15, "awq": ("0.5.14",) + _FROM_15, "compressed-tensors": _FROM_15}
 # the Triton WNA16 scheme gate and the SM100 auto-Triton default of compressed-tensors (compressed_tensors.py:925-947)
 _CT_TRITON_GATE = (0, 5, 19)
 _METHOD = {"gptq": "gptq", "awq": "awq", "ct_wna16": "compressed-tensors", "ct_int4_g32": "compressed-tensors"}
@@ -109,9 +111,9 @@ def resolve(x: Layer) -> tuple[str | None, str]:
     if x.rocm:
         if s.method == "gptq":
             q = "gptq_marlin" if gptq_marlin_compatible(s) else "gptq"
-            if q == "gptq" and vt(x.version) < (0, 5, 20):  # 'gptq' still in the ROCm list (0.5.17-0.5.19)
+            if q == "gptq" and vt(x.version) < (0, 5, 20):  # 'gptq' still in the ROCm list (0.5.14-0.5.19)
                 return None, ("GPTQ Method does not support MoE, please use gptq_marlin (GPTQConfig.get_quant_method, "
-                              f"{_Q}gptq/gptq.py:173-179; sglang 0.5.17-0.5.19 list 'gptq' as ROCm-supported, "
+                              f"{_Q}gptq/gptq.py:173-179; sglang 0.5.14-0.5.19 list 'gptq' as ROCm-supported, "
                               "gptq_marlin and moe_wna16 are not)")
             return None, (f"{q} quantization is currently not supported in ROCm. (ModelConfig._verify_quantization, "
                           "sglang/srt/configs/model_config.py:2156-2160; moe_wna16 is not in its ROCm list either, :2002-2016)")
