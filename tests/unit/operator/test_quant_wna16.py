@@ -326,6 +326,15 @@ def test_vllm_0_30_to_0_32_have_the_same_wna16_code(version):
         assert not [e for e in p.errors if e.startswith("[VQ")]
 
 
+@pytest.mark.parametrize("engine,version,note", [("sglang", "0.5.23", "[SQ4]"), ("vllm", "0.33.0", "[VQ4]")])
+def test_format_without_inspection_is_not_judged(engine, version, note):
+    from moe_core.checkpoint import CheckpointInfo
+    ck = CheckpointInfo(architecture="Qwen3MoeForCausalLM", format="gptq", formatSource="spec.model.format", numExperts=128)
+    p = plan(ck, from_name("H200"), Choices(runner_backend="triton"), engine=engine, engine_version=version)
+    assert any(w.startswith(note) for w in p.warnings), p.warnings
+    assert not [e for e in p.errors if e.startswith(("[SQ", "[VQ"))] and "--quantization" not in p.args
+
+
 def test_quantization_reaches_the_sglang_command():
     p = _plan(QWEN3_GPTQ_ASYM, "sglang", "0.5.23", "B200")
     _, args = sg_command.command(Launch(model="/models/m", extra=[], plan_args=p.args, nodes=1, role="single",

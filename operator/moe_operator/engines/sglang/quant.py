@@ -248,6 +248,10 @@ def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[str], list[tuple[
         decisions.append(("quant.judged", "no", "SQ0", f"sglang {f.version} not among the releases the {_METHOD[f.fmt]} "
                                                      f"MoE rules were read for ({read[0]}-{read[-1]})"))
     x = layer(f)
+    if x is None and f.fmt in WNA16_FORMATS and f.ckpt.quantScheme is None and judged(f.fmt, f.version):
+        warnings.append(f"[SQ4] {f.fmt} without its quantization parameters (bits, group size, symmetry: the checkpoint "
+                        "was not inspected, e.g. spec.model.format set by hand): --quantization and the runner checks of "
+                        "these rows are not judged; sglang resolves --quantization itself")
     if x is None:
         return warnings, args, decisions
     q, why = resolve(x)

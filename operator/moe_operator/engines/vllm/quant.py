@@ -264,6 +264,9 @@ def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[tuple[str, str, s
         decisions.append(("quant.judged", "no", f"vLLM {f.version} not among the releases the WNA16 MoE rules were read "
                                                 f"for ({', '.join(READ)})"))
     x = layer(f)
+    if x is None and f.fmt in WNA16_FORMATS and f.ckpt.quantScheme is None and judged(f.version):
+        warnings.append(f"[VQ4] {f.fmt} without its quantization parameters (bits, group size, symmetry: the checkpoint "
+                        "was not inspected, e.g. spec.model.format set by hand): the WNA16 MoE checks are not judged")
     if x is not None and config_problem(x) is None:
         if runner == "auto" and (b := auto_backend(x, f.choices.flashinfer_version)):
             decisions.append(("quant.moeMethod", f"{method(x)}/{b}",
