@@ -73,6 +73,18 @@ def test_vllm_ranged_rows_follow_the_code_release_by_release():
     assert "VL-EP-A2A" not in ids(a2a) and "VL-EP-A2A" in ids(dataclasses.replace(a2a, version="0.32.0"))
 
 
+def test_vllm_batched_format_row_holds_in_every_release_and_spares_what_the_oracle_remaps():
+    ids = lambda case: {r.rule.id for r in engine_rules.check(case)}  # noqa: E731
+    import dataclasses
+    # is_supported_config's activation-format check is in every release: TRT-LLM experts are Standard-format only
+    fi = Case("vllm", "0.22.0", "nvfp4", "DeepseekV3ForCausalLM", "sm100", "flashinfer_trtllm", a2a="deepep_low_latency",
+              tp=8, ep=8)
+    assert all("VL-BATCHED" in ids(dataclasses.replace(fi, version=v)) for v in VLLM_RANGE)
+    # unquantized triton under a batched dispatch becomes BATCHED_TRITON (oracle/unquantized.py:311-315): accepted
+    bf16 = dataclasses.replace(fi, fmt="bf16", runner="triton")
+    assert not any("VL-BATCHED" in ids(dataclasses.replace(bf16, version=v)) for v in VLLM_RANGE)
+
+
 def test_every_sglang_release_in_the_range_was_read():
     assert tuple(recorded.releases("sglang")) == SGLANG_RANGE
     assert engine_rules.VERSIONS_READ["sglang"] == SGLANG_RANGE

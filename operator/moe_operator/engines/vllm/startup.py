@@ -160,7 +160,8 @@ def _device(name: str, families, file: str, lines: str, function: str, oracles: 
                 _src(file, lines, function, since, reads=reads), same_as=same_as)
 
 
-# Backends whose experts classes all have FusedMoEActivationFormat.Standard (0.33.0): FlashInferExperts
+# Backends whose experts classes all have FusedMoEActivationFormat.Standard (read in every release 0.22.0-0.33.0:
+# each class's activation_format, and the oracles' batched remaps, the same in all fifteen): FlashInferExperts
 # (experts/flashinfer_cutlass_moe.py:64), TrtLlm*Experts (trtllm_*_moe.py), MarlinExperts (marlin_moe.py:681),
 # CutlassExpertsFp4 (cutlass_moe.py:701), TritonExperts (triton_moe.py:67), OAITriton*Experts
 # (gpt_oss_triton_kernels_moe.py:1017-1505).
@@ -168,7 +169,8 @@ _STANDARD_ONLY = {
     "fp8": ("flashinfer_trtllm", "flashinfer_cutlass", "marlin"),
     "nvfp4": ("flashinfer_trtllm", "flashinfer_cutlass", "cutlass", "marlin"),
     "mxfp4": ("flashinfer_trtllm", "flashinfer_cutlass", "triton", "triton_unfused"),
-    "unquantized": ("triton", "flashinfer_trtllm", "flashinfer_cutlass"),
+    # (triton is remapped to BATCHED_TRITON under the batched format: oracle/unquantized.py:311-315)
+    "unquantized": ("flashinfer_trtllm", "flashinfer_cutlass"),
 }
 
 _ALL = ("fp8", "nvfp4", "mxfp4", "mxfp8", "unquantized", "wna16")
@@ -309,7 +311,7 @@ RULES: tuple[Rule, ...] = (
          "{fmt} MoE backend '{runner}' does not support the deployment configuration since kernel does not support "
          "batched activation format (all2all_backend {a2a} dispatches batched)",
          _src("vllm/model_executor/layers/fused_moe/modular_kernel.py", "627-628", "FusedMoEExperts.is_supported_config",
-              "0.33.0"), flag="both"),
+              "0.22.0", reads=("FusedMoEExperts.is_supported_config",)), flag="both"),
     # experts classes' _supports_quant_scheme
     Rule("VL-QS-FICUTLASS-FP8", "vllm",
          lambda c: _oracle(c) == "fp8" and c.runner == "flashinfer_cutlass" and c.fmt in ("fp8", "dsv4_fp8")
