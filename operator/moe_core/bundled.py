@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from . import registry, runtime
 from .formats import expert_format
-from .plan import Decision
+from .plan import Decision, Provenance
 
 
 @dataclass
@@ -29,6 +29,7 @@ class BundledResolution:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # candidates left out, and why
     decisions: list[Decision] = field(default_factory=list)
+    provenance: dict[str, Provenance] = field(default_factory=dict)  # by decision key (Plan.provenance)
 
     @property
     def backend(self) -> str | None:
@@ -121,9 +122,17 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
         res.warnings.append("[B7] on ROCm the bundled runtime only has the torch reference experts (correct, slow); "
                             "prefer engine sglang with aiter")
 
+    res.provenance["moe.runnerBackend"] = Provenance(value=chosen.name if backend == "auto" else backend,
+                                                     explicit=explicit, source=backend_source if backend != "auto"
+                                                     else "default", candidates=list(res.backends))
+
     def decide(value: bool, rule: str, reason: str) -> None:
         res.deferred = value
         res.decisions.append(Decision(key="moe.deferredFinalize", value=str(value).lower(), rule=rule, reason=reason))
+        res.provenance["moe.deferredFinalize"] = Provenance(
+            value=str(value).lower(), explicit=deferred_from is not None or deferred != "auto",
+            source=deferred_from or ("moe.deferredFinalize" if deferred != "auto" else "default"),
+            candidates=["true", "false"] if can else ["false"])
 
     can = chosen.deferred_finalize
     if deferred_from is not None and deferred in ("on", "off"):

@@ -6,7 +6,9 @@ runtime re-checks. Keys are stable (the CLI's `-o json` prints exactly this shap
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
+
+from pydantic import BaseModel, Field, model_serializer
 
 
 class PlanGpu(BaseModel):
@@ -47,6 +49,22 @@ class Decision(BaseModel):
     reason: str
 
 
+class Provenance(BaseModel):
+    """Where one decided value came from, for the pod to verify rather than dig out of the decisions."""
+
+    value: str
+    explicit: bool  # the user chose it: validated, never replaced (no fallback)
+    source: str  # "spec moe.runnerBackend", "env MOE_RUNNER_BACKEND", "default" (the planner's rules), ...
+    candidates: list[str] = Field(default_factory=list)  # what could run here, in order (the pod's self-test order)
+
+
+class PlanImage(BaseModel):
+    """The image's kernel packages as the operator assumed them (moe_core.image_contents); the pod
+    re-resolves only where what it has installed differs."""
+
+    packages: dict[str, str]  # package -> version; a package the image lacks is left out (no nulls in status)
+
+
 class Plan(BaseModel):
     gpu: PlanGpu
     checkpoint: PlanCheckpoint
@@ -59,6 +77,21 @@ class Plan(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
     decisions: list[Decision] = Field(default_factory=list)
+    # by decision key (moe.runnerBackend, moe.deferredFinalize): set by the engines whose pod verifies the plan
+    provenance: dict[str, Provenance] = Field(default_factory=dict)
+    image: PlanImage | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_provenance(self, handler) -> dict[str, Any]:
+        """A plan without provenance serialises as before it existed (status.plan, plan.json and the
+        inputs hash of the engines that set none do not change)."""
+        out = handler(self)
+        if isinstance(out, dict):
+            if not self.provenance:
+                out.pop("provenance", None)
+            if self.image is None:
+                out.pop("image", None)
+        return out
 
     @property
     def ok(self) -> bool:

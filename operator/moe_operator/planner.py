@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from moe_core.checkpoint import CheckpointInfo
 from moe_core.gpu import GpuClass
-from moe_core.plan import Plan, PlanCheckpoint, PlanEngine, PlanGpu
+from moe_core.plan import Plan, PlanCheckpoint, PlanEngine, PlanGpu, PlanImage
 
 from .engines import registry as engines
 from .engines.archs import DSV4, GPT_OSS  # noqa: F401  (re-exported)
@@ -100,5 +100,7 @@ def plan(checkpoint: CheckpointInfo, gpu: GpuClass, choices: Choices | None = No
         checkpoint=PlanCheckpoint(architecture=checkpoint.architecture, format=checkpoint.format),
         engine=PlanEngine(name=engine, version=version),
         moe=moe, env=env, args=b.args, reasons=b.reasons, warnings=b.warnings,
-        errors=list(dict.fromkeys(b.errors)), decisions=b.decisions,
+        errors=list(dict.fromkeys(b.errors)), decisions=b.decisions, provenance=b.provenance,
+        image=None if b.image_packages is None else PlanImage(
+            packages={k: v for k, v in b.image_packages.items() if v is not None}),
     )

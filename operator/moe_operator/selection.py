@@ -19,7 +19,7 @@ from typing import Callable
 from moe_core import registry, sizing
 from moe_core.checkpoint import CheckpointInfo
 from moe_core.gpu import GpuClass
-from moe_core.plan import Decision
+from moe_core.plan import Decision, Provenance
 
 from . import engine_rules
 from .engines.vocabulary import ALL_A2A, ALL_RUNNERS
@@ -113,6 +113,10 @@ class Builder:
         self.warnings: list[str] = []
         self.errors: list[str] = []
         self.decisions: list[Decision] = []
+        # where the pod verifies the plan (the bundled runtime): each decision's provenance by key, and the
+        # image's kernel packages as the engine's rules assumed them (moe_core.image_contents)
+        self.provenance: dict[str, Provenance] = {}
+        self.image_packages: dict[str, str | None] | None = None
 
     def decide(self, key: str, value: str, rule: str, reason: str) -> None:
         self.decisions.append(Decision(key=key, value=value, rule=rule, reason=reason))

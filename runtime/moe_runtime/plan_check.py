@@ -11,10 +11,16 @@ the runtime. Precedence, highest first:
   1. MOE_RUNNER_BACKEND / MOE_DEFERRED_FINALIZE in the process environment: only ever set by the
      user (spec.env, or by hand). A backend named there is an explicit choice (no fallback);
      `auto` resolves here. MOE_DEFERRED_FINALIZE=1 defers when the backend can, 0 never does.
-  2. the plan's moe.runnerBackend / moe.deferredFinalize (a backend the user chose in the spec is
-     marked by the plan's decision with rule `user`: no fallback; the planner's own pick may fall
-     back to the other candidates when its self-test fails);
+  2. the plan's moe.runnerBackend / moe.deferredFinalize, with their provenance (Plan.provenance:
+     whether the user chose the value, from where, and the candidates in self-test order): an explicit
+     backend has no fallback; the planner's own pick may fall back to the other candidates when its
+     self-test fails. The plan also records the image's kernel packages as the operator assumed them
+     (Plan.image): where the installed ones are the same, the plan is verified (it is for this GPU,
+     checkpoint and engine) and taken as it is; where they differ, the backend is re-resolved here
+     and a warning names the difference;
   3. without a plan, resolve_bundled's defaults for this node (as the planner would).
+A plan written without provenance (an operator before it) is re-resolved here as it always was; its
+explicit choice is then the decision of rule `user` (the only record such a plan has of it).
 The plan's `env` map is not read: it is what the operator put into the pod's environment already.
 """
 
@@ -25,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from moe_core import image_contents
 from moe_core.bundled import resolve_bundled
+from moe_core.formats import expert_format
 from moe_core.plan import Plan
 from pydantic import ValidationError
 
@@ -108,13 +116,18 @@ def resolve(plan: Plan | Mapping[str, Any] | None, family: str, product: str | N
     warnings = _check_plan_is_for_here(plan, family, product, info) if plan is not None else []
     planned = plan.moe if plan is not None else None
     env_backend = (environ.get(ENV_BACKEND) or "").strip()
+    if plan is not None and not env_backend and ENV_DEFERRED not in environ:
+        if (as_planned := _as_planned(plan, info, installed, warnings)) is not None:
+            return as_planned
     if env_backend:
         backend, explicit, source = env_backend, env_backend != "auto", f"env {ENV_BACKEND}, set by the user"
         if planned and planned.runnerBackend not in ("auto", env_backend):
             warnings.append(f"{ENV_BACKEND}={env_backend} overrides the plan's backend {planned.runnerBackend}")
     elif planned:
         backend, source = planned.runnerBackend, "plan moe.runnerBackend"
-        explicit = any(d.key == "moe.runnerBackend" and d.rule == "user" for d in plan.decisions)
+        prov = plan.provenance.get("moe.runnerBackend")
+        explicit = prov.explicit if prov is not None else \
+            any(d.key == "moe.runnerBackend" and d.rule == "user" for d in plan.decisions)  # a plan without provenance
     else:
         backend, explicit, source = "auto", False, "default"
     if ENV_DEFERRED in environ:
@@ -129,6 +142,32 @@ def resolve(plan: Plan | Mapping[str, Any] | None, family: str, product: str | N
                         installed=installed, backend=backend, explicit=explicit, backend_source=source,
                         deferred=deferred, deferred_from=deferred_from, deferred_rule=rule,
                         a2a=planned.a2aBackend if planned else "none")
-    if r.errors:
-        raise RuntimeFailure("; ".join(r.errors))
+    if r.errors:  # (with why it was re-resolved, when the image is not the one the plan assumed)
+        raise RuntimeFailure("; ".join(r.errors + [w for w in warnings if w.endswith("re-resolved here")]))
     return Resolution(family, r.expert_format, r.backends, r.explicit, r.deferred, r.reasons, warnings + r.warnings)
+
+
+def _as_planned(plan: Plan, info: Any, installed: dict[str, str | None], warnings: list[str]) -> Resolution | None:
+    """The plan's own backend choice when this image holds the kernel packages the operator assumed
+    (nothing here would decide otherwise), else None to re-resolve: then `warnings` names the difference."""
+    prov = plan.provenance.get("moe.runnerBackend")
+    if plan.image is None or prov is None or not prov.candidates:
+        return None  # a plan without provenance: re-resolved as before
+    if prov.candidates[0] != plan.moe.runnerBackend or (prov.explicit and len(prov.candidates) > 1) \
+            or expert_format(info.format) is None:
+        warnings.append(f"the plan's provenance of moe.runnerBackend ({prov.candidates}) does not match its "
+                        f"choice {plan.moe.runnerBackend}: the MoE backend is re-resolved here")
+        return None
+    have = {p: installed.get(p) for p in sorted(set(plan.image.packages) | set(installed))}
+    if (diff := image_contents.differences(plan.image.packages, have)):
+        warnings.append("this image's kernel packages are not the ones the plan assumed (" + "; ".join(diff)
+                        + "): the MoE backend is re-resolved here")
+        return None
+    backend = prov.candidates[0]
+    how = (f"set explicitly by the user ({prov.source}; no fallback)" if prov.explicit else
+           f"the planner's choice ({prov.source})" + (f"; self-test fallbacks {', '.join(prov.candidates[1:])}"
+                                                    if len(prov.candidates) > 1 else ""))
+    deferred = plan.moe.deferredFinalize
+    return Resolution(plan.gpu.family, expert_format(info.format), list(prov.candidates), prov.explicit, deferred,
+                      [f"[plan] MoE backend {backend} as planned: {how}; the image holds the kernel packages the plan "
+                       f"assumed", f"[plan] deferred finalize {'on' if deferred else 'off'} as planned"], warnings)
