@@ -504,12 +504,16 @@ RULES: tuple[Rule, ...] = (
 def server_quantization(case: Case) -> tuple[bool, str | None]:
     """sglang: the `--quantization` value its server-argument asserts see (known, value).
 
-    The planner never passes --quantization, so it is None unless a model override resolves it
+    The planner passes --quantization only for GPTQ / AWQ checkpoints (gptq_marlin, awq_marlin or moe_wna16, from
+    their quantization parameters: engines/sglang/quant.py, whose rows judge those runners; the Case does not carry
+    the parameters, so the value is reported unknown here). Otherwise it is None unless a model override resolves it
     from config.json; those overrides run on SM100 only (tuning-rules.md 1.6):
     `_deepseek_moe_quant_resolution` (srt/arg_groups/overrides.py:764-810, 0.5.23) and the
     per-model modules. Where the raw `quant_method` the override copies is not known with certainty
     (ModelOpt checkpoints write `modelopt` or nothing), the value is reported unknown and the
     quantization asserts are not evaluated."""
+    if case.fmt in ("gptq", "awq"):
+        return False, None
     if case.family != "sm100" or case.arch not in QUANT_RESOLVING_ARCHS:
         return True, None
     qm = case.quant_method
