@@ -89,7 +89,7 @@ class Applied:
     workload: dict[str, Any]
     live_workload: dict[str, Any] | None
     optional: list[str]
-    rollout: day2.RolloutPolicy
+    rollout: day2.Rollout
     inputs_hash: str
 
 
