@@ -93,14 +93,16 @@ def config_problem(x: Layer) -> str | None:
         if s.descAct and x.group != -1:
             return ("GPTQ group activation ordering (desc_act=True) is no longer supported. Use a checkpoint with static "
                     "activation ordering or desc_act=False. (normalize_and_validate_gptq_desc_act, model_executor/layers/"
-                    "quantization/utils/gptq_utils.py:23-37, from AutoGPTQConfig.__init__ auto_gptq.py:116)")
+                    "quantization/utils/gptq_utils.py:23-37, from AutoGPTQConfig.__init__ auto_gptq.py:116). Works instead: "
+                    "a GPTQ export with desc_act=False (or group_size -1)")
         if (s.bits, s.sym) not in ((4, True), (8, True)):
             return (f"Unsupported quantization config: bits={s.bits}, sym={s.sym} (AutoGPTQConfig.__init__, "
                     "model_executor/layers/quantization/auto_gptq.py:150-155; --quantization moe_wna16 builds its linear "
-                    "layers with AutoGPTQConfig too, moe_wna16.py:214-216)")
+                    "layers with AutoGPTQConfig too, moe_wna16.py:214-216). Works instead: a symmetric 4- or 8-bit GPTQ "
+                    "export (sym=true)")
     if s.method == "awq" and s.bits != 4:
         return (f"Unsupported num_bits = {s.bits}. Supported num_bits = 4 (AutoAWQConfig.__init__, "
-                "model_executor/layers/quantization/auto_awq.py:204-210)")
+                "model_executor/layers/quantization/auto_awq.py:204-210). Works instead: a 4-bit AWQ export")
     if x.ct and s.bits not in (4, 8):
         return (f"compressed-tensors WNA16 MoE takes 4- or 8-bit weights, got {s.bits} (WNA16_SUPPORTED_TYPES_MAP, "
                 "compressed_tensors_moe_wna16.py:60-80)")
