@@ -106,7 +106,8 @@ def resolve(x: Layer) -> tuple[str | None, str]:
         if s.bits not in (4, 8) or (s.checkpointFormat or "pack-quantized") != "pack-quantized":
             return None, (f"For Fused MoE layers, only pack-quantized is supported for the following bits: [4, 8] "
                           f"(here {s.bits}-bit, format {s.checkpointFormat}; CompressedTensorsWNA16MoE.__init__, "
-                          f"{_Q}compressed_tensors/schemes/compressed_tensors_wNa16_moe.py:86-93)")
+                          f"{_Q}compressed_tensors/schemes/compressed_tensors_wNa16_moe.py:86-93). Works instead: a 4- or 8-bit "
+                          "pack-quantized export")
         return "compressed-tensors", "config.json quant_method (no override changes it)"
     if x.rocm:
         if s.method == "gptq":
@@ -114,14 +115,15 @@ def resolve(x: Layer) -> tuple[str | None, str]:
             if q == "gptq" and vt(x.version) < (0, 5, 20):  # 'gptq' still in the ROCm list (0.5.14-0.5.19)
                 return None, ("GPTQ Method does not support MoE, please use gptq_marlin (GPTQConfig.get_quant_method, "
                               f"{_Q}gptq/gptq.py:173-179; sglang 0.5.14-0.5.19 list 'gptq' as ROCm-supported, "
-                              "gptq_marlin and moe_wna16 are not)")
+                              "gptq_marlin and moe_wna16 are not). Works instead: an NVIDIA GPU")
             return None, (f"{q} quantization is currently not supported in ROCm. (ModelConfig._verify_quantization, "
-                          "sglang/srt/configs/model_config.py:2156-2160; moe_wna16 is not in its ROCm list either, :2002-2016)")
+                          "sglang/srt/configs/model_config.py:2156-2160; moe_wna16 is not in its ROCm list either, :2002-2016). "
+                          "Works instead: an NVIDIA GPU")
         return None, ("AWQ MoE has no ROCm path: AWQ stays 'awq' off CUDA (is_awq_marlin_compatible, "
                       f"{_Q}awq/awq.py:409-410), AWQConfig.get_quant_method builds no MoE method off NPU (awq.py:136-160), "
                       "so FusedMoE falls back to the unquantized method (layers/moe/fused_moe_triton/layer.py:499-504) "
                       "with no parameters for the checkpoint's qweight/qzeros/scales; moe_wna16 is not in ROCm's list "
-                      "(configs/model_config.py:2002-2016, 2156-2160)")
+                      "(configs/model_config.py:2002-2016, 2156-2160). Works instead: an NVIDIA GPU")
     if s.method == "gptq":
         if gptq_marlin_compatible(s):
             return "gptq_marlin", (f"GPTQMarlinConfig.is_gptq_marlin_compatible ({_Q}gptq/gptq.py:459-482): what sglang "
@@ -134,7 +136,8 @@ def resolve(x: Layer) -> tuple[str | None, str]:
         return None, (f"GPTQ Method does not support MoE, please use gptq_marlin (GPTQConfig.get_quant_method, "
                       f"{_Q}gptq/gptq.py:173-179): not Marlin-compatible ({s.bits}-bit, sym={s.sym}, group "
                       f"{s.groupSize}, desc_act={s.descAct}; gptq.py:459-482) and not moe_wna16-compatible (desc_act, "
-                      "bits 4/8; moe_wna16.py:170-192)")
+                      "bits 4/8; moe_wna16.py:170-192). Works instead: a GPTQ export with sym=true (Marlin) or "
+                      "desc_act=false (moe_wna16)")
     if awq_marlin_compatible(s):
         return "awq_marlin", f"AWQMarlinConfig.is_awq_marlin_compatible ({_Q}awq/awq.py:402-424): what sglang resolves itself"
     if s.bits == 4:
@@ -142,7 +145,8 @@ def resolve(x: Layer) -> tuple[str | None, str]:
                              f"MoE method on CUDA ({_Q}awq/awq.py:136-160); MoeWNA16Config takes 4-bit AWQ "
                              "(is_moe_wna16_compatible, moe_wna16.py:170-192)")
     return None, (f"AWQ {s.bits}-bit MoE: not Marlin-compatible (awq/awq.py:402-424), AWQConfig builds no MoE method on "
-                  f"CUDA ({_Q}awq/awq.py:136-160) and moe_wna16 takes 4-bit AWQ only (moe_wna16.py:186-190)")
+                  f"CUDA ({_Q}awq/awq.py:136-160) and moe_wna16 takes 4-bit AWQ only (moe_wna16.py:186-190). Works instead: "
+                  "a 4-bit AWQ export")
 
 
 def ct_triton_supported(s: QuantScheme) -> bool:
