@@ -67,7 +67,9 @@ def test_config_quantization_config_wins_over_hf_quant_config(tmp_path):
     ({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"}, "ct_mxfp4_pack"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
         "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}}}, "ct_int4_g32"),
-    ({"quant_method": "awq"}, "other"),
+    ({"quant_method": "awq"}, "awq"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}, "gptq"),
+    ({"quant_method": "bitsandbytes"}, "other"),
 ])
 def test_quantization_config_formats(tmp_path, q, fmt):
     assert inspect_dir(_ckpt(tmp_path, {**BASE, "quantization_config": q})).format == fmt

@@ -49,7 +49,10 @@ RECIPES = {
     "dsv4_fp4": ({"quant_method": "fp8", "routed_experts_quant_method": "mxfp4"}, {}),
     "dsv4_fp8": ({"quant_method": "fp8"}, {"expert_dtype": "fp8"}),
     "dsv4_nvfp4": ({"quant_method": "fp8", "moe_quant_algo": "NVFP4"}, {}),
-    "other": ({"quant_method": "awq"}, {}),
+    "gptq": ({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}, {}),
+    "awq": ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}, {}),
+    "ct_wna16": ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}}}}, {}),
+    "other": ({"quant_method": "bitsandbytes"}, {}),
 }
 
 
