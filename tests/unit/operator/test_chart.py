@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import moe_operator
-from moe_operator import images, permissions
+from moe_operator import cache_ledger, images, permissions
 from moe_operator.crd import crd_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -323,8 +323,10 @@ def test_rbac_has_no_wildcards(helm):
                     for key in ("apiGroups", "resources", "verbs"):
                         assert "*" not in r.get(key, []), f"{d['kind']} {d['metadata']['name']}: {r}"
                     assert "nonResourceURLs" not in r
-                    # names only where the chart knows them: its own webhook configuration
-                    assert "resourceNames" not in r or r["resources"] == ["validatingwebhookconfigurations"]
+                    # names only where the chart knows them: its own webhook configuration, the
+                    # model cache ledger's ConfigMap (test_cache_ledger_rbac.py)
+                    assert "resourceNames" not in r or r["resources"] == ["validatingwebhookconfigurations"] \
+                        or r["resourceNames"] == [cache_ledger.NAME]
 
 
 def test_rbac_secrets_can_be_narrowed_or_dropped(helm):
@@ -413,7 +415,9 @@ def test_policy_values_become_flags(helm):
 
 def test_rbac_cluster_wide(helm):
     docs = render(helm)
-    assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+    # the one Role: the model cache ledger's, in the release namespace (test_cache_ledger_rbac.py)
+    assert [r["metadata"]["name"] for r in of_kind(docs, "Role") + of_kind(docs, "RoleBinding")] == \
+        ["moe-moe-operator-cache-ledger"] * 2
     role = one(docs, "ClusterRole")
     assert perms(role["rules"]) == {**CLUSTER_PERMS, **NAMESPACED_PERMS, **WEBHOOK_PERMS}
     binding = one(docs, "ClusterRoleBinding")
@@ -430,11 +434,12 @@ def test_rbac_watched_namespaces(helm):
     # cluster-wide only what is cluster-scoped: no secrets, workloads or namespaces outside a and b;
     # two replicas share the chart's webhook certificate, so none patches the configuration's CA
     assert perms(cluster["rules"]) == CLUSTER_PERMS
-    roles = of_kind(docs, "Role")
+    ledger = lambda d: d["metadata"]["name"].endswith("-cache-ledger")  # noqa: E731  (test_cache_ledger_rbac.py)
+    roles = [r for r in of_kind(docs, "Role") if not ledger(r)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["a", "b"]
     for role in roles:
         assert perms(role["rules"]) == {**NAMESPACED_PERMS, ("kopf.dev", "kopfpeerings"): PEERING_VERBS}
-    bindings = of_kind(docs, "RoleBinding")
+    bindings = [b for b in of_kind(docs, "RoleBinding") if not ledger(b)]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["a", "b"]
     for b in bindings:
         assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": roles[0]["metadata"]["name"]}
