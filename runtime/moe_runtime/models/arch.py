@@ -20,6 +20,7 @@ class Arch(Protocol):
     default_theta: float  # rope_theta when config.json gives none
     required: tuple[str, ...]  # config keys it cannot be built without
     experts_key: str  # the routed-expert count under its own spelling (for messages)
+    config_keys: dict[str, Any]  # its own config.json keys -> models.common.config.Key (the shared: COMMON_KEYS)
 
     # checkpoint layout
     def is_moe_layer(self, cfg: dict[str, Any], i: int) -> bool: ...

@@ -12,7 +12,7 @@ from moe_core.formats import expert_format
 from moe_core.gpu import GpuClass
 from moe_core.plan import Plan, PlanMoE
 
-from ...images import bundled_image_flashinfer
+from ...images import bundled_image_flashinfer, bundled_image_packages
 from ...selection import Builder, Choices, truthy
 
 
@@ -34,7 +34,9 @@ def plan_moe(b: Builder) -> PlanMoE:
     the only channel to the pod: no MOE_* env is rendered for the runtime, the user's env passes
     through as it is."""
     f = b.f
-    installed = {"flashinfer-python": f.flashinfer, "triton": "3.6" if not f.rocm else None}
+    # the image's kernel packages (moe_core.image_contents; flashinfer as the spec or the image has it): the
+    # plan records them, and the pod re-resolves only where it has others installed
+    installed = {**bundled_image_packages(f.gpu), "flashinfer-python": f.flashinfer}
     env_df = f.env("MOE_DEFERRED_FINALIZE")
     if env_df is not None:
         deferred, deferred_from = ("on" if truthy(env_df) else "off"), "MOE_DEFERRED_FINALIZE set explicitly by the user"
@@ -51,6 +53,8 @@ def plan_moe(b: Builder) -> PlanMoE:
     for d in r.decisions:
         b.decide(d.key, d.value, d.rule, d.reason)
     b.reasons += r.notes
+    b.provenance.update(r.provenance)
+    b.image_packages = installed
     tp, ep, nodes = f.choices.tp, f.choices.ep, f.choices.nodes
     if max(tp, ep) > 1 and not r.errors:
         # moe-runtime serve --tp/--ep: one process per GPU (moe_runtime.parallel), over the nodes of a
