@@ -26,19 +26,10 @@ def class_label(gpu: GpuClass) -> str:
     return f"{gpu.family}/other"
 
 
-class _DecisionCounter(Counter):
-    def labels(self, *values: str, **kw: str):  # type: ignore[override]
-        # Transitional: reconcile.py's call before it passes the class (engine, family, backend).
-        # Remove once reconcile calls decided() (the lead's diff of issue 32 item 1).
-        if len(values) == 3 and not kw:
-            values = (values[0], values[1], "unknown", values[2])
-        return super().labels(*values, **kw)
-
-
 RECONCILES = Counter("moe_operator_reconciles_total", "Reconciles of MoEDeployments", ["result"])
-DECISIONS = _DecisionCounter("moe_operator_decisions_total",
-                             "Plans made, by engine, GPU family, GPU class (class_label) and MoE backend",
-                             ["engine", "gpu_family", "gpu_class", "backend"])
+DECISIONS = Counter("moe_operator_decisions_total",
+                     "Plans made, by engine, GPU family, GPU class (class_label) and MoE backend",
+                     ["engine", "gpu_family", "gpu_class", "backend"])
 ERRORS = Counter("moe_operator_errors_total", "Reconcile errors by reason", ["reason"])
 INSPECTION_SECONDS = Histogram("moe_operator_checkpoint_inspection_seconds", "Checkpoint inspection latency",
                                ["scheme"], buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120))

@@ -27,7 +27,7 @@ from .images import tool_image
 from .inspection import InspectionFailed, InspectionPending, inspect_spec, pin
 from .inventory import ClassInventory, fingerprint
 from .kube import ApplyError, Kube
-from .metrics import DECISIONS, ERRORS
+from .metrics import ERRORS, decided
 from .placement import place, settle_hold
 from .policy import TOKEN_SECRET_LABEL
 from .render import Owner, endpoint, engine_image, render, served_name
@@ -367,8 +367,11 @@ def _picker_condition(r: Run, optional: list[str], optional_failed: list[ApplyEr
             if e.status != 404:
                 raise
             epp = None
-        picker = day2.endpoint_picker_condition(name, spec, epp, r.kube.get("InferencePool", ns, name))
-        if picker and picker[0] == "False" and not r.has("InferencePoolReady", reason=picker[1]):
+        pods = r.kube.core.list_namespaced_pod(ns, label_selector=day2.selector_string(day2.pool_selector(name, spec)))
+        ready = day2.ready_endpoints([r.kube.api_client.sanitize_for_serialization(p) for p in pods.items])
+        picker = day2.endpoint_picker_condition(name, spec, epp, r.kube.get("InferencePool", ns, name), ready)
+        if picker and picker[0] == "False" and picker[1] not in day2.QUIET_REASONS \
+                and not r.has("InferencePoolReady", reason=picker[1]):
             r.out.events.append(("Warning", picker[1], picker[2]))
         if picker:
             r.cond("InferencePoolReady", *picker)
@@ -415,7 +418,7 @@ def apply(r: Run) -> Applied | Outcome:
 
     h = workload["metadata"]["annotations"]["moe.serving.dev/inputs-hash"]
     if status.get("inputsHash") != h:  # a new plan reached the pods: counted and told once
-        DECISIONS.labels(plan.engine.name, gpu.family, plan.moe.runnerBackend).inc()
+        decided(plan.engine.name, gpu, plan.moe.runnerBackend)
         r.out.events.append(("Normal", "Planned", f"{gpu.key()}: " + " | ".join(plan.reasons)))
         for w in plan.warnings:
             r.out.events.append(("Warning", "PlanWarning", w))
