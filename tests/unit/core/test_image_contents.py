@@ -131,7 +131,6 @@ def test_explicit_travels_as_provenance_not_as_a_user_tagged_decision():
     assert got.explicit and got.warnings
 
 
-@pytest.mark.xfail(strict=True, reason="needs the engines/bundled/plan.py diff of issue 33 item 4 (remove this mark with it)")
 def test_the_bundled_plan_carries_its_provenance_and_image():
     from moe_operator import planner
     gpu = from_name("NVIDIA-H200")
