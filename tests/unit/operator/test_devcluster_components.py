@@ -44,6 +44,7 @@ def test_no_leases_and_no_node_timeouts_and_the_scheduler_binds_fast():
     assert "--node-lease-duration-seconds=0" in kwok and "--config=/s/kwok.yaml" in kwok
     kcm = _argv(C.kube_controller_manager)
     assert "--node-monitor-grace-period=8760h" in kcm and "--node-startup-grace-period=8760h" in kcm
-    assert "--controllers=*" in kcm  # the node lifecycle controller stays (taints of a NotReady node)
+    # the node lifecycle controller stays (taints of a NotReady node); the TTL controller goes
+    assert "--controllers=*,-ttl-controller" in kcm
     sched = _argv(C.kube_scheduler)
     assert "--kube-api-qps=200" in sched and "--kube-api-burst=400" in sched
