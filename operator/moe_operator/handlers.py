@@ -20,7 +20,7 @@ from . import revocation
 from .inventory import NodeInfo, build, fingerprint, node_info, pod_gpu_requests
 from .kube import Kube, _api_message
 from . import condition_metrics
-from .metrics import GPU_CLASSES, RECONCILES
+from .metrics import RECONCILES, set_free_gpus
 from .reconcile import UNREACHABLE, Config, Outcome, reconcile, status_changed
 from .resync import Mark, due
 from .watch_cache import OwnedCache, owner_name
@@ -258,8 +258,7 @@ def current_classes(gpu_nodes: kopf.Index, gpu_pods: kopf.Index) -> dict:
     nodes = [info for key in gpu_nodes for info in gpu_nodes[key]]
     used = {node: sum(gpu_pods[node]) for node in gpu_pods}
     classes = build(nodes, used)
-    for key, inv in classes.items():
-        GPU_CLASSES.labels(key).set(inv.free_gpus)
+    set_free_gpus((inv.gpu_class, inv.free_gpus) for inv in classes.values())
     if isinstance(gpu_nodes, kopf.Index):  # kopf's live index (tests pass plain dicts: never cached)
         _inventory.update(index=gpu_nodes, built=version, classes=classes)
     return classes
