@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from . import epp
 from .api import MoEDeploymentSpec
+from .engines import registry as engines
 
 TEMPLATES = Path(__file__).parent / "templates"
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
@@ -37,13 +38,8 @@ OPTIONAL_CRDS = {"ScaledObject": ("KedaMissing", "spec.autoscaling.provider keda
                                    "(inference.networking.k8s.io/v1); install the Gateway API Inference Extension "
                                    "(kubernetes-sigs/gateway-api-inference-extension) CRDs")}
 
-# The engine's Prometheus names an autoscaler or a gateway reads (the bundled runtime exports the
-# vLLM names, runtime/moe_runtime/metrics.py). kv values are fractions (0-1) in every engine.
-ENGINE_METRICS = {
-    "bundled": {"queue": "vllm:num_requests_waiting", "kv": "vllm:kv_cache_usage_perc"},
-    "vllm": {"queue": "vllm:num_requests_waiting", "kv": "vllm:kv_cache_usage_perc"},
-    "sglang": {"queue": "sglang:num_queue_reqs", "kv": "sglang:token_usage"},
-}
+# The Prometheus names an autoscaler or a gateway reads are each engine's (Engine.metrics, engines/<engine>/engine.py);
+# kv values are fractions (0-1) in every engine.
 DEFAULT_TARGET = {"queue": 4, "kv": 80}
 EPP_PORT = 9002
 # InferencePoolReady=False reasons that get no Warning Event: every new pool passes through them
@@ -186,7 +182,7 @@ def pod_disruption_budget(name: str, namespace: str, labels: dict[str, str], sel
 
 def _metric(spec: MoEDeploymentSpec) -> tuple[str, int]:
     a = spec.autoscaling
-    return ENGINE_METRICS[spec.engine.name][a.metric], a.target or DEFAULT_TARGET[a.metric]
+    return engines.get(spec.engine.name).metrics[a.metric], a.target or DEFAULT_TARGET[a.metric]
 
 
 def _pod_regex(name: str, multi_node: bool) -> str:
@@ -320,9 +316,9 @@ def endpoint_picker(name: str, namespace: str, spec: MoEDeploymentSpec) -> list[
     if ref is not None and not ref.deploys():
         return []
     service, port, _ = endpoint_picker_ref(name, spec)
-    metrics = ENGINE_METRICS[spec.engine.name]
+    engine = engines.get(spec.engine.name)
     return epp.objects(name, namespace, service, port, ref.replicas if ref else 1, ref.image if ref else None,
-                       metrics["queue"], metrics["kv"], lora_metric=spec.engine.name == "vllm")
+                       engine.metrics["queue"], engine.metrics["kv"], lora_metric=engine.lora_metric)
 
 
 def optional_kinds(objs: list[dict[str, Any]]) -> list[str]:

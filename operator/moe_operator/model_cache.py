@@ -36,7 +36,7 @@ from .cache_ledger import Record, new_record  # noqa: F401  (Record: tests build
 from .download_cli import PERMANENT_EXIT_CODES, READY_MARKER
 from .field_manager import made_here
 from .model_uri import ModelURI
-from .security import container_security, pod_security
+from .security import container_security, runtime_pod_security
 
 MOUNT = "/models/cache"
 SOURCE_MOUNT = "/models/source"  # a pvc:// model's own claim, in the copy Job
@@ -154,7 +154,7 @@ def fill_job(namespace: str, spec: MoEDeploymentSpec, image: str, hf_endpoint: s
         if spec.model.tokenSecretRef:
             ref = spec.model.tokenSecretRef
             env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    security = pod_security("bundled")
+    security = runtime_pod_security()  # the fill Job runs the runtime image (images.tool_image)
     if src.copy_from is not None and copy_groups:
         security["supplementalGroups"] = sorted(set(copy_groups))
     return {

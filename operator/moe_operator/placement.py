@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from moe_core import sizing
 from moe_core.checkpoint import CheckpointInfo
 from moe_core.plan import Decision, Plan, PlanLayout
-from moe_core.runtime import BUNDLED
 
 from .api import MoEDeploymentSpec
+from .engines import registry as engines
 from .inventory import ClassInventory
 from .planner import Choices, plan, split_refusal
 
@@ -94,13 +94,14 @@ def size_layout(spec: MoEDeploymentSpec, ckpt: CheckpointInfo, inv: ClassInvento
         return Layout(fit.gpus, fit.nodes, "Z1", f"tp={fit.gpus} ({spec.nodesPerReplica} nodes x {per_node} GPUs): {fit.numbers()}")
     max_nodes = max(len(inv.nodes), 1)
     more = " (one node of this class; engines sglang and vllm span nodes when there are more)" if max_nodes == 1 else ""
-    if spec.engine.name == "bundled":  # what the bundled runtime runs in one replica (moe_core.runtime)
-        per_node_avail = min(per_node_avail, BUNDLED.max_gpus_per_node, BUNDLED.max_tp)
-        max_nodes = min(max_nodes, BUNDLED.max_nodes, max(BUNDLED.max_tp // max(per_node_avail, 1), 1))
-        more = (f" (the bundled runtime serves at most {BUNDLED.max_gpus_per_node} GPUs per node, {BUNDLED.max_tp} per "
-                f"replica and {BUNDLED.max_nodes} nodes per replica; engines sglang and vllm shard further)")
+    engine = engines.get(spec.engine.name)
+    if (caps := engine.replica_limits) is not None:  # what the runtime runs in one replica (moe_core.runtime)
+        per_node_avail = min(per_node_avail, caps.max_gpus_per_node, caps.max_tp)
+        max_nodes = min(max_nodes, caps.max_nodes, max(caps.max_tp // max(per_node_avail, 1), 1))
+        more = (f" (the {engine.name} runtime serves at most {caps.max_gpus_per_node} GPUs per node, {caps.max_tp} per "
+                f"replica and {caps.max_nodes} nodes per replica; engines sglang and vllm shard further)")
     refuses = None
-    if spec.engine.name in ("sglang", "vllm"):
+    if caps is None:  # an engine that shards as far as asked: its split rules pass over the sizes it refuses
         def refuses(fit: sizing.Fit) -> str | None:  # K40 / WK40's own predicate (planner.moe_split_refusal)
             c = dataclasses.replace(choices_from_spec(spec, tp=fit.gpus), nodes=fit.nodes)
             return split_refusal(ckpt, g, c, spec.engine.name, spec.engine.version)

@@ -23,7 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime-image-tag", default=None, metavar="VERSION",
                    help="version part of the runtime image tag; -cu<N>[-flashinfer][-arm64] is appended per node "
                         "(default the operator's release)")
-    for engine, repo in (("sglang", "lmsysorg/sglang"), ("vllm", "vllm/vllm-openai")):
+    from .images import ENGINE_REPOSITORIES  # the engines served from their own image (engines/<engine>/image.py)
+
+    for engine, repo in ENGINE_REPOSITORIES.items():
         p.add_argument(f"--{engine}-image", default=None, metavar="REPOSITORY",
                        help=f"repository of the default {engine} image, e.g. a mirror (default {repo})")
         p.add_argument(f"--{engine}-image-tag", default=None, metavar="TEMPLATE",
@@ -152,9 +154,8 @@ def run(args: argparse.Namespace) -> int:
         handlers.enable_admission()
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    log.info("images: runtime=%s:%s sglang=%s:%s vllm=%s:%s pull_secrets=%s", registries.runtime_repository,
-             registries.runtime_tag, registries.engine_repositories["sglang"], registries.engine_tags["sglang"],
-             registries.engine_repositories["vllm"], registries.engine_tags["vllm"],
+    log.info("images: runtime=%s:%s %s pull_secrets=%s", registries.runtime_repository, registries.runtime_tag,
+             " ".join(f"{e}={repo}:{registries.engine_tags[e]}" for e, repo in registries.engine_repositories.items()),
              ",".join(registries.pull_secrets) or "none")
     log.info("starting: namespaces=%s peering=%s runtime_image=%s local_models_dir=%s "
              "allowed_host_paths=%s allowed_image_registries=%s token_secret_label=%s engine_cache=%s",

@@ -6,6 +6,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from moe_core.gpu import GpuClass
 from moe_core.plan import Plan, PlanMoE
+from moe_core.runtime import RuntimeCapabilities
 
 from ..selection import Builder, Choices, Facts
 from .command import Launch
@@ -24,6 +25,13 @@ class Engine(Protocol):
     runs_runtime_image: bool  # True: the image is the project's runtime image (images.runtime_image)
     rendezvous: bool  # True: multi-node pods get the LWS rendezvous env and the leader the dist port
     ready_path: str  # the readiness probe's HTTP path
+    # the runtime's own caps on one replica (placement: GPUs per node, tp, nodes), or None: the engine shards as far
+    # as the layout asks, and its split rules (split_refusal) judge each size
+    replica_limits: RuntimeCapabilities | None
+    # the Prometheus names an autoscaler or the gateway's endpoint picker reads (day2.py): {"queue": ..., "kv": ...},
+    # kv a fraction (0-1); lora_metric: the engine exports vllm:lora_requests_info (the picker scrapes it)
+    metrics: Mapping[str, str]
+    lora_metric: bool
     # the start-up rows (engines/<engine>/startup.py: RULES, choices(version), A2A_FLAG, quant(case)), or None
     startup: Any
 
@@ -56,23 +64,26 @@ class Engine(Protocol):
 
 class ImageEngine:
     """An engine served from its own image (sglang, vLLM): the Engine protocol over its folder's modules
-    (vocab, command, plan, startup). The two differ only in their fallback table and in the runner the
-    split check assumes (`split_runner`)."""
+    (vocab, command, plan, startup). The two differ only in their fallback table, their metric names and in the
+    runner the split check assumes (`split_runner`)."""
 
     serves_local_dir = False
     runs_runtime_image = False
     rendezvous = False
     ready_path = "/health"
     a2a_needs_ep = True
+    replica_limits = None
 
     def __init__(self, vocab: Any, command: Any, plan: Any, startup: Any,
-                 fallbacks: Mapping[str, tuple[Callable[[str], bool], str]]):
+                 fallbacks: Mapping[str, tuple[Callable[[str], bool], str]],
+                 metrics: Mapping[str, str], lora_metric: bool):
         self.name = vocab.NAME
         self.default_version = vocab.DEFAULT_VERSION
         self.max_len_flag = command.MAX_LEN_FLAG
         self.startup = startup
         self.deferred_env = plan.DEFERRED_ENV
         self.fallbacks = fallbacks
+        self.metrics, self.lora_metric = metrics, lora_metric
         self._plan, self._command = plan, command
 
     def choices(self, choices: Choices) -> Choices:

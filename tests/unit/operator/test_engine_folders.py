@@ -14,11 +14,6 @@ LITERAL = re.compile(r"""(?<![\w.])(["'])(sglang|vllm|bundled)\1""")
 # path (relative to moe_operator/) -> why it may still name an engine
 ALLOWED = {
     "api.py": "the CRD enum source: engine.name's enum and the CEL rules per engine (the CRD must not change)",
-    "run_cli.py": "the chart's engineImages flags per engine (S34/lead's CLI): not moved yet",
-    "placement.py": "what one replica of each engine runs (owner: placement's; not in this change)",
-    "day2.py": "each engine's metric names for the autoscaler (not in this change)",
-    "security.py": "NON_ROOT_ENGINES (not in this change)",
-    "model_cache.py": "the cache Job runs with the bundled image's pod security (the lead's file)",
 }
 
 

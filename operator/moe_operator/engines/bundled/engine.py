@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from moe_core.gpu import GpuClass
 from moe_core.plan import Plan, PlanMoE
+from moe_core.runtime import BUNDLED
 
 from ...selection import Builder, Choices, Facts
 from ..command import Launch
@@ -19,6 +20,10 @@ class Bundled:
     runs_runtime_image = True
     rendezvous = True
     ready_path = "/ready"
+    replica_limits = BUNDLED  # what the runtime runs in one replica (moe_core.runtime); its own rules judge the split
+    # the runtime exports the vLLM names (runtime/moe_runtime/metrics.py), not the LoRA one
+    metrics = {"queue": "vllm:num_requests_waiting", "kv": "vllm:kv_cache_usage_perc"}
+    lora_metric = False
     startup = None  # no start-up rows: resolve_bundled is the runtime's own check
     deferred_env = plan.DEFERRED_ENV
     a2a_needs_ep = False

@@ -5,4 +5,7 @@ from __future__ import annotations
 from ..base import ImageEngine
 from . import command, plan, startup, vocab
 
-ENGINE = ImageEngine(vocab, command, plan, startup, fallbacks=plan.FALLBACKS)
+# sglang's own Prometheus names (sglang/srt/metrics/collector.py); no LoRA request metric
+METRICS = {"queue": "sglang:num_queue_reqs", "kv": "sglang:token_usage"}
+
+ENGINE = ImageEngine(vocab, command, plan, startup, fallbacks=plan.FALLBACKS, metrics=METRICS, lora_metric=False)

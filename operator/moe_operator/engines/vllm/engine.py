@@ -13,4 +13,7 @@ class Vllm(ImageEngine):
         return plan.pick_runner(Builder(f))
 
 
-ENGINE = Vllm(vocab, command, plan, startup, fallbacks={})
+# vLLM's Prometheus names; it exports vllm:lora_requests_info too (the endpoint picker's LoRA scrape)
+METRICS = {"queue": "vllm:num_requests_waiting", "kv": "vllm:kv_cache_usage_perc"}
+
+ENGINE = Vllm(vocab, command, plan, startup, fallbacks={}, metrics=METRICS, lora_metric=True)
