@@ -203,39 +203,70 @@ class CheckpointInfo(BaseModel):
     """What the planner and the runtime need to know about a checkpoint."""
 
     architecture: str = Field(description="config.json architectures[0]")
-    modelType: str | None = None
+    modelType: str | None = Field(None, description=(
+        "config.json model_type (e.g. deepseek_v3, qwen3_moe); picks the transformers class defaults for keys"
+        " the config leaves out. Written by inspection, like every field here"))
     format: str = Field(description="checkpoint format, tuning-rules.md section 6 vocabulary")
     formatSource: str = Field(description="which file/key decided the format")
     quantMethod: str | None = Field(None, description="raw quant_method / quant_algo as written in the checkpoint")
     quantScheme: QuantScheme | None = Field(None, description=(
         "integer weight-only (GPTQ / AWQ / compressed-tensors WNA16) parameters from config.json quantization_config"))
-    expertsFp4: bool = False
-    numExperts: int | None = None
-    expertsPerToken: int | None = None
-    numSharedExperts: int | None = None
-    hiddenSize: int | None = None
-    intermediateSize: int | None = None
-    moeIntermediateSize: int | None = None
+    expertsFp4: bool = Field(False, description=(
+        "true when the routed experts are stored in a 4-bit float format (NVFP4, MXFP4, DeepSeek-V4 FP4): the"
+        " planner then needs an FP4-capable MoE runner and GPU"))
+    numExperts: int | None = Field(None, description=(
+        "routed experts per MoE layer (config.json n_routed_experts / num_experts / num_local_experts / "
+        "moe_num_experts); unset or 0: a dense model"))
+    expertsPerToken: int | None = Field(None, description=(
+        "experts each token is routed to, top-k (config.json num_experts_per_tok / moe_topk / "
+        "num_experts_per_token)"))
+    numSharedExperts: int | None = Field(None, description=(
+        "shared (always-active) experts per MoE layer (config.json n_shared_experts / num_shared_experts); "
+        "unset where the model class has none"))
+    hiddenSize: int | None = Field(None, description=(
+        "model (residual stream) width in elements (config.json hidden_size)"))
+    intermediateSize: int | None = Field(None, description=(
+        "dense MLP intermediate width in elements (config.json intermediate_size; for some families also the "
+        "expert width)"))
+    moeIntermediateSize: int | None = Field(None, description=(
+        "one routed expert's intermediate width in elements (config.json moe_intermediate_size); the size "
+        "split over tensor-parallel ranks, so divisibility is checked on it"))
     weightBlockSize: list[int] | None = Field(None, description=(
         "config.json quantization_config.weight_block_size [n, k] (block-quantized checkpoints; sglang checks "
         "the MoE intermediate size per tensor-parallel rank against n at start-up)"))
-    numLayers: int | None = None
-    numAttentionHeads: int | None = None
-    numKeyValueHeads: int | None = None
-    headDim: int | None = Field(None, description="attention head size (config head_dim, else hidden_size / num_attention_heads)")
+    numLayers: int | None = Field(None, description=(
+        "transformer layers (config.json num_hidden_layers); sizes the KV cache"))
+    numAttentionHeads: int | None = Field(None, description=(
+        "query heads per layer (config.json num_attention_heads); tensor parallelism splits attention by "
+        "heads"))
+    numKeyValueHeads: int | None = Field(None, description=(
+        "key/value heads per layer (config.json num_key_value_heads, default num_attention_heads); k/v "
+        "projections split over at most this many ranks"))
+    headDim: int | None = Field(None, description=(
+        "attention head size (config head_dim, else hidden_size / num_attention_heads)"))
     kvLoraRank: int | None = Field(None, description="MLA latent KV size (DeepSeek-family kv_lora_rank)")
-    qkRopeHeadDim: int | None = None
-    maxPositionEmbeddings: int | None = None
-    kvCacheFp8: bool = False
-    totalBytes: int = 0
+    qkRopeHeadDim: int | None = Field(None, description=(
+        "MLA rotary part of each query/key head in elements (DeepSeek-family qk_rope_head_dim); cached next "
+        "to the latent KV"))
+    maxPositionEmbeddings: int | None = Field(None, description=(
+        "longest context the model supports, in tokens (config.json max_position_embeddings); the KV cache is"
+        " sized for it unless the spec sets a context length"))
+    kvCacheFp8: bool = Field(False, description=(
+        "true when the checkpoint asks for an FP8 KV cache (kv_cache_quant_algo FP8 or an 8-bit float "
+        "kv_cache_scheme; always for DeepSeek-V4): one byte per cached element instead of two"))
+    totalBytes: int = Field(0, description=(
+        "bytes of all weight tensors, summed from the safetensors headers (no weight data is read); what the "
+        "GPU count is sized from. 0: no headers were read"))
     replicatedBytes: int = Field(0, description=(
         "bytes of the tensors every tensor-parallel rank holds whole (norms, MLA q_a/kv_a projections, MoE "
         "routers, MTP eh_proj; tp_placement()); 0 when unknown (then all bytes count as split evenly)"))
     kvHeadBytes: int = Field(0, description=(
         "bytes of the attention k_proj/v_proj tensors: split by KV heads, so over at most num_key_value_heads ranks"))
-    numTensors: int = 0
-    numFiles: int = 0
-    notes: list[str] = Field(default_factory=list)
+    numTensors: int = Field(0, description="tensors listed in the safetensors headers")
+    numFiles: int = Field(0, description="safetensors files read (shards of the checkpoint)")
+    notes: list[str] = Field(default_factory=list, description=(
+        "what inspection assumed, in words: a transformers default taken for a key config.json lacks, a "
+        "derived head size, an unexpected block size"))
 
     @property
     def is_moe(self) -> bool:
