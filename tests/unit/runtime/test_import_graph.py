@@ -136,10 +136,11 @@ def problems(mods: dict[str, Path], within: str = "", known: frozenset[str] = fr
     return out or lazy_cycles(mods, within, known)
 
 
-# engine_rules asks the engine registry for an engine's start-up rows at call time, and those rows are
-# built from engine_rules' Case/Rule (engines/<engine>/startup.py): not this file's owners' to move
-# (issue 33 item 4 took the kernels' and model_cache's; this one is reported to the lead).
-KNOWN_LAZY = frozenset({"moe_operator.engine_rules imports moe_operator.engines.registry"})
+# engine_rules' judging functions moved to engine_rules.judge (above engines/<engine>/startup.py, whose rows are
+# built from engine_rules' Case/Rule; the rows come from engines.startups, not the registry): the package still
+# hands the old names to callers that have not switched to judge (selection.py, the engine_rules tests, scripts/).
+# The entry goes when they have, with engine_rules.__getattr__.
+KNOWN_LAZY = frozenset({"moe_operator.engine_rules imports moe_operator.engine_rules.judge"})
 
 
 def test_the_four_packages_have_no_import_cycle():
