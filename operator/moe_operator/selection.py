@@ -170,7 +170,11 @@ def run_checks(b: Builder, checks: tuple[Check, ...], runner: str, flag: str) ->
         _engine_start_checks(b, checks, runner, frozenset(fired), first_error, flag)
 
 
-def _engine_case(f: Facts, runner: str, args: list[str] | None = None) -> engine_rules.Case:
+def _engine_case(f: Facts, runner: str, args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> engine_rules.Case:
+    """The start-up rows' case. `env`: what the plan renders so far (Builder.env); the rows see it merged with the
+    user's env, the user's value winning as in the pod (planner.plan: {**b.env, **choices.env}), so a variable the
+    planner renders for an engine gate (SGLANG_USE_AITER for the FP8 aiter path) passes the row that reads it."""
     args = args or []
     deepep_mode = args[args.index("--deepep-mode") + 1] if "--deepep-mode" in args[:-1] else "auto"
     return engine_rules.Case(
@@ -178,7 +182,7 @@ def _engine_case(f: Facts, runner: str, args: list[str] | None = None) -> engine
         tp=f.choices.tp, ep=f.choices.ep, dp=f.choices.dp, cc=f.gpu.computeCapability,
         driver=getattr(f.gpu, "driverVersion", None) or (str(f.gpu.driverMajor) if f.gpu.driverMajor else None),
         flashinfer="none" if f.choices.flashinfer_version == "none" else f.flashinfer,
-        quant_method=f.ckpt.quantMethod, env=dict(f.choices.env),
+        quant_method=f.ckpt.quantMethod, env={**(env or {}), **f.choices.env},
         hidden=f.ckpt.hiddenSize, moe_inter=f.ckpt.moeIntermediateSize, deepep_mode=deepep_mode)
 
 
@@ -187,7 +191,7 @@ def _engine_start_checks(b: Builder, checks: tuple[Check, ...], runner: str, fir
     """Explicit sglang/vLLM choices against the engine version's own start-up checks (engine_rules),
     then every refusal of the explicit choice says what works instead (issue 16)."""
     f = b.f
-    case = _engine_case(f, runner, b.args)
+    case = _engine_case(f, runner, b.args, b.env)
     b.errors.extend(r.text for r in engine_rules.check(case, skip_same_as=fired))
     if len(b.errors) == first_error:
         return

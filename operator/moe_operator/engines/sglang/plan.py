@@ -331,6 +331,7 @@ def plan_moe(b: Builder) -> PlanMoE:
         b.decide("args.--deepep-mode", "low_latency", "S15b",
                  "flashinfer_cutedsl has only a DeepEP low-latency (masked) handler (moe_runner/flashinfer_cutedsl.py "
                  "fused_experts_deepep_to_flashinfer_cutedsl_fp4); sglang >= 0.5.17 forces the same (moe_hook.py:363-375)")
+    _aiter_env(b, runner)  # before the checks: the start-up rows see the env the plan renders (SG-FP8-AITER)
     run_checks(b, CHECKS, runner, RUNNER_FLAG)
     _quant_plan(b, runner)
     if k40 := moe_split_refusal(f):  # the predicate placement sizes with too
@@ -413,7 +414,11 @@ def _quant_plan(b: Builder, runner: str) -> None:
     b.args += args
     for key, value, rule, reason in decisions:
         b.decide(key, value, rule, reason)
-    warnings, env = quant.aiter_env(f, runner)
+
+
+def _aiter_env(b: Builder, runner: str) -> None:
+    """SGLANG_USE_AITER for an explicit aiter runner on ROCm, where sglang gates the path on it (engines/sglang/quant.py)."""
+    warnings, env = quant.aiter_env(b.f, runner)
     b.warnings.extend(warnings)
     for key, value, rule, reason in env:
         b.set_env(key, value, rule, reason)

@@ -46,6 +46,7 @@ from moe_core.checkpoint import QuantScheme
 from ... import engine_rules
 from ...engine_rules import vt
 from ...selection import Check, Facts
+from .startup import FP8_METHOD
 
 # releases whose code these rows were read from, per method (see above)
 _FROM_15 = ("0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
@@ -277,17 +278,32 @@ def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[str], list[tuple[
 # UnquantizedFusedMoEMethod builds the AITER runner only with SGLANG_USE_AITER=1 on ROCm (_use_aiter,
 # layers/quantization/unquant.py:70, :1196-1219, sglang 0.5.23); without it an explicit --moe-runner-backend aiter
 # runs the Triton runner built just before (:1169-1194). The plan renders the variable for it; a user's off value is
-# kept (the user's env wins) and reported. (FP8's aiter path needs it too: startup row SG-FP8-AITER refuses it
-# unset, from the user's env.)
+# kept (the user's env wins) and reported.
+# Fp8MoEMethod (fp8, and DeepSeek-V4's FP8 / FP4-packed experts) has the same gate: `_use_aiter =
+# envs.SGLANG_USE_AITER.get() and _is_hip` (layers/quantization/fp8.py:149, 0.5.23; the same line in every release
+# read from 0.5.10), and Fp8MoEMethod.maybe_get_hip_aiter_quant_info returns None without it (fp8.py:3409-3415),
+# so apply() falls through to "Unsupported runner backend" (fp8.py:3356-3359). The plan renders the variable there
+# too, and startup row SG-FP8-AITER sees the rendered env merged with the user's (selection._engine_case): it
+# refuses only where the user turned it off, or off ROCm.
 AITER_READ = ("0.5.23",)
 _FALSY = ("0", "false", "no", "off")
 
 
 def aiter_env(f: Facts, runner: str) -> tuple[list[str], list[tuple[str, str, str, str]]]:
-    """(warnings, env [(key, value, rule, reason)]) for an explicit aiter runner on unquantized experts."""
-    if runner != "aiter" or not f.rocm or f.fmt != "bf16" or engine_rules.read_as("sglang", f.version) not in AITER_READ:
+    """(warnings, env [(key, value, rule, reason)]) for an explicit aiter runner on ROCm: unquantized experts
+    (releases in AITER_READ) and Fp8MoEMethod's formats (every release read; unread ones are not judged)."""
+    if runner != "aiter" or not f.rocm:
         return [], []
     v = f.choices.env.get("SGLANG_USE_AITER")
+    if f.fmt in FP8_METHOD and engine_rules.read_as("sglang", f.version) is not None:
+        if v is not None:  # the user's value stands; off, SG-FP8-AITER refuses it with this value
+            return [], []
+        return [], [("SGLANG_USE_AITER", "1", "SQ-AITER",
+                     f"--moe-runner-backend aiter on {f.fmt} experts runs only with SGLANG_USE_AITER=1 on ROCm: sglang "
+                     f"{f.version} Fp8MoEMethod.maybe_get_hip_aiter_quant_info returns None without it and apply() raises "
+                     "'Unsupported runner backend' (layers/quantization/fp8.py:149, 3409-3415, 3356-3359 in 0.5.23)")]
+    if f.fmt != "bf16" or engine_rules.read_as("sglang", f.version) not in AITER_READ:
+        return [], []
     if v is not None and v.strip().lower() in _FALSY:
         return [f"[SQ-AITER] --moe-runner-backend aiter with SGLANG_USE_AITER={v}: sglang {f.version} builds no AITER "
                 "runner for unquantized experts and runs Triton (layers/quantization/unquant.py:70, 1169-1219)"], []

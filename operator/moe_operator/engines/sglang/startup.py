@@ -461,7 +461,9 @@ RULES: tuple[Rule, ...] = (
     # Fp8MoEMethod builds a MoeRunner for an explicit aiter runner anywhere (create_moe_runner, fp8.py:2986-2991), but
     # apply() takes the aiter path only on ROCm with aiter on (maybe_get_hip_aiter_quant_info returns None unless
     # SGLANG_USE_AITER=1 or SGLANG_INT4_WEIGHT=1 on HIP: fp8.py:148-149,3409-3415) and then raises
-    # "Unsupported runner backend" (fp8.py:3356-3359, 0.5.23) at the first forward.
+    # "Unsupported runner backend" (fp8.py:3356-3359, 0.5.23) at the first forward. On ROCm the plan renders
+    # SGLANG_USE_AITER=1 for it (engines/sglang/quant.py aiter_env) and the row reads that merged with the user's env
+    # (selection._engine_case): it refuses a user's off value, or any GPU that is not ROCm.
     Rule("SG-FP8-AITER", "sglang",
          lambda c: c.fmt in FP8_METHOD and c.runner == "aiter"
          and not (c.rocm and (c.truthy("SGLANG_USE_AITER") or c.truthy("SGLANG_INT4_WEIGHT"))),
