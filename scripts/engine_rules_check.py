@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import engine_rules_extract as extract  # noqa: E402
 from moe_operator import engine_rules  # noqa: E402
-from moe_operator.engine_rules import recorded  # noqa: E402
+from moe_operator.engine_rules import judge, recorded  # noqa: E402
 
 
 def _in_range(line: int, lines: str) -> bool:
@@ -53,7 +53,7 @@ def main(engine: str, version: str, root: str) -> int:
         for key in sorted(unread):
             print(f"{'':24} NOT REVIEWED {key}: reads differently from every other release recorded")
             bad += 1
-    rules = engine_rules._rules(engine)
+    rules = judge._rules(engine)
     checked = 0
     for r in rules:
         src = r.source

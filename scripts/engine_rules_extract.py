@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 
 from moe_operator import engine_rules  # noqa: E402
-from moe_operator.engine_rules import recorded as rules_data  # noqa: E402
+from moe_operator.engine_rules import judge, recorded as rules_data  # noqa: E402
 
 # Functions whose facts are hand-kept data (vLLM capability windows): their digest per release.
 # (vLLM's are the functions its rows read: Source.reads, digested per function below.)
@@ -333,13 +333,13 @@ def extract(engine: str, version: str, root: Path) -> dict:
     out["flashinfer_pin"] = flashinfer_pin(root)
     out["hand_kept"] = {k: tree.function_digest(rel, fn) for k, (rel, fn) in HAND_KEPT[engine].items()}
     markers = {}
-    for rule in engine_rules._rules(engine):
+    for rule in judge._rules(engine):
         if rule.source.marker:
             where, digest = tree.marker(rule.source.marker)
             markers[rule.id] = {"at": where, "digest": digest}
     out["markers"] = markers
     functions = {}
-    for rule in engine_rules._rules(engine):
+    for rule in judge._rules(engine):
         for qual in rule.source.reads:
             functions.setdefault(qual, tree.function(qual, rule.source.file))
     if functions:
@@ -407,7 +407,7 @@ def main(argv: list[str]) -> int:
     for rid in flags:
         m = got["markers"].get(rid) or got.get("functions", {}).get(rid)
         where = f" ({m['at']})" if m and m["at"] else " (absent here)" if m else ""
-        rows = sorted(r.id for r in engine_rules._rules(a.engine) if rid in r.source.reads)
+        rows = sorted(r.id for r in judge._rules(a.engine) if rid in r.source.reads)
         print(f"  TO READ {rid}: the code differs from every recorded release{where}"
               + (f"; read by {', '.join(rows)}" if rows else ""))
     if a.check:

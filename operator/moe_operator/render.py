@@ -20,7 +20,6 @@ import yaml
 from . import day2
 from .api import MoEDeploymentSpec
 from .engines import registry as engines
-from .engines.bundled import vocab as bundled_vocab
 from .engines.command import Launch
 from .field_manager import FIELD_MANAGER  # noqa: F401  (kube.py imports it from here)
 from moe_core.gpu import GpuClass
@@ -28,7 +27,7 @@ from . import images
 from . import model_cache, pod_overlay
 from .images import Registries, runtime_image
 from .model_uri import ModelURI
-from .security import container_security, pod_security
+from .security import container_security, pod_security, runtime_pod_security
 from moe_core.plan import Plan
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -316,7 +315,7 @@ def inspection_job(namespace: str, name: str, uri: str, image: str, owner: Owner
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "nodeSelector": {"kubernetes.io/arch": "amd64"},
-            "securityContext": pod_security(bundled_vocab.NAME),  # the runtime image's (moe-runtime inspect)
+            "securityContext": runtime_pod_security(),  # the runtime image's (moe-runtime inspect)
             **({"imagePullSecrets": [{"name": n} for n in images.REGISTRIES.pull_secrets]}
                if images.REGISTRIES.pull_secrets else {}),
             "containers": [{"name": "inspect", "image": image, "command": ["moe-runtime", "inspect", path,

@@ -22,6 +22,7 @@ from moe_core.gpu import GpuClass
 from moe_core.plan import Decision, Provenance
 
 from . import engine_rules
+from .engine_rules import judge
 from .engines.vocabulary import ALL_A2A, ALL_RUNNERS
 
 
@@ -192,7 +193,7 @@ def _engine_start_checks(b: Builder, checks: tuple[Check, ...], runner: str, fir
     then every refusal of the explicit choice says what works instead (issue 16)."""
     f = b.f
     case = _engine_case(f, runner, b.args, b.env)
-    b.errors.extend(r.text for r in engine_rules.check(case, skip_same_as=fired))
+    b.errors.extend(r.text for r in judge.check(case, skip_same_as=fired))
     if len(b.errors) == first_error:
         return
 
@@ -202,7 +203,7 @@ def _engine_start_checks(b: Builder, checks: tuple[Check, ...], runner: str, fir
         g = f if c.a2a == f.a2a else dataclasses.replace(f, choices=dataclasses.replace(f.choices, a2a_backend=c.a2a))
         return not any(k.verdict == "reject" and k.when(g, c.runner) for k in checks)
 
-    alts = engine_rules.describe_alternatives(case, engine_rules.alternatives(case, planner_ok), flag)
+    alts = judge.describe_alternatives(case, judge.alternatives(case, planner_ok), flag)
     for i in range(first_error, len(b.errors)):
         b.errors[i] = f"{b.errors[i]} {alts}"
 

@@ -156,16 +156,3 @@ def _applies(rule: Rule, case: Case) -> bool:
         return False
     has = recorded.has_check(case.engine, read, rule.id, rule.source.reads)
     return has if has is not None else vt(rule.source.since) <= vt(case.version)
-
-# check, catalogue, alternatives and describe_alternatives live in engine_rules.judge (above the engines' start-up
-# rows, which import this module). Until every caller imports judge, the old names resolve here; this lazy import is
-# the one KNOWN_LAZY edge (tests/unit/runtime/test_import_graph.py) and goes with the last caller.
-_JUDGE = frozenset({"check", "catalogue", "alternatives", "describe_alternatives", "_rules", "_startup", "_fields",
-                    "_NOT_OFFERED"})
-
-
-def __getattr__(name: str):
-    if name in _JUDGE:
-        from . import judge
-        return getattr(judge, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

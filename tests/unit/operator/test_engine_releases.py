@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from moe_operator import engine_rules, planner
-from moe_operator.engine_rules import Case, recorded
+from moe_operator.engine_rules import Case, judge, recorded
 from moe_operator.engines.sglang import startup as sg_rules
 from moe_operator.engines.vllm import startup as vl_rules
 
@@ -42,7 +42,7 @@ def test_every_vllm_release_in_the_range_was_read():
 
 
 def test_vllm_ranged_rows_follow_the_code_release_by_release():
-    ids = lambda case: {r.rule.id for r in engine_rules.check(case)}  # noqa: E731
+    ids = lambda case: {r.rule.id for r in judge.check(case)}  # noqa: E731
     import dataclasses
     # support_deep_gemm gains family 120 in 0.24.0 (platforms/cuda.py)
     dg = Case("vllm", "0.23.0", "fp8", "Qwen3MoeForCausalLM", "sm120", "deep_gemm")
@@ -55,7 +55,7 @@ def test_vllm_ranged_rows_follow_the_code_release_by_release():
     assert "VL-DEV-HPC" not in ids(hpc) and "VL-DEV-HPC" in ids(dataclasses.replace(hpc, version="0.28.0"))
     [row] = [r for r in vl_rules.RULES if r.id == "VL-DEV-HPC"]
     assert recorded.has_check("vllm", "0.24.0", row.id, row.source.reads) is False
-    [text] = [r.text for r in engine_rules.check(dataclasses.replace(hpc, version="0.28.0", family="sm120"))
+    [text] = [r.text for r in judge.check(dataclasses.replace(hpc, version="0.28.0", family="sm120"))
               if r.rule.id == "VL-DEV-HPC"]
     assert "present since vllm 0.25.0" in text
     # validate_flashinfer_moe_ep_model: both megakernels 0.29.0-0.31.0, the DeepGEMM one only from 0.32.0;
@@ -74,7 +74,7 @@ def test_vllm_ranged_rows_follow_the_code_release_by_release():
 
 
 def test_vllm_batched_format_row_holds_in_every_release_and_spares_what_the_oracle_remaps():
-    ids = lambda case: {r.rule.id for r in engine_rules.check(case)}  # noqa: E731
+    ids = lambda case: {r.rule.id for r in judge.check(case)}  # noqa: E731
     import dataclasses
     # is_supported_config's activation-format check is in every release: TRT-LLM experts are Standard-format only
     fi = Case("vllm", "0.22.0", "nvfp4", "DeepseekV3ForCausalLM", "sm100", "flashinfer_trtllm", a2a="deepep_low_latency",
@@ -114,11 +114,11 @@ def test_a_check_that_reads_differently_from_every_other_release_was_read_by_a_p
 def test_rows_apply_where_their_check_is_and_cite_the_first_release_that_has_it():
     c = Case("sglang", "0.5.12", "nvfp4", "DeepseekV3ForCausalLM", "sm100", "flashinfer_cutedsl", a2a="flashinfer",
              tp=8, ep=8)
-    ids = lambda case: {r.rule.id for r in engine_rules.check(case)}  # noqa: E731
+    ids = lambda case: {r.rule.id for r in judge.check(case)}  # noqa: E731
     assert "SG-CUTEDSL-A2A" in ids(c)  # 0.5.11-0.5.12.post1 accept none and deepep only
     import dataclasses
     assert "SG-CUTEDSL-A2A" not in ids(dataclasses.replace(c, version="0.5.13"))
-    [text] = [r.text for r in engine_rules.check(c) if r.rule.id == "SG-CUTEDSL-A2A"]
+    [text] = [r.text for r in judge.check(c) if r.rule.id == "SG-CUTEDSL-A2A"]
     assert "'none' or 'deepep', got 'flashinfer'" in text and "present since sglang 0.5.11" in text
     # a check absent from a release read does not apply there (SG-FUSED starts with 0.5.15's MoeRunner)
     assert recorded.has_check("sglang", "0.5.14", "SG-FUSED") is False
@@ -182,7 +182,7 @@ def test_the_committed_data_is_what_the_rows_read():
     data = json.loads(recorded.path("sglang").read_text())
     assert list(data["releases"]) == sorted(data["releases"], key=engine_rules.release_key)
     for v, r in data["releases"].items():
-        assert set(r["markers"]) == {rule.id for rule in engine_rules._rules("sglang") if rule.source.marker}, v
+        assert set(r["markers"]) == {rule.id for rule in judge._rules("sglang") if rule.source.marker}, v
 
 
 def _fake_vllm(root: Path, window: str, with_hpc: bool = True, moved: bool = False):

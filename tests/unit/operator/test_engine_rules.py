@@ -17,7 +17,7 @@ except ImportError:  # before the moe_core move
     from moe_operator.checkpoint import CheckpointInfo
     from moe_operator.gpu import from_name
 from moe_operator import engine_rules
-from moe_operator.engine_rules import Case
+from moe_operator.engine_rules import Case, judge
 from moe_operator.engines.sglang import startup as sg_rules
 from moe_operator.engines.vllm import startup as vl_rules
 from moe_operator.planner import Choices, auto_fallbacks, plan
@@ -222,10 +222,12 @@ MATRIX = [
     # ---- sglang: ROCm aiter ----
     ("sglang", "0.5.23", "H200", "fp8", DSV3, "aiter", "none", (1, 1, 1), "SG-FP8-AITER",
      "sglang/srt/layers/quantization/fp8.py:3139-3149 aiter branch only under _is_hip; :3356-3359 'Unsupported runner backend'"),
-    ("sglang", "0.5.23", "MI300X", "fp8", DSV3, "aiter", "none", (1, 1, 1), "SG-FP8-AITER",
-     "fp8.py:3414-3415 maybe_get_hip_aiter_quant_info returns None without SGLANG_USE_AITER=1 (fp8.py:149)"),
-    ("sglang", "0.5.14", "MI355X", "fp8", QWEN3, "aiter", "none", (1, 1, 1), "SG-FP8-AITER",
-     "0.5.14 fp8.py:2124-2125 'if not (_use_aiter or _use_hip_int4): return None'"),
+    # on ROCm the plan renders SGLANG_USE_AITER=1 (SQ-AITER) and the row sees it; a user's 0 is refused
+    # (tests/unit/operator/test_sglang_aiter_env.py)
+    ("sglang", "0.5.23", "MI300X", "fp8", DSV3, "aiter", "none", (1, 1, 1), "ok",
+     "fp8.py:3414-3415 maybe_get_hip_aiter_quant_info needs SGLANG_USE_AITER=1 (fp8.py:149): rendered by the plan"),
+    ("sglang", "0.5.14", "MI355X", "fp8", QWEN3, "aiter", "none", (1, 1, 1), "ok",
+     "0.5.14 fp8.py:2124-2125 'if not (_use_aiter or _use_hip_int4): return None': SGLANG_USE_AITER=1 rendered"),
     # ---- sglang: FP4-packed DeepSeek-V4 experts on the FP8 Triton path ----
     ("sglang", "0.5.23", "H200", "dsv4_fp4", DSV4, "triton", "none", (1, 1, 1), "SG-FP4EXPERT-TRITON",
      "sglang/srt/layers/quantization/fp8.py:3018-3038 get_triton_quant_info use_fp8_w8a8 with FP4-packed experts -> "
@@ -402,7 +404,7 @@ def test_automatic_choices_pass_the_engines_start_up_checks():
         mode = p.args[p.args.index("--deepep-mode") + 1] if "--deepep-mode" in p.args else "auto"
         case = Case(engine, version, fmt, arch, from_name(gpu).family, p.moe.runnerBackend, a2a=a2a, tp=par[0],
                     ep=par[1], dp=par[2], quant_method=QM.get(fmt), deepep_mode=mode)
-        refused = [r.rule.id for r in engine_rules.check(case)]
+        refused = [r.rule.id for r in judge.check(case)]
         if refused:
             failing.append((engine, version, gpu, fmt, arch, a2a, p.moe.runnerBackend, refused))
     assert not failing
@@ -423,7 +425,7 @@ def test_every_rule_cites_file_lines_function_and_version():
 
 def test_rules_apply_from_their_release_only():
     # SG-MXFP4-RUNNER is first seen in 0.5.21: 0.5.19 (read) does not have it
-    assert not [r for r in engine_rules.check(Case("sglang", "0.5.19", "mxfp4", GPTOSS, "sm100", "flashinfer_trtllm"))
+    assert not [r for r in judge.check(Case("sglang", "0.5.19", "mxfp4", GPTOSS, "sm100", "flashinfer_trtllm"))
                 if r.rule.id == "SG-MXFP4-RUNNER"]
     assert engine_rules.coverage_note("sglang", "0.5.23") is None
     assert engine_rules.coverage_note("vllm", "0.22.1") is None
@@ -441,11 +443,11 @@ def test_an_unread_release_is_not_judged_and_names_the_nearest_read_ones():
     assert engine_rules.read_as("sglang", "0.5.23.post1") is None and engine_rules.read_as("sglang", "v0.5.23") == "0.5.23"
     # no start-up row runs for a release not read, not even one both neighbours have
     both = Case("sglang", "0.5.22", "mxfp4", GPTOSS, "sm100", "flashinfer_trtllm")
-    assert "SG-MXFP4-RUNNER" in [r.rule.id for r in engine_rules.check(both)]  # 0.5.21 and 0.5.22 (read) refuse it
+    assert "SG-MXFP4-RUNNER" in [r.rule.id for r in judge.check(both)]  # 0.5.21 and 0.5.22 (read) refuse it
     for v in ("0.5.21.post1", "0.5.24", "0.5.9"):
-        assert not engine_rules.check(dataclasses.replace(both, version=v)), v
-        assert engine_rules.alternatives(dataclasses.replace(both, version=v)) == {}
-    assert "not judged" in engine_rules.describe_alternatives(dataclasses.replace(both, version="0.5.24"), {},
+        assert not judge.check(dataclasses.replace(both, version=v)), v
+        assert judge.alternatives(dataclasses.replace(both, version=v)) == {}
+    assert "not judged" in judge.describe_alternatives(dataclasses.replace(both, version="0.5.24"), {},
                                                              "--moe-runner-backend")
     with pytest.raises(ValueError, match="not read"):
         sg_rules.choices("0.5.24")
@@ -554,8 +556,8 @@ def test_a2a_refusal_lists_a2a_values_that_pass_and_the_spec_can_hold():
 def test_fused_function_registry_per_release():
     # ('flashinfer', 'flashinfer_trtllm') is registered from 0.5.19 (moe_runner/flashinfer_trtllm.py:1876 in 0.5.23)
     case = Case("sglang", "0.5.17", "fp8", DSV3, "sm100", "flashinfer_trtllm", a2a="flashinfer", tp=8, ep=8, dp=8)
-    assert [r.rule.id for r in engine_rules.check(case)] == ["SG-FUSED"]
-    assert not engine_rules.check(Case("sglang", "0.5.19", "fp8", DSV3, "sm100", "flashinfer_trtllm", a2a="flashinfer",
+    assert [r.rule.id for r in judge.check(case)] == ["SG-FUSED"]
+    assert not judge.check(Case("sglang", "0.5.19", "fp8", DSV3, "sm100", "flashinfer_trtllm", a2a="flashinfer",
                                        tp=8, ep=8, dp=8))
 
 
@@ -665,7 +667,7 @@ def test_explicit_cutedsl_under_deepep_gets_low_latency(version):
 ])
 def test_deepep_mode_rows(version, a2a, runner, mode, expected):
     case = Case("sglang", version, "nvfp4", DSV3, "sm100", runner, a2a=a2a, tp=8, ep=8, dp=8, deepep_mode=mode)
-    ids = {r.rule.id for r in engine_rules.check(case)} & {"SG-CUTEDSL-DEEPEP-AUTO", "SG-CUTEDSL-DEEPEP-NORMAL", "SG-PPLX-NORMAL"}
+    ids = {r.rule.id for r in judge.check(case)} & {"SG-CUTEDSL-DEEPEP-AUTO", "SG-CUTEDSL-DEEPEP-NORMAL", "SG-PPLX-NORMAL"}
     assert ids == ({expected} if expected else set())
 
 
@@ -722,7 +724,7 @@ def test_auto_never_picks_a_flashinfer_runner_for_an_image_without_flashinfer(gp
         if not p.errors and p.moe.runnerBackend != "auto":
             case = Case("sglang", "0.5.23", fmt, arch, from_name(gpu).family, p.moe.runnerBackend, flashinfer="none",
                         quant_method=QM.get(fmt))
-            assert not engine_rules.check(case), (fmt, p.moe.runnerBackend)
+            assert not judge.check(case), (fmt, p.moe.runnerBackend)
     # DeepSeek-V4 FP4 on SM100 has nothing without FlashInfer (marlin is SM90/SM120 only): refused with alternatives
     ck = CheckpointInfo(architecture=DSV4, format="dsv4_fp4", formatSource="test", numExperts=64, numSharedExperts=1)
     p = plan(ck, from_name("B200"), Choices(flashinfer_version="none"), engine="sglang")

@@ -10,7 +10,8 @@ value winning.
 from moe_core.checkpoint import CheckpointInfo
 from moe_core.gpu import from_name
 
-from moe_operator import engine_rules, planner
+from moe_operator import planner
+from moe_operator.engine_rules import judge
 from moe_operator.planner import Choices, plan
 from moe_operator.selection import _engine_case
 
@@ -73,8 +74,8 @@ def test_engine_case_merges_planner_env_under_the_users():
                        Choices(runner_backend="aiter", env={"SGLANG_USE_AITER": "0", "USER_ONLY": "u"}), "sglang", "0.5.23")
     case = _engine_case(f, "aiter", [], {"SGLANG_USE_AITER": "1", "PLANNER_ONLY": "p"})
     assert dict(case.env) == {"SGLANG_USE_AITER": "0", "USER_ONLY": "u", "PLANNER_ONLY": "p"}
-    assert [r.rule.id for r in engine_rules.check(case)] == ["SG-FP8-AITER"]
+    assert [r.rule.id for r in judge.check(case)] == ["SG-FP8-AITER"]
     # without a user value the rendered one reaches the row; without either the row refuses
     f = planner._facts(_ck(), from_name("MI300X"), Choices(runner_backend="aiter"), "sglang", "0.5.23")
-    assert not engine_rules.check(_engine_case(f, "aiter", [], {"SGLANG_USE_AITER": "1"}))
-    assert [r.rule.id for r in engine_rules.check(_engine_case(f, "aiter"))] == ["SG-FP8-AITER"]
+    assert not judge.check(_engine_case(f, "aiter", [], {"SGLANG_USE_AITER": "1"}))
+    assert [r.rule.id for r in judge.check(_engine_case(f, "aiter"))] == ["SG-FP8-AITER"]

@@ -1,7 +1,7 @@
 """The import graph of moe_core, moe_operator, moe_runtime and moe_kernels has no cycle among its
 module-level imports, and no function-level import closes one either: such an import exists only
 to keep the cycle from breaking the import (issue 33 items 2 and 4), so it is refused like the cycle
-itself, in all four packages. One is still known (`KNOWN_LAZY`, with its reason); any other fails.
+itself, in all four packages. None is known (`KNOWN_LAZY` is empty); any fails.
 
 The graph is read from the source (ast), not by importing: every `import` / `from ... import`
 statement, resolved to the package's own modules (a name imported from a package is its submodule
@@ -136,11 +136,7 @@ def problems(mods: dict[str, Path], within: str = "", known: frozenset[str] = fr
     return out or lazy_cycles(mods, within, known)
 
 
-# engine_rules' judging functions moved to engine_rules.judge (above engines/<engine>/startup.py, whose rows are
-# built from engine_rules' Case/Rule; the rows come from engines.startups, not the registry): the package still
-# hands the old names to callers that have not switched to judge (selection.py, the engine_rules tests, scripts/).
-# The entry goes when they have, with engine_rules.__getattr__.
-KNOWN_LAZY = frozenset({"moe_operator.engine_rules imports moe_operator.engine_rules.judge"})
+KNOWN_LAZY: frozenset[str] = frozenset()  # none left: a lazy import that closes a cycle is fixed, not listed
 
 
 def test_the_four_packages_have_no_import_cycle():
