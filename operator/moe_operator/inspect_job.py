@@ -16,7 +16,6 @@ import json
 from typing import Any
 
 from . import model_cache
-from .field_manager import made_here
 from .render import Owner, inspection_job
 
 
@@ -45,9 +44,9 @@ def result(kube, namespace: str, owner: Owner, uri: str, image: str) -> dict[str
     name = job_name(uri)
     job = kube.get("Job", namespace, name)
     if job is None:
-        made = kube.apply(inspection_job(namespace, name, uri, image, owner)) or {}
-        uid = _uid(made)
-        if uid and made_here(made):
+        made = kube.create(inspection_job(namespace, name, uri, image, owner))  # None: the name is taken
+        uid = _uid(made or {})
+        if uid:
             rec.inspect_jobs[(namespace, name)] = uid
             rec.save(kube)
         return None

@@ -135,6 +135,26 @@ class Kube:
             self.cache.put(obj["kind"], made)  # read-your-writes: the watch event follows
         return made
 
+    def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """Create only (POST): the object, or None when one of that name already exists (409).
+        For what the operator adopts by UID (cache PVCs, fill and inspection Jobs): an apply would
+        take over a same-named object a tenant made between our get and our write, whatever field
+        manager it named; a create cannot."""
+        res = self._resource(obj["kind"])
+        ns = obj["metadata"]["namespace"]
+        try:
+            out = _retrying(lambda: res.create(body=obj, namespace=ns, field_manager=FIELD_MANAGER),
+                            statuses=CREATE_RETRIED_STATUSES)
+        except ApiException as e:
+            if e.status == 409:
+                return None
+            raise ApplyError(_apply_reason(e), f"create {obj['kind']}/{obj['metadata']['name']}: "
+                             f"HTTP {e.status}: {_api_message(e)}") from None
+        made = out.to_dict()
+        if self.cache is not None:
+            self.cache.put(obj["kind"], made)
+        return made
+
     def merge_patch(self, obj: dict[str, Any]) -> None:
         """JSON merge patch of the object's spec: lists are replaced whole, which removes items
         another field manager added (server-side apply keeps those)."""
@@ -311,15 +331,18 @@ class Kube:
 # under load (500 etcd timeouts, 504, 429 with Retry-After) and 409 (an optimistic-concurrency clash
 # with another writer of the same object). 422 is never retried: the object itself was refused.
 RETRIED_STATUSES = (409, 429, 500, 503, 504)
+# A create's 409 means the name is taken: never retried (Kube.create answers None).
+CREATE_RETRIED_STATUSES = tuple(s for s in RETRIED_STATUSES if s != 409)
 APPLY_ATTEMPTS = 3
 
 
-def _retrying(call: Any, attempts: int = APPLY_ATTEMPTS, sleep: Any = time.sleep) -> Any:
+def _retrying(call: Any, attempts: int = APPLY_ATTEMPTS, sleep: Any = time.sleep,
+              statuses: tuple[int, ...] = RETRIED_STATUSES) -> Any:
     for i in range(attempts):
         try:
             return call()
         except ApiException as e:
-            if e.status not in RETRIED_STATUSES or i == attempts - 1:
+            if e.status not in statuses or i == attempts - 1:
                 raise
             sleep(0.2 * 2 ** i)
 

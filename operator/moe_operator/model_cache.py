@@ -34,7 +34,6 @@ from . import images
 from .api import ModelCacheStatus, MoEDeploymentSpec
 from .cache_ledger import Record, new_record  # noqa: F401  (Record: tests build empty ones)
 from .download_cli import PERMANENT_EXIT_CODES, READY_MARKER
-from .field_manager import made_here
 from .model_uri import ModelURI
 from .security import container_security, runtime_pod_security
 
@@ -258,10 +257,10 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
     claims, jobs = recorded(kube, namespace)
     live = kube.get("PersistentVolumeClaim", namespace, claim)
     if live is None:
-        made = kube.apply(claim_obj) or {}
-        live = kube.get("PersistentVolumeClaim", namespace, claim) or made or claim_obj
-        uid = (live.get("metadata") or {}).get("uid")
-        if uid and made_here(made or live):
+        made = kube.create(claim_obj)  # None: someone made one of this name since our get
+        live = made or kube.get("PersistentVolumeClaim", namespace, claim) or claim_obj
+        uid = ((made or {}).get("metadata") or {}).get("uid")
+        if uid:
             RECORD.claims[(namespace, claim)] = claims[claim] = uid
             RECORD.save(kube)
     meta = live.get("metadata") or {}
@@ -288,13 +287,14 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
     job_name = claim + "-fill"
     job = kube.get("Job", namespace, job_name)
     if job is None:
-        made = kube.apply(fill_job(namespace, spec, image, hub_endpoint(), copy_groups)) or {}
-        got = kube.get("Job", namespace, job_name) or made
-        uid = (got.get("metadata") or {}).get("uid")
-        if uid and made_here(made or got):
+        made = kube.create(fill_job(namespace, spec, image, hub_endpoint(), copy_groups))
+        job = None if made else kube.get("Job", namespace, job_name)  # None made: the name was taken since
+        uid = ((made or {}).get("metadata") or {}).get("uid")
+        if uid:
             RECORD.jobs[claim_uid] = uid
             RECORD.save(kube)
-            base["jobUid"] = uid
+            base["jobUid"] = job_uid = uid
+    if job is None:
         return ModelCacheStatus(**base, state="Pending", bytesTotal=ckpt.totalBytes if ckpt else None,
                                 message=f"download Job {job_name} created")
     if not job_uid or (job.get("metadata") or {}).get("uid") != job_uid:

@@ -26,6 +26,10 @@ class Kube:
         self.objects[(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])] = stored
         return stored
 
+    def create(self, obj):
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        return None if key in self.objects else self.apply(obj)
+
     def delete(self, kind, ns, name):
         self.deleted.append((kind, ns, name))
         self.objects.pop((kind, ns, name), None)

@@ -32,6 +32,48 @@ def test_a_busy_or_conflicting_api_server_is_retried_a_refused_object_is_not():
     assert len(calls) == kube.APPLY_ATTEMPTS
 
 
+class _Created:
+    def __init__(self, d):
+        self.d = d
+
+    def to_dict(self):
+        return self.d
+
+
+class _Resource:
+    """The dynamic client's resource: create answers as told (an ApiException status, or made)."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = list(answers), []
+
+    def create(self, body, namespace, field_manager):
+        self.calls.append((namespace, field_manager))
+        a = self.answers.pop(0)
+        if isinstance(a, int):
+            raise ApiException(status=a, reason="x")
+        return _Created({**body, "metadata": {**body["metadata"], "uid": "u1"}})
+
+
+def _kube_with(res):
+    k = kube.Kube.__new__(kube.Kube)
+    k.cache = None
+    k._resource = lambda kind: res
+    return k
+
+
+def test_create_is_ours_or_none_when_the_name_is_taken(monkeypatch):
+    """What the operator adopts by UID is created, never applied: a same-named object made by a tenant
+    between our get and our write answers 409, and no field-manager name they choose changes that."""
+    monkeypatch.setattr(kube.time, "sleep", lambda s: None)
+    pvc = {"kind": "PersistentVolumeClaim", "metadata": {"name": "moe-model-x", "namespace": "t"}}
+    res = _Resource([503, "made"])
+    assert _kube_with(res).create(pvc)["metadata"]["uid"] == "u1" and len(res.calls) == 2  # busy: retried
+    res = _Resource([409])
+    assert _kube_with(res).create(pvc) is None and len(res.calls) == 1  # taken: never retried, never adopted
+    with pytest.raises(kube.ApplyError, match="HTTP 422"):
+        _kube_with(_Resource([422])).create(pvc)
+
+
 def test_the_condition_reason_says_which_failure_it_was():
     assert kube._apply_reason(ApiException(status=422)) == "ApplyInvalid"
     assert kube._apply_reason(ApiException(status=409)) == "ApplyConflict"

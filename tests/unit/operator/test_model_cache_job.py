@@ -167,6 +167,10 @@ class FakeKube:
         self.objects[key] = stored
         return stored
 
+    def create(self, obj):
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        return None if key in self.objects else self.apply(obj)
+
     def list_moeds(self, namespaces=None):
         return []
 
