@@ -119,13 +119,22 @@ LAYOUTS = {"qwen3_gptq": QWEN3_GPTQ, "mixtral_gptq_act": MIXTRAL_GPTQ_ACT, "qwen
            "kimi_k2_thinking": KIMI_K2_THINKING}
 
 
-def expected(engine: str, layout: str, fam: str):
+def expected(engine: str, layout: str, fam: str, version: str = ""):
     """(refusal id or None, --quantization value or None, the MoE kernel auto runs): written from the code cited."""
     rocm = fam in ROCM
     if engine == "vllm":
-        # desc_act with groups: gptq_utils.py:23-37; asymmetric GPTQ: AutoGPTQConfig.__init__ auto_gptq.py:150-155
+        old = version in ("0.27.0", "0.27.1", "0.28.0", "0.29.0")
+        # desc_act with groups: gptq_utils.py:23-37 from 0.30.0; before, auto_gptq.py:118-121 only normalizes group
+        # -1 and the act-order checkpoint builds (Mixtral 14336 % max(64, 128) == 0: Marlin's strict shape holds)
+        if layout == "mixtral_gptq_act" and old:
+            return None, None, ("triton" if rocm else "marlin")
+        # asymmetric GPTQ: AutoGPTQConfig.__init__ auto_gptq.py:150-155 (the same in 0.27.0-0.29.0)
         if layout in ("mixtral_gptq_act", "qwen3_gptq_asym"):
             return "VQ1", None, None
+        # 0.27.0-0.29.0: the oracle picks EMULATION, then the method asserts actorder != 'group'
+        # (compressed_tensors_moe_wna16.py:136, 0.29.0)
+        if rocm and layout == "qwen3_ct_actorder" and old:
+            return "VQ3", None, None
         # ROCm: no Marlin (marlin_utils.py:369-370) -> MoeWNA16Method / compressed-tensors on Triton
         # NVIDIA: Marlin (FLASHINFER_TRTLLM needs VLLM_USE_FLASHINFER_MOE_INT4, not set under auto); activation-order
         # groups refuse Triton (int_wna16.py:203-205), so ROCm falls to the INT4 emulation (int4_emulation_moe.py:58-72)
@@ -150,7 +159,8 @@ def expected(engine: str, layout: str, fam: str):
     return None, None, "marlin"
 
 
-MATRIX = [(e, v, layout, fam) for e, v in (("sglang", "0.5.23"), ("sglang", "0.5.22"), ("vllm", "0.33.0"))
+MATRIX = [(e, v, layout, fam) for e, v in (("sglang", "0.5.23"), ("sglang", "0.5.22"), ("vllm", "0.33.0"),
+                                          ("vllm", "0.30.0"), ("vllm", "0.29.0"), ("vllm", "0.28.0"), ("vllm", "0.27.0"))
           for layout in LAYOUTS for fam in GPUS]
 
 
@@ -171,7 +181,7 @@ def _kernel(p):
 
 @pytest.mark.parametrize("engine,version,layout,fam", MATRIX, ids=[f"{e}{v}-{lay}-{fam}" for e, v, lay, fam in MATRIX])
 def test_matrix(engine, version, layout, fam):
-    refusal, quantization, kernel = expected(engine, layout, fam)
+    refusal, quantization, kernel = expected(engine, layout, fam, version)
     p = _plan(LAYOUTS[layout], engine, version, GPUS[fam])
     if refusal:
         assert any(e.startswith(f"[{refusal}]") for e in p.errors), p.errors
@@ -277,7 +287,8 @@ def test_sglang_aiter_env_rendered_for_unquantized_experts():
     ("sglang", "0.5.13", MIXTRAL_GPTQ_ACT, "[SQ0]"),  # GPTQ / AWQ rows: 0.5.14-0.5.23
     ("sglang", "0.5.14", QWEN3_CT_G64, "[SQ0]"),  # compressed-tensors rows: 0.5.15-0.5.23
     ("vllm", "0.22.1", MIXTRAL_GPTQ_ACT, "[VQ0]"),  # WNA16 rows: 0.30.0-0.33.0
-    ("vllm", "0.29.0", MIXTRAL_GPTQ_ACT, "[VQ0]"),
+    ("vllm", "0.26.0", MIXTRAL_GPTQ_ACT, "[VQ0]"),  # 0.22.0-0.26.0: another method path (quant.py docstring)
+    ("vllm", "0.24.0", QWEN3_CT_W4A16, "[VQ0]"),
 ])
 def test_release_not_read_for_these_rows_is_not_judged(engine, version, cfg, note):
     p = _plan(cfg, engine, version, "H200", "triton" if cfg is QWEN3_CT_G64 else "auto")
@@ -340,3 +351,97 @@ def test_quantization_reaches_the_sglang_command():
     _, args = sg_command.command(Launch(model="/models/m", extra=[], plan_args=p.args, nodes=1, role="single",
                                         port=8000, plan_file="/plan/plan.json", dist_port=29500))
     assert args[args.index("--quantization") + 1] == "moe_wna16"
+
+
+# ---- vLLM 0.27.0-0.29.0: the ranged differences (engines/vllm/quant.py docstring) --------------------------------
+
+OLD = ["0.27.0", "0.27.1", "0.28.0", "0.29.0"]
+# Derived layouts: act-order / plain GPTQ group 32 (per-rank intermediate 768 / 8 = 96: % 32 == 0, % 64 != 0), the
+# RedHatAI W4A16 with act-order group 32, 8-bit groups, asymmetric weights, per-channel scales.
+QWEN3_GPTQ_ACT_G32 = _variant(QWEN3_GPTQ, desc_act=True, group_size=32)
+QWEN3_GPTQ_G32 = _variant(QWEN3_GPTQ, group_size=32)
+QWEN3_CT_ACTORDER_G32 = _ct_variant(QWEN3_CT_W4A16, actorder="group", group_size=32)
+QWEN3_CT_W8_G128 = _ct_variant(QWEN3_CT_W4A16, num_bits=8)
+QWEN3_CT_ASYM = _ct_variant(QWEN3_CT_W4A16, symmetric=False)
+QWEN3_CT_CHANNEL = _ct_variant(QWEN3_CT_W4A16, strategy="channel", group_size=None)
+
+
+def _method(p):
+    d = [d.value for d in p.decisions if d.key == "quant.moeMethod"]
+    return d[0] if d else None
+
+
+def _ids(p, prefix="[VQ"):
+    return [e.split("]")[0] + "]" for e in p.errors if e.startswith(prefix)]
+
+
+@pytest.mark.parametrize("version", OLD + ["0.30.0"])
+def test_vllm_gptq_act_order_builds_before_0_30(version):
+    """auto_gptq.py:118-121 (0.27.0-0.29.0) vs normalize_and_validate_gptq_desc_act (0.30.0+)."""
+    p = _plan(MIXTRAL_GPTQ_ACT, "vllm", version, "H200")
+    if version in OLD:
+        assert not p.errors, p.errors
+        assert _method(p) == "AutoGPTQMoEMethod/marlin"
+        assert _method(_plan(MIXTRAL_GPTQ_ACT, "vllm", version, "MI355X")) == "MoeWNA16Method/triton"
+    else:
+        assert _ids(p) == ["[VQ1]"], p.errors
+
+
+@pytest.mark.parametrize("version", OLD)
+def test_vllm_act_order_takes_marlins_strict_shape_before_0_30(version):
+    """allow_tile_padding=not desc_act (auto_gptq.py:247,495): 96 % max(64, 32) != 0 -> MoeWNA16Method on Triton;
+    the same layout without act-order passes the padded shape (96 % 32 == 0) and runs Marlin."""
+    act = _plan(QWEN3_GPTQ_ACT_G32, "vllm", version, "H200", tp=8)
+    assert not act.errors, act.errors
+    assert _method(act) == "MoeWNA16Method/triton"
+    assert _method(_plan(QWEN3_GPTQ_G32, "vllm", version, "H200", tp=8)) == "AutoGPTQMoEMethod/marlin"
+    assert _method(_plan(QWEN3_GPTQ_ACT_G32, "vllm", version, "H200", tp=4)) == "AutoGPTQMoEMethod/marlin"  # 192
+
+
+@pytest.mark.parametrize("version", OLD + ["0.30.0", "0.33.0"])
+def test_vllm_compressed_tensors_actorder_before_0_30(version):
+    """Strict shape refuses Marlin, Triton refuses group actorder, EMULATION is picked and the method asserts
+    actorder != 'group' (compressed_tensors_moe_wna16.py:136, 0.29.0); from 0.30.0 Marlin pads (and ROCm emulates)."""
+    cuda = _plan(QWEN3_CT_ACTORDER_G32, "vllm", version, "H200", tp=8)
+    rocm = _plan(QWEN3_CT_ACTORDER, "vllm", version, "MI355X")
+    if version in OLD:
+        assert _ids(cuda) == ["[VQ3]"] and "actorder != 'group'" in cuda.errors[0], cuda.errors
+        assert _ids(rocm) == ["[VQ3]"] and "AssertionError" in rocm.errors[0], rocm.errors
+        explicit = _plan(QWEN3_CT_ACTORDER, "vllm", version, "MI355X", "emulation")
+        assert _ids(explicit) == ["[VQ2]"] and "actorder != 'group'" in explicit.errors[0], explicit.errors
+    else:
+        assert not cuda.errors and _method(cuda) == "CompressedTensorsWNA16MoEMethod/marlin", cuda.errors
+        assert not rocm.errors and _method(rocm) == "CompressedTensorsWNA16MoEMethod/emulation", rocm.errors
+
+
+@pytest.mark.parametrize("version", OLD + ["0.30.0"])
+def test_vllm_rdna3_backend_from_0_30(version):
+    p = _plan(QWEN3_CT_W4A16, "vllm", version, "MI355X", "rdna3")
+    assert _ids(p) == ["[VQ2]"], p.errors
+    if version in OLD:  # map_wna16_backend without rdna3 (oracle/int_wna16.py:182-196, 0.29.0)
+        assert "is not supported for WNA16 MoE" in p.errors[0] and "'rdna3'" not in p.errors[0].split("Expected")[1]
+    else:
+        assert "RDNA3 gfx1100 only" in p.errors[0], p.errors
+
+
+@pytest.mark.parametrize("version", OLD + ["0.30.0"])
+def test_vllm_8bit_groups_and_asymmetric_ct_before_0_29(version):
+    """0.27.0-0.28.0 assert 8-bit per channel (compressed_tensors_moe_wna16.py:85) and symmetric weights off Marlin
+    (:126); 0.29.0 lifts both."""
+    w8 = _plan(QWEN3_CT_W8_G128, "vllm", version, "H200")
+    asym = _plan(QWEN3_CT_ASYM, "vllm", version, "MI355X")
+    if version in ("0.27.0", "0.27.1", "0.28.0"):
+        assert _ids(w8) == ["[VQ1]"] and "group_size == -1" in w8.errors[0], w8.errors
+        assert _ids(asym) == ["[VQ3]"] and "symmetric" in asym.errors[0], asym.errors
+    else:
+        assert not w8.errors and _method(w8) == "CompressedTensorsWNA16MoEMethod/marlin", w8.errors
+        assert not asym.errors and _method(asym) == "CompressedTensorsWNA16MoEMethod/triton", asym.errors
+
+
+@pytest.mark.parametrize("version", OLD + ["0.30.0"])
+def test_vllm_channelwise_ct_reaches_marlin_with_group_none_before_0_30(version):
+    p = _plan(QWEN3_CT_CHANNEL, "vllm", version, "H200")
+    if version in OLD:  # group_size None <= 0 (utils/marlin_utils.py:376-379, 0.29.0)
+        assert _ids(p) == ["[VQ3]"] and "TypeError" in p.errors[0], p.errors
+    else:  # 0.30.0 encodes per-channel as -1
+        assert not p.errors and _method(p) == "CompressedTensorsWNA16MoEMethod/marlin", p.errors

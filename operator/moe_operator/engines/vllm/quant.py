@@ -9,8 +9,24 @@ MoeWNA16Config and their MoE methods, normalize_and_validate_gptq_desc_act, chec
 CompressedTensorsWNA16MoEMethod.__init__, the WNA16 experts classes' _supports_current_device / _supports_quant_scheme,
 is_flashinfer_mxint4_moe_available, AiterExperts and rocm_aiter_ops.is_fused_moe_enabled / is_enabled), except in
 0.30.0 for CPU-only paths (ZEN_CPU), the compressed-tensors weight transposition and the order of a list; Humming's
-move ahead of Marlin on capability 9.0 starts in 0.32.0. 0.22.0-0.29.0 differ (no map_wna16_backend before 0.25, no
-desc_act validation, another Marlin layer check) and are not judged by these rows (VQ0 says so).
+move ahead of Marlin on capability 9.0 starts in 0.32.0.
+
+0.27.0-0.29.0 (WNA16_READ; read from their wheels, lines are 0.29.0's where 0.27.0/0.28.0 agree) hold with ranged
+differences (OLD_* below, each cited): no desc_act validation (auto_gptq.py:118-121 only normalizes group -1), so
+GPTQ act-order groups build; act-order (GPTQ desc_act, compressed-tensors actorder group/dynamic) passes
+allow_tile_padding=False (auto_gptq.py:247,495; compressed_tensors_moe_wna16.py:115,129) and Marlin then takes the
+strict shape, per-rank intermediate % max(64, group) (utils/marlin_utils.py:376-384); a compressed-tensors non-Marlin
+backend asserts actorder != 'group' (compressed_tensors_moe_wna16.py:136) after the oracle picked it; channelwise
+compressed-tensors reaches the Marlin check with group_size None (TypeError, no -1 encoding before 0.30); no RDNA3
+backend (map_wna16_backend oracle/int_wna16.py:182-196, _get_priority_backends :108-124). 0.27.0-0.28.0 further
+assert 8-bit weights per channel (compressed_tensors_moe_wna16.py:85, moe_wna16.py:225) and symmetric weights on a
+non-Marlin compressed-tensors backend (compressed_tensors_moe_wna16.py:126). Everything else these rows read has
+the 0.30.0 AST there (AutoAWQConfig.get_quant_method differs in 0.27.x for CPU/XPU only).
+
+0.22.0-0.26.0 are not judged (VQ0): no _backend_incompatibility_reason (the oracle's per-backend reasons are
+inlined differently in select_wna16_moe_backend), no check_moe_marlin_supports_config (only the layer check, with
+other shape rules), no map_wna16_backend before 0.25.0 and no auto_awq.py before 0.24.0: the method path differs
+too much to carry these rows as ranges.
 
 How vLLM 0.33.0 builds a WNA16 MoE layer:
   * config: `quant_method: gptq` -> AutoGPTQConfig (auto_gptq.py:95-160: (bits, sym) in {(4, True), (8, True)},
@@ -37,10 +53,13 @@ from moe_core.checkpoint import QuantScheme
 from ... import engine_rules
 from ...selection import Check, Facts, truthy
 
-READ = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")  # releases whose WNA16 MoE code these rows hold for (above)
+READ = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")  # releases the env-gated (AITER) rows were read for
+# releases the WNA16 MoE rows hold for (0.27.0-0.29.0 with the ranged differences above)
+WNA16_READ = ("0.27.0", "0.27.1", "0.28.0", "0.29.0") + READ
 WNA16_FORMATS = frozenset({"gptq", "awq", "ct_wna16", "ct_int4_g32"})
 # map_wna16_backend's keys (oracle/int_wna16.py:238-253, 0.33.0)
 BACKENDS = ("triton", "marlin", "humming", "flashinfer_trtllm", "emulation", "rdna3")
+OLD_BACKENDS = BACKENDS[:-1]  # no rdna3 before 0.30.0 (oracle/int_wna16.py:182-196, 0.29.0)
 _PRIORITY = ("rdna3", "flashinfer_trtllm", "marlin", "triton", "humming", "emulation")  # :126-143
 _NVIDIA = frozenset({"sm80", "sm89", "sm90", "sm100", "sm110", "sm120", "sm121"})
 _O = "vllm/model_executor/layers/fused_moe/oracle/int_wna16.py"
@@ -48,7 +67,12 @@ _FALSY = ("0", "false", "no", "off")
 
 
 def judged(version: str) -> bool:
+    """The env-gated (AITER) rows: read for 0.30.0-0.33.0 only (0.29.0 has no AITER MXFP4 W4A16 experts)."""
     return engine_rules.read_as("vllm", version) in READ
+
+
+def wna16_judged(version: str) -> bool:
+    return engine_rules.read_as("vllm", version) in WNA16_READ
 
 
 @dataclass(frozen=True)
@@ -62,6 +86,20 @@ class Layer:
     moe_inter: int | None
     moe_tp: int  # the MoE layer's tensor-parallel size (tp x dp without expert parallelism, else 1)
     env: dict
+    ver: tuple = (0, 33)
+
+    @property
+    def old(self) -> bool:
+        """0.27.0-0.29.0: the ranged differences of the module docstring."""
+        return self.ver < (0, 30)
+
+    @property
+    def actorder(self) -> bool:
+        """allow_tile_padding=False before 0.30.0: GPTQ desc_act (normalized off for group -1, auto_gptq.py:118-121)
+        and compressed-tensors group/dynamic actorder on group strategy (compressed_tensors_moe_wna16.py:103-106, 0.29.0)."""
+        if self.ct:
+            return self.s.strategy in (None, "group") and self.s.actorder in ("group", "dynamic")
+        return self.s.method == "gptq" and bool(self.s.descAct) and self.group != -1
 
     @property
     def rocm(self) -> bool:
@@ -79,18 +117,19 @@ class Layer:
 def layer(f: Facts) -> Layer | None:
     """The layer's facts, or None when these rows do not judge the plan (format, release, scheme unknown)."""
     s = f.ckpt.quantScheme
-    if f.fmt not in WNA16_FORMATS or s is None or not judged(f.version):
+    if f.fmt not in WNA16_FORMATS or s is None or not wna16_judged(f.version):
         return None
     c = f.choices
     moe_tp = 1 if c.ep > 1 and c.tp * c.dp > 1 else c.tp * c.dp  # FusedMoEParallelConfig.make (config.py:1198-1225)
-    return Layer(f.fmt, s, f.fam, f.ckpt.hiddenSize, f.ckpt.moeIntermediateSize, max(moe_tp, 1), dict(c.env))
+    return Layer(f.fmt, s, f.fam, f.ckpt.hiddenSize, f.ckpt.moeIntermediateSize, max(moe_tp, 1), dict(c.env),
+                 tuple(f.ver[:2]))
 
 
 def config_problem(x: Layer) -> str | None:
     """The checkpoint's quantization config fails to build (any backend, auto included)."""
     s = x.s
     if s.method == "gptq":
-        if s.descAct and x.group != -1:
+        if s.descAct and x.group != -1 and not x.old:  # before 0.30.0 desc_act builds (auto_gptq.py:118-121, 0.29.0)
             return ("GPTQ group activation ordering (desc_act=True) is no longer supported. Use a checkpoint with static "
                     "activation ordering or desc_act=False. (normalize_and_validate_gptq_desc_act, model_executor/layers/"
                     "quantization/utils/gptq_utils.py:23-37, from AutoGPTQConfig.__init__ auto_gptq.py:116). Works instead: "
@@ -106,16 +145,24 @@ def config_problem(x: Layer) -> str | None:
     if x.ct and s.bits not in (4, 8):
         return (f"compressed-tensors WNA16 MoE takes 4- or 8-bit weights, got {s.bits} (WNA16_SUPPORTED_TYPES_MAP, "
                 "compressed_tensors_moe_wna16.py:60-80)")
+    if x.ver < (0, 29) and s.bits == 8 and x.group != -1 and (x.ct or method(x) == "MoeWNA16Method"):
+        where = "compressed_tensors_moe_wna16.py:85" if x.ct else "moe_wna16.py:225 (MoeWNA16Method.__init__)"
+        return (f"AssertionError: group_size == -1 (8-bit MoE weights per channel only in vLLM 0.27.0-0.28.0, {where}, "
+                "vLLM 0.28.0; lifted in 0.29.0). Works instead: an 8-bit per-channel export, or vLLM 0.29.0+")
     return None
 
 
 def marlin_layer_ok(x: Layer) -> bool:
     """check_moe_marlin_supports_config(..., allow_tile_padding=True) (utils/marlin_utils.py:356-388): never on ROCm;
-    sizes not in config.json are not held against it."""
+    sizes not in config.json are not held against it. Before 0.30.0 act-order takes the strict shape
+    (allow_tile_padding=False: per-rank intermediate % max(64, group), utils/marlin_utils.py:380-384, 0.29.0)."""
     if x.rocm:
         return False
     ispp = x.moe_inter // x.moe_tp if x.moe_inter is not None else None
-    shape = (x.hidden is None or x.hidden % 128 == 0) and (x.group <= 0 or ispp is None or ispp % x.group == 0)
+    if x.old and x.actorder:
+        shape = (x.hidden is None or x.hidden % 128 == 0) and (ispp is None or ispp % max(64, x.group) == 0)
+    else:
+        shape = (x.hidden is None or x.hidden % 128 == 0) and (x.group <= 0 or ispp is None or ispp % x.group == 0)
     return shape and x.group in (-1, 32, 64, 128)
 
 
@@ -146,9 +193,37 @@ def env_off(env: dict, key: str) -> bool:
 def backend_problem(x: Layer, backend: str, flashinfer: str | None = "pinned") -> str | None:
     """Why vLLM refuses `backend` for this layer (the engine's words and where), or None. Env gates that the plan
     renders (VLLM_USE_FLASHINFER_MOE_INT4) count as set unless the user turned them off."""
-    if backend not in BACKENDS:
-        return (f"moe_backend='{backend}' is not supported for WNA16 MoE. Expected one of {list(BACKENDS)}. "
-                f"(map_wna16_backend, {_O}:238-253)")
+    return oracle_problem(x, backend, flashinfer) or post_problem(x, backend)
+
+
+def post_problem(x: Layer, backend: str) -> str | None:
+    """The compressed-tensors method's asserts after select_wna16_moe_backend returned `backend` (auto does not try
+    the next one: start-up fails)."""
+    if backend == "marlin" or not x.ct:
+        return None
+    if x.s.strategy == "channel":
+        return ("AssertionError: weight_quant.strategy == 'group' (non-Marlin compressed-tensors WNA16 MoE takes group "
+                "scales only; compressed_tensors_moe_wna16.py:119-126)")
+    if x.old and x.s.actorder == "group":
+        return (f"AssertionError: weight_quant.actorder != 'group' (grouped actorder isn't supported by the non-Marlin "
+                f"kernel '{backend}'; compressed_tensors_moe_wna16.py:136, vLLM 0.29.0; :124 in 0.27.0-0.28.0; the "
+                "assert goes in 0.30.0)")
+    if x.ver < (0, 29) and x.s.sym is False:
+        return (f"AssertionError: Only symmetric quantization is supported for MoE (non-Marlin '{backend}'; "
+                "compressed_tensors_moe_wna16.py:126, vLLM 0.27.0-0.28.0; gone in 0.29.0)")
+    return None
+
+
+def oracle_problem(x: Layer, backend: str, flashinfer: str | None = "pinned") -> str | None:
+    """select_wna16_moe_backend's refusal of `backend` (map, _backend_incompatibility_reason, the experts class)."""
+    known = OLD_BACKENDS if x.old else BACKENDS
+    if backend not in known:
+        return (f"moe_backend='{backend}' is not supported for WNA16 MoE. Expected one of {list(known)}. "
+                f"(map_wna16_backend, {_O}:" + ("182-196, vLLM 0.29.0)" if x.old else "238-253)"))
+    if x.old and backend == "marlin" and x.ct and x.s.strategy == "channel" and not x.rocm:
+        return ("TypeError: '<=' not supported between instances of 'NoneType' and 'int' (channelwise compressed-tensors "
+                "reaches check_moe_marlin_supports_config with group_size None: _backend_incompatibility_reason "
+                f"{_O}:162-170, utils/marlin_utils.py:376-379, vLLM 0.29.0; 0.30.0 encodes it as -1)")
     m = method(x)
     zp, bias = _may_have_zp_bias(x)
     why = None
@@ -190,9 +265,6 @@ def backend_problem(x: Layer, backend: str, flashinfer: str | None = "pinned") -
     if backend == "emulation" and x.s.bits != 4:
         return ("WNA16 MoE backend 'EMULATION' does not support the deployment configuration since kernel does not "
                 f"support quantization scheme (INT4 only; here {x.s.bits}-bit; experts/int4_emulation_moe.py:62-72)")
-    if backend != "marlin" and x.ct and x.s.strategy == "channel":
-        return ("AssertionError: weight_quant.strategy == 'group' (non-Marlin compressed-tensors WNA16 MoE takes group "
-                "scales only; compressed_tensors_moe_wna16.py:119-126)")
     return None
 
 
@@ -201,15 +273,25 @@ def auto_backend(x: Layer, flashinfer: str | None = "pinned") -> str | None:
     :332-359); auto does not set VLLM_USE_FLASHINFER_MOE_INT4, so FlashInfer's MxInt4 runs only with it set.
     Humming (optional package, preferred on capability 9.0) is left out: the image decides. EMULATION (INT4 dequantized
     to BF16 on Triton, experts/int4_emulation_moe.py) is the list's last resort."""
+    return auto_pick(x, flashinfer)[0]
+
+
+def auto_pick(x: Layer, flashinfer: str | None = "pinned") -> tuple[str | None, str | None]:
+    """(backend auto runs, None) or (None, why start-up fails: the oracle raised, or the method's assert on the
+    backend it picked; None when nothing passed)."""
     env_set = truthy(x.env.get("VLLM_USE_FLASHINFER_MOE_INT4"))
     for b in _PRIORITY:
         if b == "flashinfer_trtllm" and not env_set:
             continue
-        if b == "humming":
+        if b == "humming" or (b == "rdna3" and x.old):  # no RDNA3 before 0.30.0 (:108-124, 0.29.0)
             continue
-        if backend_problem(x, b, flashinfer) is None:
-            return b
-    return None
+        p = oracle_problem(x, b, flashinfer)
+        if p is None:
+            post = post_problem(x, b)
+            return (None, post) if post else (b, None)
+        if p.startswith("TypeError"):  # raised inside the priority walk
+            return None, p
+    return None, None
 
 
 def _refuses(f: Facts, r: str) -> str | None:
@@ -235,10 +317,11 @@ CHECKS: tuple[Check, ...] = (
     Check("VQ2", lambda f, r: r != "auto" and _refuses(f, r) is not None, "reject",
           "vLLM {version} refuses --moe-backend {value} for this {fmt} checkpoint on {gpu} at start-up "
           "(select_wna16_moe_backend, model_executor/layers/fused_moe/oracle/int_wna16.py:256-363, vLLM 0.33.0; "
-          "the same code in 0.30.0-0.32.0)"),
+          "the same code in 0.30.0-0.32.0, ranged differences in 0.27.0-0.29.0: engines/vllm/quant.py)"),
     Check("VQ3", lambda f, r: r == "auto" and _refuses(f, r) is not None, "reject",
           "No WNA16 MoE backend supports the deployment configuration. ({fmt} on {gpu}: select_wna16_moe_backend, "
-          "model_executor/layers/fused_moe/oracle/int_wna16.py:361-363, vLLM 0.33.0; the same code in 0.30.0-0.32.0)"),
+          "model_executor/layers/fused_moe/oracle/int_wna16.py:361-363, vLLM 0.33.0; the same code in 0.30.0-0.32.0, "
+          "ranged differences in 0.27.0-0.29.0: engines/vllm/quant.py)"),
 )
 
 
@@ -251,6 +334,8 @@ def detail(f: Facts, runner: str) -> dict[str, str]:
         return {"VQ1": cfg}
     if runner != "auto" and (p := backend_problem(x, runner, f.choices.flashinfer_version)):
         return {"VQ2": p}
+    if runner == "auto" and (p := auto_pick(x, f.choices.flashinfer_version)[1]):
+        return {"VQ3": p}
     return {}
 
 
@@ -260,13 +345,14 @@ def plan_notes(f: Facts, runner: str) -> tuple[list[str], list[tuple[str, str, s
     warnings: list[str] = []
     env: list[tuple[str, str, str, str]] = []
     decisions: list[tuple[str, str, str]] = []
-    if f.fmt in WNA16_FORMATS and not judged(f.version):
+    if f.fmt in WNA16_FORMATS and not wna16_judged(f.version):
         warnings.append(f"[VQ0] vLLM {f.version}: the GPTQ / AWQ / compressed-tensors WNA16 MoE rules were read from "
-                        f"vLLM {', '.join(READ)} only; not judged for this release (no rule is inferred across releases)")
+                        f"vLLM {', '.join(WNA16_READ)} only; not judged for this release (no rule is inferred across "
+                        "releases; 0.22.0-0.26.0 build the MoE method another way)")
         decisions.append(("quant.judged", "no", f"vLLM {f.version} not among the releases the WNA16 MoE rules were read "
-                                                f"for ({', '.join(READ)})"))
+                                                f"for ({', '.join(WNA16_READ)})"))
     x = layer(f)
-    if x is None and f.fmt in WNA16_FORMATS and f.ckpt.quantScheme is None and judged(f.version):
+    if x is None and f.fmt in WNA16_FORMATS and f.ckpt.quantScheme is None and wna16_judged(f.version):
         warnings.append(f"[VQ4] {f.fmt} without its quantization parameters (bits, group size, symmetry: the checkpoint "
                         "was not inspected, e.g. spec.model.format set by hand): the WNA16 MoE checks are not judged")
     if x is not None and config_problem(x) is None:
