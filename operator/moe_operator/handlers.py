@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import kopf
+from kopf._cogs.aiokits.aiotoggles import Toggle
 
 from . import API_GROUP, API_VERSION, PLURAL
 from . import model_cache, webhook
@@ -71,6 +72,11 @@ class State:
     sources: dict[tuple[str, str], str] = field(default_factory=dict)  # why a queued key was queued (metrics)
     model_cache_swept: float = 0.0
     nodes_seen: int = -1  # _inventory's node_version when the fingerprint was last taken
+    # On while this replica leads (kopf does not pause it): the sweep, the work queue and the
+    # revocation loop are plain tasks kopf's peering does not pause, so each round waits for this.
+    # Standalone: always on. With --peering: on while a peering daemon runs (see lead_peering).
+    leading: Toggle = field(default_factory=lambda: Toggle(True, name="leading"))
+    peering_daemons: int = 0
 
     async def io(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking call on the operator's own bounded pool."""
@@ -201,6 +207,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # one of them (the highest) act while the others stand by.
     settings.peering.priority = random.randint(1, 2**30)
     memo["state"] = State(kube=Kube(), cfg=CONFIG)
+    if settings.peering.mandatory and not settings.peering.standalone:
+        memo["state"].leading = Toggle(False, name="leading")
+        register_peering_daemon(settings)
     install_quiet_libraries()
     if CONFIG.admission:
         on_ca = None
@@ -444,6 +453,45 @@ async def sweep(st: State, logger: Any) -> int:
     return len(st.queue) if st.queue is not None else 0
 
 
+# --- leadership (kopf peering) ----------------------------------------------------------------
+# kopf pauses its own watches, handlers and daemons on a standby replica, but not the plain tasks
+# started below. kopf keeps its pause state (a ToggleSet) to itself; what it does expose is that
+# a daemon runs only while the operator is not paused: daemon_killer stops every daemon on pause
+# and the re-listing after resume spawns them again. So a daemon on this release's own peering
+# object (it exists whenever --peering works) says "this replica leads".
+
+def register_peering_daemon(settings: kopf.OperatorSettings) -> None:
+    """Called from the startup handler: kopf's resource observer starts after startup, so a
+    handler registered here is watched. ClusterKopfPeering when cluster-wide, else KopfPeering
+    (one per watched namespace). No finalizer: a peering object must stay deletable without us."""
+    import dataclasses
+    from kopf._core.intents import registries
+
+    plural = "clusterkopfpeerings" if settings.peering.clusterwide else "kopfpeerings"
+    peering_name = settings.peering.name
+    kopf.daemon(group="kopf.dev", version="v1", plural=plural, id="lead-peering", when=lambda name=None, **_: name == peering_name,
+                cancellation_timeout=5)(lead_peering)
+    spawning = registries.get_default_registry()._spawning
+    spawning._handlers[-1] = dataclasses.replace(spawning._handlers[-1], requires_finalizer=False)
+
+
+async def lead_peering(stopped: Any, memo: kopf.Memo, **_: Any) -> None:
+    """Runs while kopf has this replica active; `stopped` is set when kopf pauses or exits."""
+    st = _state(memo)
+    st.peering_daemons += 1
+    try:
+        if st.leading.is_off():
+            st.swept = time.monotonic()  # liveness counts from now, not from before the pause
+        await st.leading.turn_to(True)
+        log.info("leading: the sweep, work queue and token revocation run here")
+        await stopped.wait()
+    finally:
+        st.peering_daemons -= 1
+        if st.peering_daemons == 0:
+            await st.leading.turn_to(False)
+            log.info("standing by (kopf paused this replica): no sweep, work queue or revocation rounds")
+
+
 async def _resync_loop(st: State, logger: Any) -> None:
     """Re-plan when the inventory changed, repair what a watch missed, retry what asked to be."""
     while True:
@@ -452,6 +500,7 @@ async def _resync_loop(st: State, logger: Any) -> None:
             await asyncio.sleep(INVENTORY_SETTLE_SECONDS)
         except asyncio.TimeoutError:
             pass
+        await st.leading.wait_for(True)  # a standby sweeps nothing; a round begun may finish
         st.wakeup.clear()
         if "nodes" not in st.indexes:
             st.swept = time.monotonic()
@@ -469,6 +518,8 @@ async def _resync_loop(st: State, logger: Any) -> None:
 
 def sweep_health(st: State, now: float | None = None) -> dict[str, float]:
     """The liveness answer: the sweep's last round, or an error when it is stuck."""
+    if st.leading.is_off():
+        return {"standingBy": 1.0}  # a standby sweeps nothing on purpose: not stuck
     age = (time.monotonic() if now is None else now) - st.swept
     if age > LIVENESS_STALL_SECONDS:
         raise RuntimeError(f"the resync sweep has not finished a round for {age:.0f}s")
@@ -485,7 +536,11 @@ def sweep_progress(memo: kopf.Memo, **_: Any) -> dict[str, float]:
 async def start_resync(memo: kopf.Memo, logger: Any, **_: Any) -> None:
     st = _state(memo)
     loop = asyncio.get_running_loop()
-    st.queue = WorkQueue(WORKERS, lambda key: work(st, key, logger))
+    async def lead_then_work(key: Any) -> float | None:
+        await st.leading.wait_for(True)  # a standby applies nothing; the key waits in the queue
+        return await work(st, key, logger)
+
+    st.queue = WorkQueue(WORKERS, lead_then_work)
     st.queue.start()
     namespaces = st.cfg.namespaces or None
     st.kube.cache = OwnedCache(st.kube._resource, WATCHED_KINDS, namespaces,

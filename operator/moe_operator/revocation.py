@@ -149,6 +149,9 @@ async def run(st: Any, interval: float | None = None) -> None:
     interval = INTERVAL if interval is None else interval
     while True:
         await asyncio.sleep(interval)
+        leading = getattr(st, "leading", None)
+        if leading is not None:
+            await leading.wait_for(True)  # a standby revokes nothing (kopf paused this replica)
         try:
             moeds = await st.io(st.kube.list_moeds, st.cfg.namespaces, True)
             acted, failed = await st.io(sweep, st.kube, st.cfg, moeds)
