@@ -23,10 +23,13 @@ assert 8-bit weights per channel (compressed_tensors_moe_wna16.py:85, moe_wna16.
 non-Marlin compressed-tensors backend (compressed_tensors_moe_wna16.py:126). Everything else these rows read has
 the 0.30.0 AST there (AutoAWQConfig.get_quant_method differs in 0.27.x for CPU/XPU only).
 
-0.22.0-0.26.0 are not judged (VQ0): no _backend_incompatibility_reason (the oracle's per-backend reasons are
-inlined differently in select_wna16_moe_backend), no check_moe_marlin_supports_config (only the layer check, with
-other shape rules), no map_wna16_backend before 0.25.0 and no auto_awq.py before 0.24.0: the method path differs
-too much to carry these rows as ranges.
+0.22.0-0.26.0 are not judged (VQ0): the method path differs too much to carry these rows as ranges. In 0.26.0
+select_wna16_moe_backend(config, weight_key) has no per-backend reasons and no Triton backend (explicit backends go
+straight to the experts class; fused_moe/oracle/int_wna16.py:101-213), compressed-tensors WNA16 splits into
+CompressedTensorsWNA16MoEMethod (Triton, own asserts) and CompressedTensorsWNA16MarlinMoEMethod (the oracle),
+chosen in compressed_tensors_moe.py (~:100-178) by --moe-backend and the layer, and the Marlin check is only
+check_moe_marlin_supports_layer (no check_moe_marlin_supports_config); map_wna16_backend is missing before 0.25.0
+and auto_awq.py before 0.24.0.
 
 How vLLM 0.33.0 builds a WNA16 MoE layer:
   * config: `quant_method: gptq` -> AutoGPTQConfig (auto_gptq.py:95-160: (bits, sym) in {(4, True), (8, True)},
