@@ -25,7 +25,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-NAME = "moe-operator-model-caches"
+NAME = "moe-operator-model-caches"  # the chart's release "moe-operator"; others set MOE_CACHE_LEDGER_NAME
 KEY = "caches.json"
 # ~180 bytes a cache: 5,000 caches stay well under the 1 MiB object limit of etcd.
 MAX_BYTES = 950 * 1024
@@ -34,7 +34,13 @@ MAX_BYTES = 950 * 1024
 def location() -> tuple[str, str] | None:
     """(namespace, name) of the ledger ConfigMap, or None for an in-memory record."""
     ns = os.environ.get("MOE_OPERATOR_NAMESPACE", "").strip()
-    return (ns, NAME) if ns else None
+    return (ns, name()) if ns else None
+
+
+def name() -> str:
+    """The ledger ConfigMap's name: the release's (the chart sets it), so two releases in one
+    namespace keep one ledger each."""
+    return os.environ.get("MOE_CACHE_LEDGER_NAME", "").strip() or NAME
 
 
 def _iso(t: dt.datetime) -> str:

@@ -28,6 +28,7 @@ from .test_model_cache import STORAGE_CLASS, hub, moed, static_pv, upload_sample
 
 pytestmark = pytest.mark.integration
 RELEASE, OP_NS = "moe-ledger", "moe-ledger-system"
+LEDGER = f"{RELEASE}-moe-operator-model-caches"  # the chart's MOE_CACHE_LEDGER_NAME for this release
 LONG_GRACE = 600  # no collection while a phase waits on something else
 GRACE = 40  # the last operator's: the collection to time
 
@@ -51,12 +52,12 @@ def operators(crd, dev_cluster, kubectl, tmp_path_factory, hub, watched):  # noq
     # the release's namespace is not watched: only the cache-ledger Role grants the ConfigMap there
     sa = f"system:serviceaccount:{OP_NS}:{RELEASE}-moe-operator"
     can = lambda *a: kubectl("auth", "can-i", *a, "--as", sa, check=False).stdout.strip()  # noqa: E731
-    assert can("get", f"configmap/{cache_ledger.NAME}", "-n", OP_NS) == "yes"
-    assert can("patch", f"configmap/{cache_ledger.NAME}", "-n", OP_NS) == "yes"
+    assert can("get", f"configmap/{LEDGER}", "-n", OP_NS) == "yes"
+    assert can("patch", f"configmap/{LEDGER}", "-n", OP_NS) == "yes"
     assert can("get", "configmap/other", "-n", OP_NS) == "no"
-    kubectl("-n", OP_NS, "delete", "configmap", cache_ledger.NAME, "--ignore-not-found")
+    kubectl("-n", OP_NS, "delete", "configmap", LEDGER, "--ignore-not-found")
     env = {"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(d / "hf-home"),
-           "MOE_OPERATOR_NAMESPACE": OP_NS}
+           "MOE_OPERATOR_NAMESPACE": OP_NS, "MOE_CACHE_LEDGER_NAME": LEDGER}
     started: list[OperatorProcess] = []
 
     def start(grace: float) -> OperatorProcess:
@@ -76,7 +77,7 @@ def operators(crd, dev_cluster, kubectl, tmp_path_factory, hub, watched):  # noq
 
 
 def ledger(kubectl) -> dict:
-    cm = get_json(kubectl, "configmap", cache_ledger.NAME, "-n", OP_NS)
+    cm = get_json(kubectl, "configmap", LEDGER, "-n", OP_NS)
     return json.loads(cm["data"][cache_ledger.KEY]) if cm else {}
 
 

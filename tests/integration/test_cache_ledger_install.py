@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from moe_operator import cache_ledger
 
 from .operator_fixture import kubectl_json
 from .test_install import CHART, _can_i, _exists, _helm, release  # noqa: F401  (release: the fixture)
@@ -26,7 +25,9 @@ def test_an_install_watching_other_namespaces_grants_the_ledger_configmap(dev_cl
         "containers"][0]["env"]
     assert {"name": "MOE_OPERATOR_NAMESPACE", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}} \
         in env or {"name": "MOE_OPERATOR_NAMESPACE", "value": ns} in env, env
-    ledger = f"configmaps/{cache_ledger.NAME}"
+    name = f"{rel}-moe-operator-model-caches"  # per release: two releases in one namespace keep two
+    assert {"name": "MOE_CACHE_LEDGER_NAME", "value": name} in env, env
+    ledger = f"configmaps/{name}"
     for verb in ("get", "create", "patch"):
         assert _can_i(kubectl, sa, verb, ledger, "-n", ns), verb
     # nothing else in the release namespace, and the watched namespace's grants are unchanged

@@ -13,6 +13,14 @@ from moe_operator import cache_ledger
 from test_chart import helm, of_kind, one, render  # noqa: F401  (helm: the fixture)
 
 
+def _ledger_env(docs) -> str:
+    """MOE_CACHE_LEDGER_NAME as the chart hands it to the operator container."""
+    dep = one(docs, "Deployment")
+    (env,) = [e for c in dep["spec"]["template"]["spec"]["containers"] for e in c.get("env") or []
+              if e["name"] == "MOE_CACHE_LEDGER_NAME"]
+    return env["value"]
+
+
 def _ledger_grants(docs, namespace: str) -> list[dict]:
     """The rules of Roles in `namespace`, bound to the chart's ServiceAccount, that name configmaps."""
     sa = one(docs, "ServiceAccount")["metadata"]["name"]
@@ -26,9 +34,27 @@ def _ledger_grants(docs, namespace: str) -> list[dict]:
 @pytest.mark.parametrize("sets", [(), ("watchNamespaces={team-a,team-b}",), ("watchNamespaces={team-a}", "replicas=2"),
                                   ("watchNamespaces={moe-system}",)])
 def test_the_ledger_configmap_is_granted_in_the_release_namespace(helm, sets):  # noqa: F811
-    rules = [r for r in _ledger_grants(render(helm, *sets), "moe-system") if r.get("resourceNames")]
+    docs = render(helm, *sets)
+    rules = [r for r in _ledger_grants(docs, "moe-system") if r.get("resourceNames")]
     assert rules == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"],
-                      "resourceNames": [cache_ledger.NAME]}], rules
+                      "resourceNames": ["moe-moe-operator-model-caches"]}], rules
+    assert _ledger_env(docs) == "moe-moe-operator-model-caches"  # the name the Role grants
+
+
+@pytest.mark.parametrize("release,ledger", [("moe-operator", cache_ledger.NAME), ("other", "other-moe-operator-model-caches")])
+def test_each_release_names_its_own_ledger(helm, release, ledger):  # noqa: F811
+    """Two releases in one namespace keep two ledgers; a release named moe-operator keeps the old name."""
+    docs = render(helm, release=release)
+    (rule,) = [r for r in _ledger_grants(docs, "moe-system") if r.get("resourceNames")]
+    assert rule["resourceNames"] == [ledger] and _ledger_env(docs) == ledger
+
+
+def test_the_operator_reads_the_ledger_name_from_the_chart_env(monkeypatch):
+    monkeypatch.setenv("MOE_OPERATOR_NAMESPACE", "moe-system")
+    monkeypatch.delenv("MOE_CACHE_LEDGER_NAME", raising=False)
+    assert cache_ledger.location() == ("moe-system", cache_ledger.NAME)
+    monkeypatch.setenv("MOE_CACHE_LEDGER_NAME", "other-moe-operator-model-caches")
+    assert cache_ledger.location() == ("moe-system", "other-moe-operator-model-caches")
 
 
 def test_the_ledger_role_grants_nothing_else(helm):  # noqa: F811
@@ -36,7 +62,7 @@ def test_the_ledger_role_grants_nothing_else(helm):  # noqa: F811
     (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-cache-ledger")]
     assert role["metadata"]["namespace"] == "moe-system"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"],
-                              "resourceNames": [cache_ledger.NAME]}]
+                              "resourceNames": [_ledger_env(docs)]}]
     # the watched namespace's own Role is unchanged: no ledger name there
     (team,) = [r for r in of_kind(docs, "Role") if r["metadata"]["namespace"] == "team-a"]
     assert not [r for r in team["rules"] if r.get("resourceNames")]
