@@ -3,7 +3,7 @@ helm: each gated by its value, and every PromQL expression parsed by Prometheus'
 (tests/unit/operator/promql_check, github.com/prometheus/prometheus/promql/parser) and naming only
 metrics something exports: the operator's registry (moe_operator.metrics, condition_metrics), the
 bundled runtime's (moe_runtime.metrics, the vllm:* twins included), sglang's names the autoscaler
-uses (day2.ENGINE_METRICS), the kube-apiserver's admission metric read from the k8s.io/apiserver
+uses (each Engine's `metrics`, engines/registry.py), the kube-apiserver's admission metric read from the k8s.io/apiserver
 release the local control plane is built from, and Prometheus's own `up`; and the labels each
 selector matches, each aggregation groups by and each legend shows are labels those metrics carry
 (their registries' label names, `le` of histogram buckets, or the target labels a scrape adds).
@@ -102,12 +102,12 @@ def known() -> set[str]:
 
     import moe_operator.condition_metrics  # noqa: F401 - registers its gauge
     import moe_operator.metrics  # noqa: F401
-    from moe_operator.day2 import ENGINE_METRICS
+    from moe_operator.engines.registry import REGISTRY as ENGINES
     from moe_runtime.metrics import Metrics
 
     operator = {n for n in _exported(REGISTRY) if n.startswith("moe_operator_")}
     runtime = _exported(Metrics("m").registry)
-    sglang = {v for v in ENGINE_METRICS["sglang"].values()}
+    sglang = {v for v in ENGINES["sglang"].metrics.values()}
     return operator | runtime | sglang | _apiserver_admission_metrics() | {"up"}
 
 
@@ -315,13 +315,14 @@ def test_alerts_read_the_conditions_the_operator_exports():
 # ------------------------------------------------------------------------- prometheus-adapter rules
 def test_adapter_rules_serve_every_metric_the_hpa_reads(promql, known, labels_of):
     from moe_operator.api import MoEDeploymentSpec
-    from moe_operator.day2 import ENGINE_METRICS, autoscaler
+    from moe_operator.day2 import autoscaler
+    from moe_operator.engines.registry import REGISTRY as ENGINES
 
     (cm,) = find(render(ALL_ON), "ConfigMap", "-prometheus-adapter")
     rules = yaml.safe_load(cm["data"]["config.yaml"])["rules"]
     served = {r["name"]["as"]: r for r in rules}
     # the Pods metric each rendered HPA asks for (every engine, both metrics) has a rule
-    for engine, metrics in ENGINE_METRICS.items():
+    for engine, metrics in ((name, e.metrics) for name, e in ENGINES.items()):
         for metric in metrics:
             spec = MoEDeploymentSpec.model_validate({"model": {"uri": "hf://org/m"}, "engine": {"name": engine},
                                                      "autoscaling": {"enabled": True, "provider": "hpa", "metric": metric,
