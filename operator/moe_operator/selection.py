@@ -119,6 +119,14 @@ class Builder:
         self.provenance: dict[str, Provenance] = {}
         self.image_packages: dict[str, str | None] | None = None
 
+    def explain(self, reasons: dict[str, str]) -> None:
+        """Rule id -> the engine's own reason: appended to that rule's refusal, before 'Works instead'."""
+        for rule, why in reasons.items():
+            for i, e in enumerate(self.errors):
+                if e.startswith(f"[{rule}] "):
+                    head, sep, tail = e.partition(" Works instead:")
+                    self.errors[i] = f"{head}: {why}{sep}{tail}"
+
     def decide(self, key: str, value: str, rule: str, reason: str) -> None:
         self.decisions.append(Decision(key=key, value=value, rule=rule, reason=reason))
         self.reasons.append(f"[{rule}] {reason}")

@@ -404,11 +404,7 @@ def _quant_plan(b: Builder, runner: str) -> None:
     """The WNA16 rows' per-case reasons (into their refusals, before 'Works instead'), --quantization where sglang
     needs it, the SQ0 note for releases they were not read for, what auto runs (engines/sglang/quant.py)."""
     f = b.f
-    for rule, why in quant.detail(f, runner).items():
-        for i, e in enumerate(b.errors):
-            if e.startswith(f"[{rule}] "):
-                head, sep, tail = e.partition(" Works instead:")
-                b.errors[i] = f"{head}: {why}{sep}{tail}"
+    b.explain(quant.detail(f, runner))
     warnings, args, decisions = quant.plan_notes(f, runner)
     b.warnings.extend(warnings)
     b.args += args

@@ -210,11 +210,7 @@ def _quant_plan(b: Builder, runner: str) -> None:
     """The WNA16 rows' per-case reasons (appended to their refusals, before 'Works instead'), the VQ0 note for
     releases they were not read for, the env an env-gated backend needs, and what auto runs (engines/vllm/quant.py)."""
     f = b.f
-    for rule, why in quant.detail(f, runner).items():
-        for i, e in enumerate(b.errors):
-            if e.startswith(f"[{rule}] "):
-                head, sep, tail = e.partition(" Works instead:")
-                b.errors[i] = f"{head}: {why}{sep}{tail}"
+    b.explain(quant.detail(f, runner))
     warnings, env, decisions = quant.plan_notes(f, runner)
     b.warnings.extend(warnings)
     if not b.errors:
