@@ -160,7 +160,8 @@ def load_model(args):
 
     prep = serve.prepare(args)
     ck = serve.load(prep)
-    backend, deferred = serve.select_backend(prep.resolution, prep.device, Metrics(), args.skip_selftest)
+    backend, deferred = serve.select_backend(prep.resolution, prep.device, Metrics(), args.skip_selftest,
+                                             next(iter(ck.experts.values()), None))
     model = serve.build(ck, backend, deferred, prep.dtype)
     info = {"backend": backend, "deferred": deferred, "load_s": round(ck.seconds, 2), "load_bytes": ck.nbytes}
     del ck

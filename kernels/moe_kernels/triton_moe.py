@@ -99,6 +99,16 @@ class TritonExperts:
     formats = frozenset({"bf16", "fp8", "nvfp4", "mxfp4"})
     supports_bias = True
 
+    @staticmethod
+    def shape_problem(weights: ExpertWeights) -> str | None:
+        """Why these experts' dimensions cannot run here (FP4: whole packed scale groups), else None;
+        the runtime asks before its self-test, so a model it cannot run falls back to the next backend."""
+        fmt_id, h, i = FMT_ID[weights.format], weights.hidden_size, weights.intermediate_size
+        group = GROUP[fmt_id]
+        if fmt_id >= FMT_NVFP4 and ((h // 2) % group or (i // 2) % group):
+            return f"{weights.format} needs H/2 and I/2 to be multiples of {group} (H={h}, I={i})"
+        return None
+
     def __init__(self, weights: ExpertWeights, config: MoEConfig | None = None, frag: bool | None = None,
                  tuned_table: dict | None = None, *, activation: str = "silu", alpha: float = OAI_ALPHA,
                  limit: float = OAI_LIMIT, act_quant: str | None = None):
@@ -129,9 +139,8 @@ class TritonExperts:
         self.config = config
         e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
         self.E, self.H, self.I = e, h, i
-        group = GROUP[self.fmt_id]
-        if self.fmt_id >= FMT_NVFP4 and ((h // 2) % group or (i // 2) % group):
-            raise ValueError(f"{self.fmt} needs H/2 and I/2 to be multiples of {group} (H={h}, I={i})")
+        if (problem := self.shape_problem(weights)) is not None:
+            raise ValueError(problem)
         self.w13 = prepare(weights.w13, self.fmt)
         self.w2 = prepare(weights.w2, self.fmt)
         # FP4: the fragment-order copy for <= FRAG_MAX_ROWS rows per expert and for tail blocks.

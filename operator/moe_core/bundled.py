@@ -30,6 +30,8 @@ class BundledResolution:
     notes: list[str] = field(default_factory=list)  # candidates left out, and why
     decisions: list[Decision] = field(default_factory=list)
     provenance: dict[str, Provenance] = field(default_factory=dict)  # by decision key (Plan.provenance)
+    activation: str = "silu"  # the architecture's expert activation and biases (the self-test's problem)
+    bias: bool = False
 
     @property
     def backend(self) -> str | None:
@@ -67,9 +69,11 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
     res.errors += runtime.problems(architecture, checkpoint_format, tp=tp, dp=dp, ep=ep, a2a=a2a, nodes=nodes)
     if runtime.format_problem(checkpoint_format, architecture=architecture) or wfmt is None:
         return res
-    # an architecture whose experts only some backends compute (gpt-oss: torch) gets only those
-    only = runtime.BUNDLED.backends_for(architecture)
-    fits = [c for c in registry.candidates(family, wfmt, installed, backends=backends) if only is None or c.name in only]
+    # an architecture whose experts have another activation or biases gets only the backends computing them
+    act, bias = runtime.BUNDLED.experts_for(architecture)
+    res.activation, res.bias = act, bias
+    what = f"{architecture}'s experts ({act}{' with biases' if bias else ''})"
+    fits = registry.candidates(family, wfmt, installed, backends=backends, activation=act, bias=bias)
     alt = ", ".join(c.name for c in fits) or "none"
     if backend != "auto":
         by_name = {b.name: b for b in backends}
@@ -82,8 +86,8 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
             problems.append(f"it runs on {', '.join(sorted(spec.families))}, not {where}")
         if wfmt not in spec.weight_formats:
             problems.append(f"it does not load {wfmt} experts (only {', '.join(sorted(spec.weight_formats))})")
-        if only is not None and backend not in only:
-            problems.append(f"{architecture}'s experts run only on {', '.join(only)} in the bundled runtime")
+        if not spec.runs_experts(act, bias):
+            problems.append(f"it does not compute {what}")
         if not problems:
             problems += spec.missing_requirements(family, installed)
         if problems:
@@ -110,13 +114,13 @@ def resolve_bundled(*, family: str, where: str, architecture: str, checkpoint_fo
         why = f"best registry backend for {wfmt} experts on {where}: {chosen.summary}"
         if len(fits) > 1:
             why += f" (runtime self-test falls back to: {', '.join(res.backends[1:])})"
-        if only is not None:
-            why += f"; {architecture}'s experts run only on {', '.join(only)} in the bundled runtime"
+        if (act, bias) != ("silu", False):
+            why += f"; among the backends that compute {what}"
         res.decisions.append(Decision(key="moe.runnerBackend", value=chosen.name, rule="B2",
                                       reason=f"Use {chosen.name} as MoE runner backend for {architecture}: {why}"
                                       + _unverified(chosen, True)))
-        for s in registry.candidates(family, wfmt, backends=backends):
-            if s not in fits and (only is None or s.name in only):
+        for s in registry.candidates(family, wfmt, backends=backends, activation=act, bias=bias):
+            if s not in fits:
                 res.notes.append(f"[B3] {s.name} not used: {'; '.join(s.missing_requirements(family, installed))}")
     if rocm and chosen.name == "torch":
         res.warnings.append("[B7] on ROCm the bundled runtime only has the torch reference experts (correct, slow); "

@@ -20,9 +20,9 @@ class RuntimeCapabilities(BaseModel):
     checkpoint_formats: tuple[str, ...]
     # architectures whose loader reads only some of checkpoint_formats (absent: all of them)
     arch_formats: dict[str, tuple[str, ...]] = {}
-    # architectures whose experts only some MoE backends compute (absent: any backend the registry
-    # fits to the expert format)
-    arch_backends: dict[str, tuple[str, ...]] = {}
+    # architectures whose experts are not plain SiLU-gated without biases: (activation, biased), as the
+    # registry's backends declare them (BackendSpec.runs_experts); absent: ("silu", False)
+    arch_experts: dict[str, tuple[str, bool]] = {}
     # architectures served on one GPU only (moe_runtime.dist has no shard rules for them; none today)
     single_rank: tuple[str, ...] = ()
     # parallelism inside one replica
@@ -36,8 +36,9 @@ class RuntimeCapabilities(BaseModel):
     def formats_for(self, architecture: str) -> tuple[str, ...]:
         return self.arch_formats.get(architecture, self.checkpoint_formats)
 
-    def backends_for(self, architecture: str) -> tuple[str, ...] | None:
-        return self.arch_backends.get(architecture)
+    def experts_for(self, architecture: str) -> tuple[str, bool]:
+        """(expert activation, whether the experts have GEMM biases) of `architecture`."""
+        return self.arch_experts.get(architecture, ("silu", False))
 
 
 # Kimi-K2 checkpoints declare DeepseekV3ForCausalLM (model_type kimi_k2), so they are served too.
@@ -50,13 +51,12 @@ BUNDLED = RuntimeCapabilities(
     checkpoint_formats=("bf16", "fp8", "nvfp4", "mxfp4"),
     # gpt-oss: its release layout (MXFP4 experts as `*_blocks` / `*_scales`, everything else bf16) and
     # the bf16 one transformers writes (fused `experts.gate_up_proj`); no FP8/NVFP4 gpt-oss layouts.
-    # Its experts (biases, the clamped SwiGLU) run on moe_runtime.models.gpt_oss's own torch path (GptOssArch.experts):
-    # no kernel backend computes that activation, so the plan says torch rather than a backend the
-    # model would not use. Sharded like the others (moe_runtime.dist.shard.ShardPlan, its Arch's rules): heads with their
+    # Its experts have biases and the clamped SwiGLU ("swiglu_oai"): only backends that compute both are
+    # candidates (Triton on CUDA; torch, which runs the model's own transformers-exact path). Sharded like the others (moe_runtime.dist.shard.ShardPlan, its Arch's rules): heads with their
     # q/k/v biases and sinks over tp (o_proj's bias added once), experts with their biases over ep,
     # the intermediate split inside the experts for the rest (MXFP4: whole 32-blocks of down's input).
     arch_formats={"GptOssForCausalLM": ("bf16", "mxfp4")},
-    arch_backends={"GptOssForCausalLM": ("torch",)},
+    arch_experts={"GptOssForCausalLM": ("swiglu_oai", True)},
     # moe_runtime.dist: tensor parallel (attention heads, dense layers, vocab) and expert parallel
     # (E/ep experts per rank, TP inside experts for the rest), one process per GPU over NCCL, on one node
     # or on up to max_nodes nodes of a LeaderWorkerSet (the runtime's rendezvous reads LWS_LEADER_ADDRESS /

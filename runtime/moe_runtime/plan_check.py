@@ -35,6 +35,7 @@ from moe_core import image_contents
 from moe_core.bundled import resolve_bundled
 from moe_core.formats import expert_format
 from moe_core.plan import Plan
+from moe_core.runtime import BUNDLED
 from pydantic import ValidationError
 
 from .errors import RuntimeFailure
@@ -78,6 +79,8 @@ class Resolution:
     deferred: bool
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    activation: str = "silu"  # the architecture's expert activation and biases (moe_core.runtime), self-tested
+    bias: bool = False
 
 
 def _norm(product: str) -> str:
@@ -118,6 +121,7 @@ def resolve(plan: Plan | Mapping[str, Any] | None, family: str, product: str | N
     env_backend = (environ.get(ENV_BACKEND) or "").strip()
     if plan is not None and not env_backend and ENV_DEFERRED not in environ:
         if (as_planned := _as_planned(plan, info, installed, warnings)) is not None:
+            as_planned.activation, as_planned.bias = BUNDLED.experts_for(info.architecture)
             return as_planned
     if env_backend:
         backend, explicit, source = env_backend, env_backend != "auto", f"env {ENV_BACKEND}, set by the user"
@@ -144,7 +148,8 @@ def resolve(plan: Plan | Mapping[str, Any] | None, family: str, product: str | N
                         a2a=planned.a2aBackend if planned else "none")
     if r.errors:  # (with why it was re-resolved, when the image is not the one the plan assumed)
         raise RuntimeFailure("; ".join(r.errors + [w for w in warnings if w.endswith("re-resolved here")]))
-    return Resolution(family, r.expert_format, r.backends, r.explicit, r.deferred, r.reasons, warnings + r.warnings)
+    return Resolution(family, r.expert_format, r.backends, r.explicit, r.deferred, r.reasons, warnings + r.warnings,
+                      r.activation, r.bias)
 
 
 def _as_planned(plan: Plan, info: Any, installed: dict[str, str | None], warnings: list[str]) -> Resolution | None:

@@ -128,19 +128,31 @@ def load(prep: Prepared, shard=None):
                            shard=shard)
 
 
-def select_backend(res, device: str, metrics, skip: bool = False) -> tuple[str, bool]:
-    """Stage 4: self-test the candidates in order on this device; the first that passes wins."""
+def select_backend(res, device: str, metrics, skip: bool = False, experts=None) -> tuple[str, bool]:
+    """Stage 4: self-test the candidates in order on this device; the first that passes wins.
+    `experts`: one MoE layer's ExpertWeights; a backend that cannot run their dimensions
+    (its `shape_problem`) fails before its self-test."""
     from moe_core.bundled import deferred_for
     from moe_kernels import selftest
+    from moe_kernels.backends import load_backend
 
     failures = []
     for i, name in enumerate(res.backends):
-        if skip:
+        try:
+            shape = getattr(load_backend(name), "shape_problem", None)
+        except Exception:  # (an import that fails is the self-test's to report)
+            shape = None
+        why = shape(experts) if shape is not None and experts is not None else None
+        if why is not None:
+            log("selftest", f"{name} {res.expert_format}: cannot run this model's experts: {why}", backend=name, ok=False)
+            failures.append(f"{name}: {why}")
+            ok = False
+        elif skip:
             log("selftest", f"{name}: skipped (--skip-selftest)", backend=name)
             ok = True
         else:
             t0 = time.time()
-            r = selftest.selftest(name, res.expert_format, device)
+            r = selftest.selftest(name, res.expert_format, device, activation=res.activation, bias=res.bias)
             ok = bool(r.ok)
             log("selftest", f"{name} {res.expert_format} on {device}: {'pass' if ok else 'FAIL'} - {r.message}",
                 backend=name, ok=ok, max_rel_err=r.max_rel_err, seconds=round(time.time() - t0, 2))
@@ -148,7 +160,8 @@ def select_backend(res, device: str, metrics, skip: bool = False) -> tuple[str, 
                 failures.append(f"{name}: {r.message}")
         if ok:
             if i > 0:  # (the fallback metric was counted when the failing one was left)
-                log("decision", f"MoE backend fallback: {res.backends[0]} failed its self-test, using {name}",
+                log("decision", f"MoE backend fallback: {res.backends[0]} failed its self-test or cannot run this "
+                    f"model's experts, using {name}",
                     backend=name)
             deferred, why = deferred_for(name, res.deferred)
             if why:
@@ -270,7 +283,8 @@ def follow(args, place: RankPlace) -> int:
     prep = prepare(args).on(place.device)
     group = _join(args, place)
     ck = load(prep, _shard_plan(prep.validated, place.layout))
-    backend, deferred = select_backend(prep.resolution, prep.device, Metrics(), args.skip_selftest)
+    backend, deferred = select_backend(prep.resolution, prep.device, Metrics(), args.skip_selftest,
+                                       next(iter(ck.experts.values()), None))
     model = build(ck, backend, deferred, prep.dtype, group)
     group_ready(group, args.dist_init_timeout)
     log("ready", f"rank {place.layout.rank}: following rank 0", rank=place.layout.rank, backend=backend)
@@ -357,7 +371,8 @@ def _serve(args, place: RankPlace | None, sock) -> int:
         try:
             group = _join(args, place) if place is not None else None
             ck = load(prep, _shard_plan(v, place.layout) if place is not None else None)
-            backend, deferred = select_backend(prep.resolution, prep.device, metrics, args.skip_selftest)
+            backend, deferred = select_backend(prep.resolution, prep.device, metrics, args.skip_selftest,
+                                               next(iter(ck.experts.values()), None))
             log("decision", f"MoE backend {backend}, deferred finalize {'on' if deferred else 'off'}",
                 backend=backend, deferred_finalize=deferred)
             model = build(ck, backend, deferred, prep.dtype, group)

@@ -1,8 +1,8 @@
 """The capability table serves gpt-oss per architecture (issue 18 item 4): the operator's bundled
 planner now accepts GptOssForCausalLM in bf16 and MXFP4, on one GPU or sharded over tp/ep like the
-other families, with the torch experts path the model actually runs, and still refuses what the
-runtime cannot serve (other formats, a kernel backend; serve: a split the checkpoint's sizes do not
-allow). The runtime refuses the same from the same table: its plan check, its loader (before any
+other families, on the backends that compute its experts (the clamped SwiGLU with biases: Triton,
+torch), and still refuses what the runtime cannot serve (other formats, a backend that cannot compute
+those experts; serve: a split the checkpoint's sizes do not allow). The runtime refuses the same from the same table: its plan check, its loader (before any
 weight data is read) and the checkpoint writer. Other architectures keep every format.
 """
 
@@ -33,12 +33,23 @@ def bundled(fmt, gpu="H200", arch=GPT_OSS, **kw):
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
 @pytest.mark.parametrize("gpu", ["H200", "B200", "L40S"])
-def test_planner_accepts_bundled_gpt_oss_on_the_torch_experts_path(fmt, gpu):
+def test_planner_puts_bundled_gpt_oss_on_a_backend_computing_its_experts(fmt, gpu):
     p = bundled(fmt, gpu)
     assert not p.errors, p.errors
-    assert p.moe.runnerBackend == "torch" and p.moe.deferredFinalize is False
+    assert p.moe.runnerBackend == "triton" and p.moe.deferredFinalize is False
     why = next(d.reason for d in p.decisions if d.key == "moe.runnerBackend")
-    assert "experts run only on torch" in why
+    assert "compute GptOssForCausalLM's experts (swiglu_oai with biases)" in why
+    # flashinfer's MXFP4 wrapper (sm90, priority above Triton) adds no biases: never a candidate
+    assert p.provenance["moe.runnerBackend"].candidates == ["triton", "torch"]
+
+
+def test_without_triton_gpt_oss_falls_to_its_torch_path():
+    from moe_core.bundled import resolve_bundled
+
+    r = resolve_bundled(family="sm90", where="sm90", architecture=GPT_OSS, checkpoint_format="mxfp4",
+                        shared_experts=0, installed={"triton": None, "flashinfer-python": "0.6.15"})
+    assert r.backends == ["torch"] and (r.activation, r.bias) == ("swiglu_oai", True)
+    assert any(n.startswith("[B3] triton not used") for n in r.notes), r.notes
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4", "modelopt_fp8", "ct_mxfp4_pack", "other"])
@@ -65,9 +76,12 @@ def test_planner_accepts_sharded_gpt_oss(kw):
     assert problems(GPT_OSS, "mxfp4", tp=2, ep=3)  # the layout rules of every architecture still apply
 
 
-def test_an_explicit_kernel_backend_for_gpt_oss_is_refused():
-    p = bundled("mxfp4", runner_backend="triton")
-    assert any(e.startswith("[B1]") and "experts run only on torch" in e for e in p.errors), p.errors
+def test_an_explicit_backend_that_cannot_compute_gpt_oss_experts_is_refused():
+    p = bundled("mxfp4", runner_backend="flashinfer_mxfp4")
+    assert any(e.startswith("[B1]") and "does not compute GptOssForCausalLM's experts (swiglu_oai with biases)" in e
+               for e in p.errors), p.errors
+    assert not bundled("mxfp4", runner_backend="triton").errors
+    assert bundled("mxfp4", runner_backend="torch").moe.runnerBackend == "torch"
 
 
 def test_runtime_plan_check_agrees():
@@ -75,11 +89,13 @@ def test_runtime_plan_check_agrees():
 
     p = bundled("mxfp4")
     r = resolve(json.loads(p.model_dump_json()), "sm90", "NVIDIA-H200", info("mxfp4"), {}, INSTALLED)
-    assert r.backends == ["torch"] and r.expert_format == "mxfp4"
+    assert r.backends == ["triton", "torch"] and r.expert_format == "mxfp4"
+    assert (r.activation, r.bias) == ("swiglu_oai", True)  # what serve's self-test runs
     with pytest.raises(RuntimeFailure, match="GptOssForCausalLM fp8"):
         resolve(None, "sm90", "NVIDIA-H200", info("fp8"), {}, INSTALLED)
-    with pytest.raises(RuntimeFailure, match="run only on torch"):
-        resolve(None, "sm90", "NVIDIA-H200", info("mxfp4"), {"MOE_RUNNER_BACKEND": "triton"}, INSTALLED)
+    with pytest.raises(RuntimeFailure, match="does not compute GptOssForCausalLM's experts"):
+        resolve(None, "sm90", "NVIDIA-H200", info("mxfp4"), {"MOE_RUNNER_BACKEND": "flashinfer_mxfp4"},
+                {**INSTALLED, "flashinfer-python": "0.6.15"})
 
 
 @pytest.fixture(scope="module")

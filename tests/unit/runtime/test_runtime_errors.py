@@ -211,13 +211,39 @@ def test_selftest_failure_falls_back_and_counts(monkeypatch):
         def __init__(self, ok):
             self.ok, self.max_rel_err, self.message = ok, 0.0 if ok else 1.0, "ok" if ok else "wrong results"
 
-    monkeypatch.setattr(selftest, "selftest", lambda name, fmt, dev: R(name == "torch"))
+    monkeypatch.setattr(selftest, "selftest", lambda name, fmt, dev, **kw: R(name == "torch"))
     m = Metrics()
     res = Resolution("sm90", "nvfp4", ["triton", "torch"], False, True)
     assert select_backend(res, "cpu", m) == ("torch", True)
     assert b'moe_runtime_backend_fallbacks_total{from_backend="triton",to_backend="torch"} 1.0' in m.render()
     with pytest.raises(RuntimeFailure, match="no MoE backend passed its self-test.*triton: wrong results"):
         select_backend(Resolution("sm90", "nvfp4", ["triton"], True, True), "cpu", m)
+
+
+def test_a_backend_that_cannot_run_the_models_experts_falls_back_before_its_selftest(monkeypatch):
+    """gpt-oss's MXFP4 experts at I=32 are not whole Triton FP4 scale groups: triton is left before
+    its self-test (which runs its own shapes), torch serves; an explicit triton stops with the reason."""
+    import torch
+
+    from moe_kernels import selftest
+    from moe_kernels.experts import ExpertWeights
+    from moe_runtime.metrics import Metrics
+    from moe_runtime.plan_check import Resolution
+    from moe_runtime.serve import select_backend
+
+    tested = []
+    monkeypatch.setattr(selftest, "selftest", lambda name, fmt, dev, **kw: tested.append((name, kw)) or
+                        type("R", (), {"ok": True, "max_rel_err": 0.0, "message": "ok"})())
+    ew = ExpertWeights.from_quantized("mxfp4", w13_weight=torch.zeros(2, 64, 32, dtype=torch.uint8),
+                                      w13_weight_scale=torch.zeros(2, 64, 2, dtype=torch.uint8),
+                                      w2_weight=torch.zeros(2, 64, 16, dtype=torch.uint8),
+                                      w2_weight_scale=torch.zeros(2, 64, 1, dtype=torch.uint8))
+    assert (ew.hidden_size, ew.intermediate_size) == (64, 32)
+    res = Resolution("sm90", "mxfp4", ["triton", "torch"], False, False, activation="swiglu_oai", bias=True)
+    assert select_backend(res, "cpu", Metrics(), experts=ew) == ("torch", False)
+    assert tested == [("torch", {"activation": "swiglu_oai", "bias": True})]
+    with pytest.raises(RuntimeFailure, match="triton: mxfp4 needs H/2 and I/2 to be multiples of 32"):
+        select_backend(Resolution("sm90", "mxfp4", ["triton"], True, False), "cpu", Metrics(), experts=ew)
 
 
 def test_real_planner_output_is_accepted_and_checked(tmp_path):

@@ -211,9 +211,11 @@ class GptOssArch(ArchBase):
     # ---- the model
 
     def experts(self, cfg: dict[str, Any], weights, factory):
-        """Its own torch path (experts.Experts), whatever the plan's backend: biases and the clamped
-        SwiGLU in x's dtype, as transformers computes them."""
-        return model.experts_backend(cfg, weights)
+        """The plan's kernel backend when it computes the clamped SwiGLU with biases (its fp32
+        epilogues: closer to the fp32 model than transformers' own bf16 math, tests/gpu); for the
+        torch backend (or none) its own torch path (experts.Experts), which computes them in x's
+        dtype exactly as transformers does."""
+        return model.experts_backend(cfg, weights, factory)
 
     def build(self, cfg: dict[str, Any], w, experts, deferred: bool, group=None):
         return model.build(cfg, w, experts, deferred, group)

@@ -14,11 +14,12 @@ Semantics are those of transformers 5.24's modeling_gpt_oss.py:
 
 The MoE layer is the shared block (models.common.moe.MoEBlock, "topk_softmax" routing with the
 router's bias); the activation and the biases are its experts backend's: experts.Experts, the torch
-path that computes them in x's dtype as transformers does (GptOssArch.experts; the capability
-table, moe_core.runtime, plans torch for gpt-oss so the plan agrees). The Triton kernels compute
-swiglu_oai and biases too, in fp32 epilogues: not the same numbers, so not used here unplanned.
-MXFP4 experts stay packed in memory (moe_kernels ExpertWeights, the kernels' MXFP4 decoder) and
-each step dequantizes only the experts it routes to; bf16 experts are used as they are.
+path that computes them in x's dtype as transformers does, when the plan's backend is torch, or the
+plan's kernel backend (Triton on CUDA: the same activation and biases in fp32 epilogues, so not
+transformers' bf16 roundings; the capability table, moe_core.runtime, declares gpt-oss's experts as
+"swiglu_oai" with biases, and only backends that compute those are planned). On the torch path MXFP4
+experts stay packed in memory (moe_kernels ExpertWeights) and each step dequantizes only the experts
+it routes to; bf16 experts are used as they are.
 
 Tensor / expert parallel (moe_runtime.dist.shard.ShardPlan slices at load): attention heads over tp
 with their q/k/v biases and sinks (KV heads split, or replicated when tp exceeds them), o_proj's bias
@@ -43,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from moe_kernels.experts import ExpertWeights
+from moe_kernels.reference import TorchExperts
 
 from ...dist.layers import RowParallelLinear
 from ...errors import RuntimeFailure
@@ -123,10 +125,16 @@ def layer_windows(cfg: dict[str, Any]) -> list[int | None]:
     return [int(window) if t == "sliding_attention" and window else None for t in types]
 
 
-def experts_backend(cfg: dict[str, Any], ew: ExpertWeights) -> Experts:
-    """The experts of one layer: the torch path above over its ExpertWeights (GptOssArch.experts)."""
+def experts_backend(cfg: dict[str, Any], ew: ExpertWeights, factory=None):
+    """The experts of one layer (GptOssArch.experts): `factory`'s backend (an experts class of
+    moe_kernels.interface, or a partial of one) when it computes swiglu_oai with biases and is not the
+    torch reference, else the torch path above over its ExpertWeights."""
     alpha, limit = float(cfg.get("swiglu_alpha", SWIGLU_ALPHA)), float(cfg.get("swiglu_limit", SWIGLU_LIMIT))
-    return Experts(ew, alpha, limit)
+    cls = getattr(factory, "func", factory)
+    if cls is None or cls is TorchExperts or "swiglu_oai" not in getattr(cls, "activations", ()) \
+            or not getattr(cls, "supports_bias", False):
+        return Experts(ew, alpha, limit)
+    return factory(ew, activation="swiglu_oai", alpha=alpha, limit=limit)
 
 
 def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], experts: Callable[[int], Experts],
@@ -143,13 +151,14 @@ def build(cfg: dict[str, Any], w: Callable[[str], torch.Tensor], experts: Callab
     for i, window in enumerate(layer_windows(cfg)):
         p = f"model.layers.{i}."
         ex = experts(i)
-        ew = ex.weights
         if i == 0:
-            log("decision", f"gpt-oss experts: {ew.format} weights"
-                + (" kept packed, the routed experts dequantized each step" if ew.format != "bf16" else "")
-                + "; computed by its torch experts backend (biases and the clamped SwiGLU in the model's dtype, "
-                "as transformers computes them)",
-                expert_format=ew.format)
+            torch_path = isinstance(ex, Experts)
+            fmt = ex.weights.format if torch_path else getattr(ex, "fmt", "?")
+            log("decision", f"gpt-oss experts: {fmt} weights; "
+                + ("computed by its torch experts path (biases and the clamped SwiGLU in the model's dtype, as "
+                   "transformers computes them" + (", the routed experts dequantized each step)" if fmt != "bf16" else ")")
+                   if torch_path else f"computed by {type(ex).__name__} (biases and the clamped SwiGLU in fp32 epilogues)"),
+                expert_format=fmt)
         # GptOssTopKRouter: top-k of the biased logits, then softmax over those k only (in x's dtype)
         moe = MoEBlock(w(p + "mlp.router.weight"), None, routing, ex, None, False, group,
                        router_bias=w(p + "mlp.router.bias"))
