@@ -6,7 +6,8 @@ forged termination message: the checkpoint facts the planner then trusts. So a r
 from a Job whose UID the operator recorded when it created it (the ledger in its own namespace,
 cache_ledger.py, which survives restarts), and only from pods that Job controls (controller owner
 reference with the Job's UID). A same-named Job the operator did not make is reported, not used,
-and never deleted.
+and never deleted. A Job whose create answer was lost is the operator's only by the random create
+token this process sent with it (Kube.landed).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def result(kube, namespace: str, owner: Owner, uri: str, image: str) -> dict[str
             rec.save(kube)
         return None
     uid = _uid(job)
+    if uid and rec.inspect_jobs.get((namespace, name)) != uid and kube.landed(job, "Job") is not None:
+        rec.inspect_jobs[(namespace, name)] = uid  # our create's answer was lost, but it landed
+        rec.save(kube)
     if not uid or rec.inspect_jobs.get((namespace, name)) != uid:
         return {"error": f"inspection Job {name} exists but the operator did not make it (its UID is in no record of "
                          "the operator): its result is not trusted; delete it and the operator runs its own"}

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import threading
 import time
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -30,6 +33,32 @@ _API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "ConfigMap": "v1",
                  "ServiceAccount": "v1", "Role": "rbac.authorization.k8s.io/v1",
                  "RoleBinding": "rbac.authorization.k8s.io/v1",
                  "MoEDeployment": f"{API_GROUP}/{API_VERSION}"}  # its watch cache (watch_cache.py)
+
+
+# The per-attempt token of a create (Kube.create): random, kept only in this process's memory.
+CREATE_TOKEN = "moe.serving.dev/create-token"
+MAX_TOKENS = 4  # tokens remembered per name (creates of it whose answer was lost)
+
+
+@dataclass
+class _Sent:
+    """The creates this process sent for one (kind, namespace, name): their tokens and bodies until
+    one is answered or found (then `uid`: the object that is ours, and no other)."""
+    tokens: list[str] = field(default_factory=list)
+    bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    uid: str | None = None
+
+
+def _as_sent(body: dict[str, Any], live: dict[str, Any]) -> bool:
+    """The live object has the labels, annotations and owner references a create sent."""
+    sent, got = body.get("metadata") or {}, live.get("metadata") or {}
+    for part in ("labels", "annotations"):
+        have = got.get(part) or {}
+        if any(have.get(k) != v for k, v in (sent.get(part) or {}).items()):
+            return False
+    owners = lambda m: sorted((r.get("uid"), r.get("kind"), r.get("name"), bool(r.get("controller")))  # noqa: E731
+                              for r in m.get("ownerReferences") or [])
+    return owners(sent) == owners(got)
 
 
 class ApplyError(Exception):
@@ -68,6 +97,9 @@ class Kube:
         # the handlers started them; None, or a kind not synced: a GET.
         self.cache = None
         self.moed_cache = None
+        # Creates whose answer may have been lost, by (kind, namespace, name): create(), landed().
+        self._sent_lock = threading.Lock()
+        self._sent: dict[tuple[str, str, str], _Sent] = {}
 
     @cached_property
     def custom(self) -> client.CustomObjectsApi:
@@ -136,24 +168,109 @@ class Kube:
         return made
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        """Create only (POST): the object, or None when one of that name already exists (409).
-        For what the operator adopts by UID (cache PVCs, fill and inspection Jobs): an apply would
-        take over a same-named object a tenant made between our get and our write, whatever field
-        manager it named; a create cannot."""
+        """Create only (POST): the object, or None when one of that name already exists (409) that
+        this process did not make. For what the operator adopts by UID (cache PVCs, fill and
+        inspection Jobs): an apply would take over a same-named object a tenant made between our
+        get and our write, whatever field manager it named; a create cannot.
+
+        A create whose answer is lost (a client timeout, a 500/504 after etcd stored it) may have
+        landed: its retry then answers 409 for our own object. So each create carries a random
+        token (annotation CREATE_TOKEN) this process keeps in memory, and an object found in the
+        way is ours only if it carries that very token, with the labels, annotations and owners we
+        sent (landed()). A tenant's object made before the create cannot carry a token that did
+        not exist yet; one made after it cannot exist (the name is taken)."""
         res = self._resource(obj["kind"])
-        ns = obj["metadata"]["namespace"]
+        meta = obj["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        token = secrets.token_hex(16)
+        body = {**obj, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), CREATE_TOKEN: token}}}
+        sent = self._sent_creates()
+        with self._sent_lock:
+            entry = sent.get((obj["kind"], ns, name))
+            if entry is None or entry.uid is not None:  # a new create of this name: earlier ones were answered
+                entry = sent[(obj["kind"], ns, name)] = _Sent()
+            entry.tokens = [*entry.tokens[-(MAX_TOKENS - 1):], token]
+            entry.bodies[token] = body
+        for i in range(APPLY_ATTEMPTS):
+            try:
+                made = res.create(body=body, namespace=ns, field_manager=FIELD_MANAGER).to_dict()
+            except ApiException as e:
+                if e.status == 409:
+                    return self._found_in_the_way(obj["kind"], ns, name)
+                if e.status not in CREATE_RETRIED_STATUSES:
+                    raise ApplyError(_apply_reason(e), f"create {obj['kind']}/{name}: "
+                                     f"HTTP {e.status}: {_api_message(e)}") from None
+                if i == APPLY_ATTEMPTS - 1:
+                    raise ApplyError(_apply_reason(e), f"create {obj['kind']}/{name}: HTTP {e.status}: "
+                                     f"{_api_message(e)} (it may have landed: the next try adopts it by its "
+                                     "create token)") from None
+                failure: BaseException = e
+            except (OSError, urllib3.exceptions.HTTPError) as e:  # no answer at all: it may have landed
+                failure = e
+            else:
+                self._bind(obj["kind"], ns, name, (made.get("metadata") or {}).get("uid"))
+                if self.cache is not None:
+                    self.cache.put(obj["kind"], made)
+                return made
+            # The answer was lost or the server was busy: look before sending it again.
+            try:
+                live = self.get(obj["kind"], ns, name, cached=False)
+            except (ApiException, OSError, urllib3.exceptions.HTTPError):
+                live = None
+            if live is not None:
+                return self.landed(live, obj["kind"])
+            if not isinstance(failure, ApiException):
+                raise failure  # an outage: the caller's retry (the token stays known: landed())
+            time.sleep(0.2 * 2 ** i)
+        raise AssertionError("unreachable")
+
+    def _sent_creates(self) -> dict[tuple[str, str, str], "_Sent"]:
+        if "_sent" not in self.__dict__:  # (tests build a Kube without __init__)
+            self.__dict__.setdefault("_sent_lock", threading.Lock())
+            self.__dict__.setdefault("_sent", {})
+        return self._sent
+
+    def _bind(self, kind: str, ns: str, name: str, uid: str | None) -> None:
+        sent = self._sent_creates()
+        with self._sent_lock:
+            entry = sent.get((kind, ns, name))
+            if entry is not None and uid:
+                entry.uid, entry.bodies = uid, {}
+
+    def _found_in_the_way(self, kind: str, ns: str, name: str) -> dict[str, Any] | None:
         try:
-            out = _retrying(lambda: res.create(body=obj, namespace=ns, field_manager=FIELD_MANAGER),
-                            statuses=CREATE_RETRIED_STATUSES)
-        except ApiException as e:
-            if e.status == 409:
+            live = self.get(kind, ns, name, cached=False)
+        except (ApiException, OSError, urllib3.exceptions.HTTPError):
+            return None  # not known now: the next reconcile finds it and asks landed()
+        return self.landed(live, kind) if live is not None else None
+
+    def landed(self, live: dict[str, Any], kind: str | None = None) -> dict[str, Any] | None:
+        """`live` if it is the object an earlier create of this process sent whose answer was lost:
+        it carries one of the tokens sent for that name, and the labels, annotations and owner
+        references sent with it. The first such object seen is bound by its UID, so another one
+        carrying a copied token (the first deleted and re-made by a tenant who read it) is not.
+        None for anything else (a tenant's object, or a token this process never sent)."""
+        meta = live.get("metadata") or {}
+        key = (kind or live.get("kind") or "", meta.get("namespace") or "", meta.get("name") or "")
+        token, uid = (meta.get("annotations") or {}).get(CREATE_TOKEN), meta.get("uid")
+        if not token or not uid:
+            return None
+        sent = self._sent_creates()
+        with self._sent_lock:
+            entry = sent.get(key)
+            if entry is None:
                 return None
-            raise ApplyError(_apply_reason(e), f"create {obj['kind']}/{obj['metadata']['name']}: "
-                             f"HTTP {e.status}: {_api_message(e)}") from None
-        made = out.to_dict()
+            if entry.uid is not None:
+                return live if entry.uid == uid and token in entry.tokens else None
+            body = entry.bodies.get(token)
+            if body is None or not _as_sent(body, live):
+                return None
+            entry.uid, entry.bodies = uid, {}
+        log.info("%s %s/%s: our create's answer was lost, but it landed (its create token): adopted, UID %s",
+                 key[0], key[1], key[2], uid)
         if self.cache is not None:
-            self.cache.put(obj["kind"], made)
-        return made
+            self.cache.put(key[0], live)
+        return live
 
     def merge_patch(self, obj: dict[str, Any]) -> None:
         """JSON merge patch of the object's spec: lists are replaced whole, which removes items

@@ -16,6 +16,8 @@ what it made, by UID: its record is status.modelCache (claimUid, jobUid) of the 
 (the status subresource only the operator writes) and the ledger in the operator's own namespace
 (cache_ledger.py, RECORD), which outlives restarts. The unused-since annotation is for people; the
 grace period runs from when the operator first saw the cache unused, by the ledger's clock.
+A create whose answer was lost (it landed all the same) is recognised by the random token this
+process sent with it (Kube.create, Kube.landed), never by labels or names.
 """
 
 from __future__ import annotations
@@ -256,11 +258,12 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
     claim = claim_obj["metadata"]["name"]
     claims, jobs = recorded(kube, namespace)
     live = kube.get("PersistentVolumeClaim", namespace, claim)
-    if live is None:
-        made = kube.create(claim_obj)  # None: someone made one of this name since our get
-        live = made or kube.get("PersistentVolumeClaim", namespace, claim) or claim_obj
-        uid = ((made or {}).get("metadata") or {}).get("uid")
-        if uid:
+    if live is None or claims.get(claim) != _uid(live):
+        # None: someone else made one of this name since our get. An object in the way is ours
+        # only if it is one an earlier create of ours sent whose answer was lost (Kube.landed).
+        made = kube.create(claim_obj) if live is None else kube.landed(live, "PersistentVolumeClaim")
+        live = made or live or kube.get("PersistentVolumeClaim", namespace, claim) or claim_obj
+        if uid := _uid(made):
             RECORD.claims[(namespace, claim)] = claims[claim] = uid
             RECORD.save(kube)
     meta = live.get("metadata") or {}
@@ -286,11 +289,12 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
                                 bytesTotal=ready.get("bytesTotal"), message=filled)
     job_name = claim + "-fill"
     job = kube.get("Job", namespace, job_name)
-    if job is None:
-        made = kube.create(fill_job(namespace, spec, image, hub_endpoint(), copy_groups))
-        job = None if made else kube.get("Job", namespace, job_name)  # None made: the name was taken since
-        uid = ((made or {}).get("metadata") or {}).get("uid")
-        if uid:
+    if job is None or (job_uid != _uid(job) and kube.landed(job, "Job") is not None):
+        # an existing Job is adopted only as the object of a create of ours whose answer was lost
+        made = kube.create(fill_job(namespace, spec, image, hub_endpoint(), copy_groups)) if job is None else job
+        if job is None:
+            job = None if made else kube.get("Job", namespace, job_name)  # None made: the name was taken since
+        if uid := _uid(made):
             RECORD.jobs[claim_uid] = uid
             RECORD.save(kube)
             base["jobUid"] = job_uid = uid
@@ -325,6 +329,10 @@ def ensure(kube, namespace: str, user: str, spec: MoEDeploymentSpec, ckpt: Check
     return ModelCacheStatus(**base, state="Downloading", bytesDone=done,
                             bytesTotal=total or (ckpt.totalBytes if ckpt else None),
                             message=f"download Job {job_name} running")
+
+
+def _uid(obj: dict[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("uid")
 
 
 def _ready_marker(text: str | None) -> dict[str, Any] | None:

@@ -43,8 +43,8 @@ class _Created:
 class _Resource:
     """The dynamic client's resource: create answers as told (an ApiException status, or made)."""
 
-    def __init__(self, answers):
-        self.answers, self.calls = list(answers), []
+    def __init__(self, answers, existing=None):
+        self.answers, self.calls, self.existing = list(answers), [], existing
 
     def create(self, body, namespace, field_manager):
         self.calls.append((namespace, field_manager))
@@ -52,6 +52,13 @@ class _Resource:
         if isinstance(a, int):
             raise ApiException(status=a, reason="x")
         return _Created({**body, "metadata": {**body["metadata"], "uid": "u1"}})
+
+    def get(self, name, namespace):  # the read-back after a 409 or a lost answer
+        from kubernetes.dynamic.exceptions import NotFoundError
+
+        if self.existing is None:
+            raise NotFoundError(ApiException(status=404, reason="NotFound"))
+        return _Created(self.existing)
 
 
 def _kube_with(res):
@@ -68,7 +75,8 @@ def test_create_is_ours_or_none_when_the_name_is_taken(monkeypatch):
     pvc = {"kind": "PersistentVolumeClaim", "metadata": {"name": "moe-model-x", "namespace": "t"}}
     res = _Resource([503, "made"])
     assert _kube_with(res).create(pvc)["metadata"]["uid"] == "u1" and len(res.calls) == 2  # busy: retried
-    res = _Resource([409])
+    res = _Resource([409], existing={"kind": "PersistentVolumeClaim", "metadata": {  # a tenant's: no token of ours
+        "name": "moe-model-x", "namespace": "t", "uid": "tenant"}})
     assert _kube_with(res).create(pvc) is None and len(res.calls) == 1  # taken: never retried, never adopted
     with pytest.raises(kube.ApplyError, match="HTTP 422"):
         _kube_with(_Resource([422])).create(pvc)
