@@ -1,7 +1,7 @@
 """Every Kubernetes permission the operator process uses, with the call that needs it.
 
 The chart's RBAC (charts/moe-operator/templates/_helpers.tpl, rbac.yaml) must grant exactly these:
-tests/unit/operator/test_chart.py compares them, and the integration suite runs the operator with the
+tests/unit/operator/test_chart.py and test_cache_ledger_rbac.py compare them, and the integration suite runs the operator with the
 chart's ServiceAccount token (tests/integration/test_operator.py), so a call added without its
 permission fails there with 403.
 """
@@ -72,3 +72,14 @@ WEBHOOK: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         frozenset({"get", "patch"}), "Kube.patch_webhook_ca writes the operator-made CA into the chart's configuration"),
 }
 PEERING_VERBS = frozenset({"get", "list", "watch", "patch"})  # kopf peering objects, with leader election
+# The model cache ledger (cache_ledger.py): one ConfigMap in the release namespace, whichever
+# namespaces are watched, in a Role of its own (rbac.yaml's <fullname>-cache-ledger) narrowed by
+# resourceNames to the ledger's name, <fullname> + LEDGER_NAME_SUFFIX (the chart hands it to the
+# operator as MOE_CACHE_LEDGER_NAME). A server-side apply's create carries the name, so create can be
+# narrowed too (a plain POST would not match resourceNames).
+LEDGER: dict[tuple[str, str], tuple[frozenset[str], str]] = {
+    ("", "configmaps"): (frozenset({"get", "create", "patch"}),
+                         "cache_ledger.Record.sync reads it (get); Record.save writes it by server-side apply "
+                         "(create on the first save, patch after)"),
+}
+LEDGER_NAME_SUFFIX = "-model-caches"

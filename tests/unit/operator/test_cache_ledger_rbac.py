@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from moe_operator import cache_ledger
-from test_chart import helm, of_kind, one, render  # noqa: F401  (helm: the fixture)
+from moe_operator import cache_ledger, permissions
+from test_chart import helm, of_kind, one, perms, render  # noqa: F401  (helm: the fixture)
+
+LEDGER_PERMS = {k: set(v) for k, (v, _) in permissions.LEDGER.items()}
 
 
 def _ledger_env(docs) -> str:
@@ -36,9 +38,11 @@ def _ledger_grants(docs, namespace: str) -> list[dict]:
 def test_the_ledger_configmap_is_granted_in_the_release_namespace(helm, sets):  # noqa: F811
     docs = render(helm, *sets)
     rules = [r for r in _ledger_grants(docs, "moe-system") if r.get("resourceNames")]
-    assert rules == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"],
-                      "resourceNames": ["moe-moe-operator-model-caches"]}], rules
-    assert _ledger_env(docs) == "moe-moe-operator-model-caches"  # the name the Role grants
+    name = "moe-moe-operator" + permissions.LEDGER_NAME_SUFFIX
+    assert perms(rules) == LEDGER_PERMS and all(r["resourceNames"] == [name] for r in rules), rules  # permissions.py
+    assert _ledger_env(docs) == name  # the name the Role grants
+    (role,) = [d for d in of_kind(docs, "Role") if d["metadata"]["name"].endswith("-cache-ledger")]
+    assert perms(role["rules"]) == LEDGER_PERMS and all(r.get("resourceNames") == [name] for r in role["rules"])
 
 
 @pytest.mark.parametrize("release,ledger", [("moe-operator", cache_ledger.NAME), ("other", "other-moe-operator-model-caches")])
@@ -47,6 +51,10 @@ def test_each_release_names_its_own_ledger(helm, release, ledger):  # noqa: F811
     docs = render(helm, release=release)
     (rule,) = [r for r in _ledger_grants(docs, "moe-system") if r.get("resourceNames")]
     assert rule["resourceNames"] == [ledger] and _ledger_env(docs) == ledger
+
+
+def test_the_default_ledger_name_is_a_release_named_moe_operator():
+    assert cache_ledger.NAME == "moe-operator" + permissions.LEDGER_NAME_SUFFIX
 
 
 def test_the_operator_reads_the_ledger_name_from_the_chart_env(monkeypatch):

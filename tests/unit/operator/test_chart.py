@@ -304,6 +304,7 @@ NAMESPACED_PERMS = {k: set(v) for k, (v, _) in permissions.NAMESPACED.items()}
 CLUSTER_PERMS = {k: set(v) for k, (v, _) in permissions.CLUSTER.items()}
 WEBHOOK_PERMS = {k: set(v) for k, (v, _) in permissions.WEBHOOK.items()}
 PEERING_VERBS = set(permissions.PEERING_VERBS)
+LEDGER_PERMS = {k: set(v) for k, (v, _) in permissions.LEDGER.items()}
 
 
 def perms(rules) -> dict[tuple[str, str], set[str]]:
@@ -326,8 +327,8 @@ def test_rbac_has_no_wildcards(helm):
                     # names only where the chart knows them: its own webhook configuration, the
                     # model cache ledger's ConfigMap (test_cache_ledger_rbac.py)
                     assert "resourceNames" not in r or r["resources"] == ["validatingwebhookconfigurations"] \
-                        or (r["resources"] == ["configmaps"] and len(r["resourceNames"]) == 1
-                            and r["resourceNames"][0].endswith("-model-caches"))
+                        or (perms([r]) == LEDGER_PERMS and len(r["resourceNames"]) == 1
+                            and r["resourceNames"][0].endswith(permissions.LEDGER_NAME_SUFFIX))
 
 
 def test_rbac_secrets_can_be_narrowed_or_dropped(helm):
